@@ -1,0 +1,183 @@
+"""RMSNorm and LayerNorm kernels, forward and backward, over the rows of a (N, D) array.
+
+Outputs come first, then inputs, then sizes.  The kernels do not validate (resnorm.norms
+does that) and do not allocate, except the small dweight/dbias partial sums of backward.
+
+Rows run in parallel (OpenMP, GIL released).  Every row statistic is a double-precision
+reduction with a fixed lane order (resnorm_c/rowops.h), so results are bitwise identical
+for any thread count.  dweight/dbias sum over rows: each block of rows writes its own
+partial row, and the partials are added in block order.  The split into blocks depends on
+N only (never on the thread count), so those are bitwise reproducible too.
+"""
+import numpy as np
+
+from cython.parallel cimport prange
+from libc.math cimport sqrt
+from libc.string cimport memset
+
+from common cimport (floating, rn_cpu_init, row_sum, row_sumsq, row_sumsqdev, row_rms_bwd_dot,
+                     row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply,
+                     row_ln_bwd_apply, row_narrow, add_partial)
+
+rn_cpu_init()
+
+# Row blocks of the backward passes: at most MAX_BLOCKS, at least MIN_BLOCK_ROWS rows each
+# (fewer rows than that make one block).  A function of N alone, for reproducibility.
+cdef enum:
+    MAX_BLOCKS = 64
+    MIN_BLOCK_ROWS = 8
+    REDUCE_COLUMNS = 512  # columns per task when the partial rows are summed
+
+
+cpdef Py_ssize_t n_row_blocks(Py_ssize_t n_rows) noexcept:
+    """Number of row blocks backward uses for N rows (depends on N only)."""
+    cdef Py_ssize_t nb = (n_rows + MIN_BLOCK_ROWS - 1) // MIN_BLOCK_ROWS
+    return max(1, min(MAX_BLOCKS, nb))
+
+
+cdef inline const floating *opt_ptr(const floating[::1] v) noexcept:
+    """The data of an optional vector (weight, bias), NULL for None."""
+    if v is None:
+        return NULL
+    return &v[0]
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+def rms_norm_forward(floating[:, ::1] out, double[::1] rstd, const floating[:, ::1] x,
+                     const floating[::1] weight, double eps, int n_threads, bint stream=False):
+    """y := x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), per row.
+
+    Backward (rms_norm_backward): dx = rstd*(g - x*rstd^2*mean(g*x)), g = dy*w;
+    dw = sum_rows dy*x*rstd.   NumPy reference: resnorm.reference.rms_norm_forward.
+
+    out (N, D) may be x itself (in place); rstd (N,) float64 receives the row statistic.
+    weight may be None (w = 1).  stream: write out with non-temporal stores.
+    """
+    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
+    cdef const floating *w = opt_ptr(weight)
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            # one reduction: the mean of squares, accumulated in double
+            rstd[i] = 1.0 / sqrt(row_sumsq(&x[i, 0], d) / d + eps)
+            row_rms_apply(&out[i, 0], &x[i, 0], w, rstd[i], d, stream)
+
+
+def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating[:, ::1] dy,
+                      const floating[:, ::1] x, const floating[::1] weight,
+                      const double[::1] rstd, int n_threads, bint stream=False):
+    """dx := rstd * (g - xn * mean(g*xn)),  g = dy*w,  xn = x*rstd;   dw := sum_rows dy * xn.
+
+    (The same as rstd * (g - x * rstd^2 * mean(g*x)), written with the normalised xn so no
+    product can overflow where the result would not.)
+
+    Forward: y = x*rstd*w.  NumPy reference: resnorm.reference.rms_norm_backward.
+    dweight (D,) may be None (no weight, or its gradient not wanted); weight None means w = 1.
+    dx may be dy itself.
+    """
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
+    cdef Py_ssize_t nb = n_row_blocks(n), b, i
+    cdef const floating *w = opt_ptr(weight)
+    cdef double m
+    cdef bint has_dw = dweight is not None
+    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
+    cdef double *part
+    with nogil:
+        for b in prange(nb, schedule="static", num_threads=n_threads):
+            part = NULL
+            if has_dw:
+                part = &dw_part[b, 0]
+                memset(part, 0, d * sizeof(double))
+            for i in range(b * n // nb, (b + 1) * n // nb):
+                # one reduction, m = mean(g * xn); then dx and this block's dw partial
+                m = row_rms_bwd_dot(&dy[i, 0], &x[i, 0], w, rstd[i], d) / d
+                row_rms_bwd_apply(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, rstd[i], m, d,
+                                  stream)
+    if has_dw:
+        _sum_partials(dweight, dw_part, n_threads)
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+def layer_norm_forward(floating[:, ::1] out, double[::1] mean, double[::1] rstd,
+                       const floating[:, ::1] x, const floating[::1] weight,
+                       const floating[::1] bias, double eps, int n_threads, bint stream=False):
+    """y := (x - mean) * rstd * w + b,  mean = mean(x),  rstd = 1/sqrt(mean((x-mean)^2) + eps).
+
+    Backward (layer_norm_backward): xhat = (x-mean)*rstd, g = dy*w,
+    dx = rstd*(g - mean(g) - xhat*mean(g*xhat)); dw = sum_rows dy*xhat; db = sum_rows dy.
+    NumPy reference: resnorm.reference.layer_norm_forward.
+
+    Two-pass statistics in double: the variance is the mean of squared deviations, never
+    E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
+    weight and bias may be None, independently.  out may be x itself.
+    """
+    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
+    cdef const floating *w = opt_ptr(weight)
+    cdef const floating *b = opt_ptr(bias)
+    with nogil:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            # two reductions: the mean, then the mean squared deviation from it
+            mean[i] = row_sum(&x[i, 0], d) / d
+            rstd[i] = 1.0 / sqrt(row_sumsqdev(&x[i, 0], d, mean[i]) / d + eps)
+            row_ln_apply(&out[i, 0], &x[i, 0], w, b, mean[i], rstd[i], d, stream)
+
+
+def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1] dbias,
+                        const floating[:, ::1] dy, const floating[:, ::1] x,
+                        const floating[::1] weight, const double[::1] mean,
+                        const double[::1] rstd, int n_threads, bint stream=False):
+    """dx := rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
+    dw := sum_rows dy * xhat;  db := sum_rows dy.
+
+    Forward: y = xhat*w + b.  NumPy reference: resnorm.reference.layer_norm_backward.
+    dweight / dbias may be None (gradient not wanted); weight None means w = 1.
+    dx may be dy itself.
+    """
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
+    cdef Py_ssize_t nb = n_row_blocks(n), b, i
+    cdef const floating *w = opt_ptr(weight)
+    cdef double sum_g, sum_gxhat
+    cdef bint has_dw = dweight is not None, has_db = dbias is not None
+    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
+    cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
+    cdef double *wpart
+    cdef double *bpart
+    with nogil:
+        for b in prange(nb, schedule="static", num_threads=n_threads):
+            wpart = NULL
+            bpart = NULL
+            if has_dw:
+                wpart = &dw_part[b, 0]
+                memset(wpart, 0, d * sizeof(double))
+            if has_db:
+                bpart = &db_part[b, 0]
+                memset(bpart, 0, d * sizeof(double))
+            for i in range(b * n // nb, (b + 1) * n // nb):
+                # two reductions in one pass: sum(g) and sum(g * xhat).  Assigning them here
+                # makes them thread-private: Cython shares a variable written only through
+                # a pointer.
+                sum_g = 0.0
+                sum_gxhat = 0.0
+                row_ln_bwd_sums(&sum_g, &sum_gxhat, &dy[i, 0], &x[i, 0], w, mean[i], rstd[i], d)
+                row_ln_bwd_apply(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w, mean[i],
+                                 rstd[i], sum_g / d, sum_gxhat / d, d, stream)
+    if has_dw:
+        _sum_partials(dweight, dw_part, n_threads)
+    if has_db:
+        _sum_partials(dbias, db_part, n_threads)
+
+
+# --------------------------------------------------------------------------- partial sums
+
+cdef void _sum_partials(floating[::1] out, double[:, ::1] part, int n_threads) noexcept:
+    """out[j] := sum_b part[b, j], added in block order b = 0, 1, ... for every j."""
+    cdef Py_ssize_t nb = part.shape[0], d = part.shape[1]
+    cdef Py_ssize_t n_tasks = (d + REDUCE_COLUMNS - 1) // REDUCE_COLUMNS, t, j0, m, b
+    with nogil:
+        for t in prange(n_tasks, schedule="static", num_threads=n_threads):
+            j0 = t * REDUCE_COLUMNS
+            m = min(REDUCE_COLUMNS, d - j0)
+            for b in range(1, nb):
+                add_partial(&part[0, j0], &part[b, j0], m)
+            row_narrow(&out[j0], &part[0, j0], m)

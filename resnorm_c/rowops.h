@@ -1,0 +1,417 @@
+/* Row primitives of the norm kernels: one template, instantiated by cpu.h once per
+ * (ISA level, element type).  Before each inclusion the includer defines
+ *
+ *   RN_T       float or double             RN_TS      f32 or f64 (name suffix)
+ *   RN_TFLOAT  1 for float, 0 for double   RN_ISA     level name suffix
+ *   RN_LEVEL   3 avx512 | 2 avx2 | 1 sse2 | 0 portable
+ *   RN_VBYTES  native vector width in bytes
+ *
+ * Reductions (sums over a row) accumulate in double.  Element i of a row goes into lane
+ * i % 32 of thirty-two accumulators, held as native vectors (4 x 8 doubles on avx512,
+ * 8 x 4 on avx2, 16 x 2 on sse2), and the lanes are folded in one fixed pairwise order.
+ * Many independent add chains keep the adders busy, and because the lane structure is
+ * the same on every level, results are bitwise identical on every level, thread count
+ * and machine, not merely close.  A term is widened to double before it is added: the
+ * forward statistics square in double (x^2 of a float near 1e30 would overflow float);
+ * the backward terms are products of normalised values (dy*w * x*rstd), formed in the
+ * input precision and widened once.
+ *
+ * Elementwise passes (writing y or dx) use native vectors and, when asked, non-temporal
+ * ("streaming") stores that skip the read-for-ownership of each output line.  Scalar head
+ * and tail code performs the same operations in the same order, so an element's value
+ * never depends on whether it was vectorised.
+ *
+ * Every pass prefetches the same offset one row ahead (p + n): the kernels walk
+ * C-contiguous rows, so that is the row they read next, and spreading those prefetches
+ * over all passes keeps memory busy while a row is being computed on.  A prefetch past
+ * the end of an array is a hint, never a fault.
+ */
+
+#define RN_NAME(base) RN_CAT3(base, RN_TS, RN_ISA)
+
+/* native vector of T; vector of RN_DW doubles; vector of RN_DW T (widens into a dvec) */
+#define RN_W ((Py_ssize_t)(RN_VBYTES / sizeof(RN_T)))
+#define RN_DW ((Py_ssize_t)(RN_VBYTES / sizeof(double)))
+#define RN_NACC (32 / RN_DW)
+typedef RN_T RN_NAME(vec) __attribute__((vector_size(RN_VBYTES)));
+typedef double RN_NAME(dvec) __attribute__((vector_size(RN_VBYTES)));
+typedef RN_T RN_NAME(hvec) __attribute__((vector_size(RN_DW * sizeof(RN_T))));
+#define RN_VEC RN_NAME(vec)
+#define RN_DVEC RN_NAME(dvec)
+#define RN_HVEC RN_NAME(hvec)
+
+/* ---------------------------------------------------------------- loads and stores */
+
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    RN_VEC v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v) { memcpy(p, &v, sizeof v); }
+
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    RN_HVEC v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* RN_DW values widened to double.  For float the level's own convert instruction is
+ * spelled out: GCC lowers __builtin_convertvector(8 floats -> 8 doubles) on avx512 into
+ * two half-width converts and an insert, which halves the speed of every reduction. */
+static inline RN_DVEC RN_NAME(widen)(RN_HVEC h)
+{
+#if RN_TFLOAT && RN_LEVEL == 3
+    return (RN_DVEC)_mm512_cvtps_pd((__m256)h);
+#elif RN_TFLOAT && RN_LEVEL == 2
+    return (RN_DVEC)_mm256_cvtps_pd((__m128)h);
+#elif RN_TFLOAT && RN_LEVEL == 1
+    __m128 v = _mm_setzero_ps();
+    memcpy(&v, &h, sizeof h); /* two floats into the low half, which is all cvtps2pd reads */
+    return (RN_DVEC)_mm_cvtps_pd(v);
+#else
+    return __builtin_convertvector(h, RN_DVEC);
+#endif
+}
+
+static inline RN_DVEC RN_NAME(dload)(const RN_T *p) { return RN_NAME(widen)(RN_NAME(hload)(p)); }
+
+/* part[0 .. RN_W) += v, widened to double: the per-block dweight/dbias partial sums. */
+static inline void RN_NAME(add_widened)(double *part, RN_VEC v)
+{
+    RN_T t[RN_W];
+    memcpy(t, &v, sizeof t);
+    for (Py_ssize_t h = 0; h < RN_W; h += RN_DW) {
+        RN_DVEC p;
+        memcpy(&p, part + h, sizeof p);
+        p += RN_NAME(widen)(RN_NAME(hload)(t + h));
+        memcpy(part + h, &p, sizeof p);
+    }
+}
+
+/* Non-temporal store of one native vector; p must be RN_VBYTES-aligned. */
+static inline void RN_NAME(vstream)(RN_T *p, RN_VEC v)
+{
+#if RN_TFLOAT && RN_LEVEL == 3
+    _mm512_stream_ps((float *)p, (__m512)v);
+#elif RN_LEVEL == 3
+    _mm512_stream_pd((double *)p, (__m512d)v);
+#elif RN_TFLOAT && RN_LEVEL == 2
+    _mm256_stream_ps((float *)p, (__m256)v);
+#elif RN_LEVEL == 2
+    _mm256_stream_pd((double *)p, (__m256d)v);
+#elif RN_TFLOAT && RN_LEVEL == 1
+    _mm_stream_ps((float *)p, (__m128)v);
+#elif RN_LEVEL == 1
+    _mm_stream_pd((double *)p, (__m128d)v);
+#else
+    RN_NAME(vstore)(p, v);
+#endif
+}
+
+/* Leading elements to write with scalar stores before out + k is vector-aligned (n when
+ * streaming is impossible: the pointer is not even aligned to its element size). */
+static inline Py_ssize_t RN_NAME(stream_head)(const RN_T *out, Py_ssize_t n)
+{
+    uintptr_t addr = (uintptr_t)out;
+    if (addr % sizeof(RN_T) != 0)
+        return n;
+    Py_ssize_t k = (Py_ssize_t)(((RN_VBYTES - addr % RN_VBYTES) % RN_VBYTES) / sizeof(RN_T));
+    return k < n ? k : n;
+}
+
+/* Prefetch the cache lines of p[n + i .. n + i + count): the same span, one row ahead. */
+static inline void RN_NAME(prefetch_next)(const RN_T *p, Py_ssize_t n, Py_ssize_t i,
+                                          Py_ssize_t count)
+{
+    const char *a = (const char *)(p + n + i);
+    for (Py_ssize_t b = 0; b < count * (Py_ssize_t)sizeof(RN_T); b += 64)
+        __builtin_prefetch(a + b, 0, RN_PF_LOCALITY);
+}
+
+/* ---------------------------------------------------------------- reductions */
+
+/* The 32 lanes summed pairwise: lane j + lane j+16, then j + j+8, ... */
+static inline double RN_NAME(fold32)(double *lanes)
+{
+    for (int s = 16; s >= 1; s /= 2)
+        for (int j = 0; j < s; j++)
+            lanes[j] += lanes[j + s];
+    return lanes[0];
+}
+
+/* Adds a term of every element into the 32 lanes and folds them into `result`.
+ * VTERM(i): the terms of elements i .. i+RN_DW-1 as an RN_DVEC; STERM(i): one term, as a
+ * double, computed exactly as its lane of VTERM is.  PF(i): prefetch for chunk i. */
+#define RN_REDUCE(n, PF, VTERM, STERM, result)                                          \
+    do {                                                                                \
+        RN_DVEC acc_[RN_NACC] = {{0}};                                                  \
+        double lanes_[32];                                                              \
+        Py_ssize_t i_ = 0;                                                              \
+        for (; i_ + 32 <= (n); i_ += 32) {                                              \
+            PF(i_);                                                                     \
+            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
+                acc_[q_] += VTERM(i_ + q_ * RN_DW);                                     \
+        }                                                                               \
+        memcpy(lanes_, acc_, sizeof lanes_);                                            \
+        for (Py_ssize_t j_ = 0; i_ + j_ < (n); j_++)                                    \
+            lanes_[j_] += STERM(i_ + j_);                                               \
+        (result) = RN_NAME(fold32)(lanes_);                                             \
+    } while (0)
+
+#define RN_PF_X(i) RN_NAME(prefetch_next)(x, n, (i), 32)
+#define RN_PF_DY_X(i) (RN_NAME(prefetch_next)(dy, n, (i), 32), RN_NAME(prefetch_next)(x, n, (i), 32))
+
+static inline RN_DVEC RN_NAME(square)(RN_DVEC v) { return v * v; }
+
+/* sum_i x_i */
+static double RN_NAME(sum)(const RN_T *x, Py_ssize_t n)
+{
+    double r;
+#define V_(i) RN_NAME(dload)(x + (i))
+#define S_(i) ((double)x[i])
+    RN_REDUCE(n, RN_PF_X, V_, S_, r);
+#undef V_
+#undef S_
+    return r;
+}
+
+/* sum_i x_i^2 */
+static double RN_NAME(sumsq)(const RN_T *x, Py_ssize_t n)
+{
+    double r;
+#define V_(i) RN_NAME(square)(RN_NAME(dload)(x + (i)))
+#define S_(i) ((double)x[i] * (double)x[i])
+    RN_REDUCE(n, RN_PF_X, V_, S_, r);
+#undef V_
+#undef S_
+    return r;
+}
+
+/* sum_i (x_i - mean)^2: the second pass of a two-pass variance, never E[x^2] - E[x]^2. */
+static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t n, double mean)
+{
+    double r;
+#define V_(i) RN_NAME(square)(RN_NAME(dload)(x + (i)) - mean)
+#define S_(i) (((double)x[i] - mean) * ((double)x[i] - mean))
+    RN_REDUCE(n, RN_PF_X, V_, S_, r);
+#undef V_
+#undef S_
+    return r;
+}
+
+/* RMSNorm backward reduction: sum_i g_i * xn_i with g = dy*w, xn = x*rstd (w NULL: 1). */
+static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
+                                   Py_ssize_t n)
+{
+    const RN_T r = (RN_T)rstd;
+    double s;
+#define V_(i) RN_NAME(widen)(RN_NAME(hload)(dy + (i)) * RN_NAME(hload)(w + (i)) *         \
+                             (RN_NAME(hload)(x + (i)) * r))
+#define S_(i) ((double)(dy[i] * w[i] * (x[i] * r)))
+    if (w) RN_REDUCE(n, RN_PF_DY_X, V_, S_, s);
+#undef V_
+#undef S_
+#define V_(i) RN_NAME(widen)(RN_NAME(hload)(dy + (i)) * (RN_NAME(hload)(x + (i)) * r))
+#define S_(i) ((double)(dy[i] * (x[i] * r)))
+    else RN_REDUCE(n, RN_PF_DY_X, V_, S_, s);
+#undef V_
+#undef S_
+    return s;
+}
+
+/* The mean is cached in double.  For float rows it enters the float arithmetic as
+ * hi + lo (two floats), so x - mean keeps its precision when |mean| >> std
+ * (x = 1e4 + N(0,1)): x - hi is exact for x near hi (Sterbenz), then lo is removed. */
+static inline void RN_NAME(split_mean)(double mean, RN_T *hi, RN_T *lo)
+{
+    *hi = (RN_T)mean;
+    *lo = (RN_T)(mean - (double)*hi);
+}
+
+/* The two LayerNorm-backward reductions in one pass, with g = dy*w and
+ * xhat = (x - mean)*rstd:  *sum_g = sum g,  *sum_gxhat = sum g*xhat.
+ * Same lanes and fold as RN_REDUCE, with two sets of accumulators. */
+static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *dy,
+                                 const RN_T *x, const RN_T *w, double mean, double rstd,
+                                 Py_ssize_t n)
+{
+    RN_T mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_T r = (RN_T)rstd;
+    RN_DVEC ag[RN_NACC] = {{0}}, aq[RN_NACC] = {{0}};
+    double lg[32], lq[32];
+    Py_ssize_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        RN_PF_DY_X(i);
+        for (int q = 0; q < RN_NACC; q++) {
+            Py_ssize_t k = i + q * RN_DW;
+            RN_HVEC g = RN_NAME(hload)(dy + k);
+            if (w) g *= RN_NAME(hload)(w + k);
+            RN_HVEC xhat = ((RN_NAME(hload)(x + k) - mh) - ml) * r;
+            ag[q] += RN_NAME(widen)(g);
+            aq[q] += RN_NAME(widen)(g * xhat);
+        }
+    }
+    memcpy(lg, ag, sizeof lg);
+    memcpy(lq, aq, sizeof lq);
+    for (Py_ssize_t j = 0; i + j < n; j++) {
+        RN_T g = dy[i + j];
+        if (w) g *= w[i + j];
+        RN_T xhat = ((x[i + j] - mh) - ml) * r;
+        lg[j] += (double)g;
+        lq[j] += (double)(g * xhat);
+    }
+    *sum_g = RN_NAME(fold32)(lg);
+    *sum_gxhat = RN_NAME(fold32)(lq);
+}
+
+/* ---------------------------------------------------------------- elementwise passes */
+
+/* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
+ * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
+ * set).  PF(k) prefetches the next row's span of the vector at k. */
+#define RN_ELEMENTWISE(n, out, stream, PF, SCALAR, VECTOR)                              \
+    do {                                                                                \
+        Py_ssize_t k_ = 0, head_ = (stream) ? RN_NAME(stream_head)((out), (n)) : 0;     \
+        int nt_ = (stream) && head_ < (n);                                              \
+        for (; k_ < head_; k_++) { SCALAR(k_) }                                         \
+        if (nt_) {                                                                      \
+            for (; k_ + RN_W <= (n); k_ += RN_W) {                                      \
+                PF(k_);                                                                 \
+                VECTOR(k_, RN_NAME(vstream))                                            \
+            }                                                                           \
+        } else {                                                                        \
+            for (; k_ + RN_W <= (n); k_ += RN_W) {                                      \
+                PF(k_);                                                                 \
+                VECTOR(k_, RN_NAME(vstore))                                             \
+            }                                                                           \
+        }                                                                               \
+        for (; k_ < (n); k_++) { SCALAR(k_) }                                           \
+        if (nt_) rn_sfence();                                                           \
+    } while (0)
+
+#define RN_PFV_X(k) RN_NAME(prefetch_next)(x, n, (k), RN_W)
+#define RN_PFV_DY_X(k) (RN_NAME(prefetch_next)(dy, n, (k), RN_W), RN_NAME(prefetch_next)(x, n, (k), RN_W))
+
+/* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1) */
+static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rstd,
+                               Py_ssize_t n, int stream)
+{
+    const RN_T r = (RN_T)rstd;
+#define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; }
+#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k) * r;                                 \
+                    if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v); }
+    /* One expansion per case so the compiler drops the dead branch from the loop. */
+    if (w) RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_);
+    else { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL) */
+static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T *b,
+                              double mean, double rstd, Py_ssize_t n, int stream)
+{
+    RN_T mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_T r = (RN_T)rstd;
+#define S_(k) { RN_T v = ((x[k] - mh) - ml) * r;                                          \
+                if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v; }
+#define V_(k, ST) { RN_VEC v = ((RN_NAME(vload)(x + k) - mh) - ml) * r;                   \
+                    if (w) { v *= RN_NAME(vload)(w + k); }                                \
+                    if (b) { v += RN_NAME(vload)(b + k); } ST(y + k, v); }
+    if (w && b) RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_);
+    else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+    else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+    else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* RMSNorm backward, elementwise part, given m = mean(g * xn) (the row reduction):
+ *   xn_i = x_i * rstd,  g_i = dy_i * w_i
+ *   dx_i = rstd * (g_i - xn_i * m)
+ *   dw_part_i += dy_i * xn_i          (double partial of this row block; NULL when there
+ *                                      is no weight or its gradient is not wanted) */
+static void RN_NAME(rms_bwd_apply)(RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x,
+                                   const RN_T *w, double rstd, double m, Py_ssize_t n,
+                                   int stream)
+{
+    const RN_T r = (RN_T)rstd, mt = (RN_T)m;
+#define S_(i) { RN_T xn = x[i] * r, g = dy[i]; if (w) { g *= w[i]; }                       \
+                if (dw_part) { dw_part[i] += (double)(dy[i] * xn); }                      \
+                dx[i] = r * (g - xn * mt); }
+#define V_(i, ST) { RN_VEC xn = RN_NAME(vload)(x + i) * r, d = RN_NAME(vload)(dy + i), g = d; \
+                    if (w) { g *= RN_NAME(vload)(w + i); }                                \
+                    if (dw_part) { RN_NAME(add_widened)(dw_part + i, d * xn); }           \
+                    ST(dx + i, r * (g - xn * mt)); }
+    if (w && dw_part) RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_);
+    else if (w) { double *dw_part = NULL; RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_); }
+    else { const RN_T *w = NULL; double *dw_part = NULL;
+           RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* LayerNorm backward, elementwise part, given the two row reductions
+ * mg = mean(g) and mgx = mean(g*xhat), with g = dy*w, xhat = (x - mean)*rstd:
+ *   dx_i = rstd * ((g_i - mg) - xhat_i * mgx)
+ *   dw_part_i += dy_i * xhat_i,  db_part_i += dy_i     (double partials; may be NULL) */
+static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, const RN_T *dy,
+                                  const RN_T *x, const RN_T *w, double mean, double rstd,
+                                  double mg, double mgx, Py_ssize_t n, int stream)
+{
+    RN_T mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_T r = (RN_T)rstd, a = (RN_T)mg, q = (RN_T)mgx;
+#define S_(i) { RN_T xhat = ((x[i] - mh) - ml) * r, g = dy[i]; if (w) { g *= w[i]; }      \
+                if (dw_part) { dw_part[i] += (double)(dy[i] * xhat); }                    \
+                if (db_part) { db_part[i] += (double)dy[i]; }                             \
+                dx[i] = r * ((g - a) - xhat * q); }
+#define V_(i, ST) { RN_VEC xhat = ((RN_NAME(vload)(x + i) - mh) - ml) * r;                \
+                    RN_VEC d = RN_NAME(vload)(dy + i), g = d;                             \
+                    if (w) { g *= RN_NAME(vload)(w + i); }                                \
+                    if (dw_part) { RN_NAME(add_widened)(dw_part + i, d * xhat); }         \
+                    if (db_part) { RN_NAME(add_widened)(db_part + i, d); }                \
+                    ST(dx + i, r * ((g - a) - xhat * q)); }
+    if (w && dw_part && db_part) RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_);
+    else if (w && dw_part) { double *db_part = NULL;
+                             RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_); }
+    else if (w) RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_);
+    else { const RN_T *w = NULL; RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* ---------------------------------------------------------------- partial sums */
+
+/* acc_i += part_i: folds one block's partial row into the running total (fixed order). */
+static void RN_NAME(accumulate)(double *acc, const double *part, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        acc[i] += part[i];
+}
+
+/* out_i = (T) acc_i */
+static void RN_NAME(narrow)(RN_T *out, const double *acc, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = (RN_T)acc[i];
+}
+
+#undef RN_PF_X
+#undef RN_PF_DY_X
+#undef RN_PFV_X
+#undef RN_PFV_DY_X
+#undef RN_REDUCE
+#undef RN_ELEMENTWISE
+#undef RN_HVEC
+#undef RN_DVEC
+#undef RN_VEC
+#undef RN_NACC
+#undef RN_DW
+#undef RN_W
+#undef RN_NAME

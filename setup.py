@@ -1,0 +1,138 @@
+"""Build the compiled core of resnorm (Cython + a little C, OpenMP when available).
+
+Environment switches:
+  RESNORM_OPENMP=0   build without OpenMP (kernels then run on one thread)
+  RESNORM_CFLAGS     extra compiler flags appended verbatim (e.g. "-march=native", or
+                     "-fsanitize=address,undefined" for tools/sanitize.sh)
+  RESNORM_LDFLAGS    extra linker flags appended verbatim
+"""
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import textwrap
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+KERNEL_MODULES = ["runtime", "norms"]
+
+CYTHON_DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": False,
+    "wraparound": False,
+    "initializedcheck": False,
+    "cdivision": True,
+    "embedsignature": True,
+}
+
+
+def _compiler_kind(compiler):
+    """'msvc', 'apple-clang', 'clang' or 'gcc' for the compiler setuptools will use."""
+    if compiler.compiler_type == "msvc":
+        return "msvc"
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    cc = shlex.split(os.environ.get("CC", "")) or cc
+    try:
+        banner = subprocess.run(cc + ["--version"], capture_output=True, text=True).stdout
+    except OSError:
+        banner = ""
+    if "clang" in banner:
+        return "apple-clang" if sys.platform == "darwin" else "clang"
+    return "gcc"
+
+
+def _openmp_flags(kind):
+    """(compile flags, link flags) that enable OpenMP for this compiler."""
+    if kind == "msvc":
+        return ["/openmp"], []
+    if kind == "apple-clang":
+        return ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
+    return ["-fopenmp"], ["-fopenmp"]
+
+
+def _base_flags(kind):
+    # No -ffast-math and no -march=native: results must be IEEE-exact and the wheel must run
+    # on any x86-64. Wider vectors are reached through runtime dispatch in resnorm_c/simd.h.
+    # -ffp-contract=off keeps a*b+c from becoming an FMA on some dispatch levels only, so
+    # every level computes bitwise the same numbers.
+    if kind == "msvc":
+        return ["/O2", "/fp:precise"]
+    return ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
+
+
+def _openmp_compiles(compiler, cflags, ldflags):
+    """True when a tiny OpenMP program compiles and links with these flags."""
+    code = textwrap.dedent(
+        """
+        #include <omp.h>
+        int main(void) {
+            int n = 0;
+            #pragma omp parallel reduction(+:n)
+            n += 1;
+            return omp_get_max_threads() > 0 && n > 0 ? 0 : 1;
+        }
+        """
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "check_openmp.c")
+        with open(src, "w") as f:
+            f.write(code)
+        try:
+            objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            compiler.link_executable(objs, os.path.join(tmp, "check_openmp"), extra_postargs=ldflags)
+        except Exception:  # any compile or link error means: no usable OpenMP
+            return False
+    return True
+
+
+class BuildExt(build_ext):
+    """build_ext that picks optimisation and OpenMP flags for the compiler in use."""
+
+    def build_extensions(self):
+        kind = _compiler_kind(self.compiler)
+        cflags, ldflags = _base_flags(kind), []
+        want_openmp = os.environ.get("RESNORM_OPENMP", "1") != "0"
+        if want_openmp:
+            omp_c, omp_l = _openmp_flags(kind)
+            if _openmp_compiles(self.compiler, omp_c, omp_l):
+                cflags += omp_c
+                ldflags += omp_l
+            else:
+                want_openmp = False
+                bar = "!" * 78
+                sys.stderr.write(
+                    f"\n{bar}\nresnorm: OpenMP was not found for compiler '{kind}'.\n"
+                    "resnorm: building WITHOUT OpenMP: every kernel will run on ONE thread.\n"
+                    "resnorm: install OpenMP (e.g. libomp on macOS) and rebuild for threads.\n"
+                    f"{bar}\n\n"
+                )
+        else:
+            sys.stderr.write("resnorm: RESNORM_OPENMP=0, building without OpenMP (1 thread).\n")
+        cflags += shlex.split(os.environ.get("RESNORM_CFLAGS", ""))
+        ldflags += shlex.split(os.environ.get("RESNORM_LDFLAGS", ""))
+        for ext in self.extensions:
+            ext.extra_compile_args = cflags
+            ext.extra_link_args = ldflags
+            ext.define_macros.append(("RESNORM_BUILD_FLAGS", '"%s"' % " ".join(cflags)))
+        super().build_extensions()
+
+
+extensions = [
+    Extension(
+        f"resnorm._{name}",
+        [f"resnorm_c/{name}.pyx"],
+        include_dirs=["resnorm_c", numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    )
+    for name in KERNEL_MODULES
+]
+
+setup(
+    ext_modules=cythonize(extensions, compiler_directives=CYTHON_DIRECTIVES),
+    cmdclass={"build_ext": BuildExt},
+)

@@ -1,0 +1,185 @@
+"""RMSNorm and LayerNorm over the last axis: checks, then one compiled kernel call.
+
+Two forms of each norm:
+
+* inference: ``y = rms_norm(x, weight, eps)`` returns only the output;
+* training:  ``y, cache = rms_norm_forward(x, weight, eps)`` also returns what backward
+  needs, and ``dx, dweight = rms_norm_backward(dy, cache)`` consumes it.
+
+The cache holds the input rows (a reference, not a copy, when the input was already
+C-contiguous: do not modify x between forward and backward) and the row statistics in
+float64 (RMSNorm: rstd; LayerNorm: mean and rstd).  Everything else is recomputed.
+
+Inputs of any rank (..., D) are normalised over the last axis.  Non-contiguous (or
+misaligned) inputs are copied once into a contiguous buffer; contiguous inputs are read
+in place.  Inputs are never modified, unless ``out`` is the input itself.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _checks, _norms
+from ._parallel import streams, threads_for
+
+
+@dataclass(frozen=True)
+class RMSNormCache:
+    """What rms_norm_backward needs: the input rows and their rstd."""
+    x: np.ndarray              # (N, D) the rows the kernel read
+    weight: np.ndarray | None  # (D,) or None
+    rstd: np.ndarray           # (N,) float64, 1/sqrt(mean(x^2) + eps)
+    shape: tuple               # shape of the original input, given back to dx
+
+
+@dataclass(frozen=True)
+class LayerNormCache:
+    """What layer_norm_backward needs: the input rows, their mean and rstd."""
+    x: np.ndarray              # (N, D)
+    weight: np.ndarray | None  # (D,) or None
+    has_bias: bool             # whether a dbias is wanted
+    mean: np.ndarray           # (N,) float64
+    rstd: np.ndarray           # (N,) float64, 1/sqrt(var + eps)
+    shape: tuple
+
+
+def _rows(a):
+    """a as a C-contiguous, aligned (N, D) array: a view when possible, else one copy."""
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.require(a, requirements="CA")
+    return a.reshape(-1, a.shape[-1])
+
+
+def _vector(p):
+    return None if p is None else np.require(p, requirements="CA")
+
+
+def _prepare(x, params, eps, out, n_threads, training):
+    """Checks every argument; returns (x, rows, params, eps, out_rows, n_threads, stream)."""
+    x = _checks.float_array(x, "x")
+    d = x.shape[-1]
+    params = [_vector(_checks.optional_param(p, name, d, x.dtype)) for name, p in params]
+    eps = _checks.eps_value(eps)
+    n_threads = _checks.n_threads_value(n_threads)
+    rows = _rows(x)
+    if out is None:
+        out_rows = np.empty_like(rows)
+    else:
+        _checks.out_array(out, x.shape, x.dtype, {"x": x, "weight": params[0],
+                                                  "bias": params[1] if len(params) > 1 else None})
+        if training and np.may_share_memory(out, x):
+            raise ValueError("out must not be x in the training form: backward needs x")
+        writable_view = out.flags.c_contiguous and out.flags.aligned
+        out_rows = out.reshape(-1, d) if writable_view else np.empty_like(rows)
+    return (x, rows, params, eps, out_rows, threads_for(n_threads, rows.size),
+            streams(out_rows.nbytes))
+
+
+def _finish(out, out_rows, shape):
+    """The result in the caller's shape; copies into out when it could not be written directly."""
+    if out is None:
+        return out_rows.reshape(shape)
+    if not np.may_share_memory(out, out_rows):
+        out[...] = out_rows.reshape(shape)
+    return out
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
+    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis.
+
+    Training form: returns (y, cache) for rms_norm_backward.
+    Backward: dx = rstd * (g - x * rstd^2 * mean(g*x)) with g = dy*w; dw = sum dy*x*rstd.
+    NumPy reference: resnorm.reference.rms_norm_forward.
+
+    x: (..., D) float32/float64.  weight: (D,) of the same dtype, or None (w = 1).
+    out: optional preallocated output (not x: backward needs x).  n_threads: None = OpenMP
+    default.
+    """
+    x, rows, (w,), eps, out_rows, nt, stream = _prepare(
+        x, [("weight", weight)], eps, out, n_threads, training=True)
+    rstd = np.empty(rows.shape[0])
+    _norms.rms_norm_forward(out_rows, rstd, rows, w, eps, nt, stream)
+    return _finish(out, out_rows, x.shape), RMSNormCache(rows, w, rstd, x.shape)
+
+
+def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
+    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis of x (..., D).
+
+    Inference form of rms_norm_forward (same arguments); out=x normalises in place.
+    NumPy reference: resnorm.reference.rms_norm_forward.
+    """
+    x, rows, (w,), eps, out_rows, nt, stream = _prepare(
+        x, [("weight", weight)], eps, out, n_threads, training=False)
+    _norms.rms_norm_forward(out_rows, np.empty(rows.shape[0]), rows, w, eps, nt, stream)
+    return _finish(out, out_rows, x.shape)
+
+
+def rms_norm_backward(dy, cache, *, n_threads=None):
+    """dx = rstd * (g - x * rstd^2 * mean(g*x)),  g = dy*w;   dweight = sum_rows dy*x*rstd.
+
+    dy: gradient of y, same shape and dtype as the forward input.  cache: from
+    rms_norm_forward.  Returns (dx, dweight); dweight is None when forward had no weight.
+    NumPy reference: resnorm.reference.rms_norm_backward.
+    """
+    if not isinstance(cache, RMSNormCache):
+        raise TypeError(f"cache must be the RMSNormCache from rms_norm_forward, got {type(cache).__name__}")
+    dy_rows = _rows(_checks.like_array(dy, "dy", cache.shape, cache.x.dtype))
+    nt = threads_for(_checks.n_threads_value(n_threads), dy_rows.size)
+    dx = np.empty_like(dy_rows)
+    dw = None if cache.weight is None else np.empty_like(cache.weight)
+    _norms.rms_norm_backward(dx, dw, dy_rows, cache.x, cache.weight, cache.rstd, nt,
+                             streams(dx.nbytes))
+    return dx.reshape(cache.shape), dw
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
+    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis.
+
+    var is the biased variance (divide by D), computed two-pass in double.
+    Training form: returns (y, cache) for layer_norm_backward.
+    Backward: xhat = (x-mean)*rstd, g = dy*w: dx = rstd*(g - mean(g) - xhat*mean(g*xhat)),
+    dw = sum dy*xhat, db = sum dy.   NumPy reference: resnorm.reference.layer_norm_forward.
+
+    weight, bias: (D,) of x's dtype, or None, independently.
+    """
+    x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
+        x, [("weight", weight), ("bias", bias)], eps, out, n_threads, training=True)
+    mean, rstd = np.empty(rows.shape[0]), np.empty(rows.shape[0])
+    _norms.layer_norm_forward(out_rows, mean, rstd, rows, w, b, eps, nt, stream)
+    cache = LayerNormCache(rows, w, b is not None, mean, rstd, x.shape)
+    return _finish(out, out_rows, x.shape), cache
+
+
+def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
+    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis of x.
+
+    Inference form of layer_norm_forward (same arguments); out=x normalises in place.
+    NumPy reference: resnorm.reference.layer_norm_forward.
+    """
+    x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
+        x, [("weight", weight), ("bias", bias)], eps, out, n_threads, training=False)
+    n = rows.shape[0]
+    _norms.layer_norm_forward(out_rows, np.empty(n), np.empty(n), rows, w, b, eps, nt, stream)
+    return _finish(out, out_rows, x.shape)
+
+
+def layer_norm_backward(dy, cache, *, n_threads=None):
+    """dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
+    dweight = sum_rows dy*xhat;  dbias = sum_rows dy.
+
+    Returns (dx, dweight, dbias); dweight / dbias are None when forward had no weight / bias.
+    NumPy reference: resnorm.reference.layer_norm_backward.
+    """
+    if not isinstance(cache, LayerNormCache):
+        raise TypeError(f"cache must be the LayerNormCache from layer_norm_forward, got {type(cache).__name__}")
+    dy_rows = _rows(_checks.like_array(dy, "dy", cache.shape, cache.x.dtype))
+    nt = threads_for(_checks.n_threads_value(n_threads), dy_rows.size)
+    dx = np.empty_like(dy_rows)
+    dw = None if cache.weight is None else np.empty_like(cache.weight)
+    db = np.empty(dy_rows.shape[1], dy_rows.dtype) if cache.has_bias else None
+    _norms.layer_norm_backward(dx, dw, db, dy_rows, cache.x, cache.weight, cache.mean,
+                               cache.rstd, nt, streams(dx.nbytes))
+    return dx.reshape(cache.shape), dw, db
