@@ -53,6 +53,17 @@ def _vector(p):
     return None if p is None else np.require(p, requirements="CA")
 
 
+def _output_rows(out, rows, shape, inputs):
+    """Where the kernel writes: out's own memory when it is a C-contiguous aligned array,
+    else a fresh buffer (copied into out afterwards by _finish)."""
+    if out is None:
+        return np.empty_like(rows)
+    _checks.out_array(out, shape, rows.dtype, inputs)
+    if out.flags.c_contiguous and out.flags.aligned:
+        return out.reshape(rows.shape)
+    return np.empty_like(rows)
+
+
 def _prepare(x, params, eps, out, n_threads, training):
     """Checks every argument; returns (x, rows, params, eps, out_rows, n_threads, stream)."""
     x = _checks.float_array(x, "x")
@@ -60,18 +71,25 @@ def _prepare(x, params, eps, out, n_threads, training):
     params = [_vector(_checks.optional_param(p, name, d, x.dtype)) for name, p in params]
     eps = _checks.eps_value(eps)
     n_threads = _checks.n_threads_value(n_threads)
+    if training and out is not None and np.may_share_memory(out, x):
+        raise ValueError("out must not be x in the training form: backward needs x")
     rows = _rows(x)
-    if out is None:
-        out_rows = np.empty_like(rows)
-    else:
-        _checks.out_array(out, x.shape, x.dtype, {"x": x, "weight": params[0],
-                                                  "bias": params[1] if len(params) > 1 else None})
-        if training and np.may_share_memory(out, x):
-            raise ValueError("out must not be x in the training form: backward needs x")
-        writable_view = out.flags.c_contiguous and out.flags.aligned
-        out_rows = out.reshape(-1, d) if writable_view else np.empty_like(rows)
+    names = ("weight", "bias")
+    out_rows = _output_rows(out, rows, x.shape, {"x": x, **dict(zip(names, params))})
     return (x, rows, params, eps, out_rows, threads_for(n_threads, rows.size),
             streams(out_rows.nbytes))
+
+
+def _prepare_backward(dy, cache, cache_type, out, n_threads):
+    """Checks dy, cache, out and n_threads; returns (dy_rows, dx_rows, n_threads, stream)."""
+    if not isinstance(cache, cache_type):
+        raise TypeError(f"cache must be the {cache_type.__name__} returned by the forward "
+                        f"function, got {type(cache).__name__}")
+    dy = _checks.like_array(dy, "dy", cache.shape, cache.x.dtype)
+    n_threads = _checks.n_threads_value(n_threads)
+    dy_rows = _rows(dy)
+    dx_rows = _output_rows(out, dy_rows, cache.shape, {"dy": dy, "x": cache.x})
+    return dy_rows, dx_rows, threads_for(n_threads, dy_rows.size), streams(dx_rows.nbytes)
 
 
 def _finish(out, out_rows, shape):
@@ -115,22 +133,19 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     return _finish(out, out_rows, x.shape)
 
 
-def rms_norm_backward(dy, cache, *, n_threads=None):
-    """dx = rstd * (g - x * rstd^2 * mean(g*x)),  g = dy*w;   dweight = sum_rows dy*x*rstd.
+def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
+    """dx = rstd * (g - xn * mean(g*xn)),  g = dy*w,  xn = x*rstd;   dweight = sum_rows dy*xn.
 
-    dy: gradient of y, same shape and dtype as the forward input.  cache: from
-    rms_norm_forward.  Returns (dx, dweight); dweight is None when forward had no weight.
-    NumPy reference: resnorm.reference.rms_norm_backward.
+    (Equal to rstd * (g - x * rstd^2 * mean(g*x)).)  dy: gradient of y, same shape and dtype
+    as the forward input.  cache: from rms_norm_forward.  out: optional buffer for dx; it
+    may be dy itself (dx overwrites dy).  Returns (dx, dweight); dweight is None when
+    forward had no weight.  NumPy reference: resnorm.reference.rms_norm_backward.
     """
-    if not isinstance(cache, RMSNormCache):
-        raise TypeError(f"cache must be the RMSNormCache from rms_norm_forward, got {type(cache).__name__}")
-    dy_rows = _rows(_checks.like_array(dy, "dy", cache.shape, cache.x.dtype))
-    nt = threads_for(_checks.n_threads_value(n_threads), dy_rows.size)
-    dx = np.empty_like(dy_rows)
+    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, RMSNormCache, out, n_threads)
     dw = None if cache.weight is None else np.empty_like(cache.weight)
-    _norms.rms_norm_backward(dx, dw, dy_rows, cache.x, cache.weight, cache.rstd, nt,
-                             streams(dx.nbytes))
-    return dx.reshape(cache.shape), dw
+    _norms.rms_norm_backward(dx_rows, dw, dy_rows, cache.x, cache.weight, cache.rstd, nt,
+                             stream)
+    return _finish(out, dx_rows, cache.shape), dw
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -166,20 +181,17 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None)
     return _finish(out, out_rows, x.shape)
 
 
-def layer_norm_backward(dy, cache, *, n_threads=None):
+def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
     """dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
     dweight = sum_rows dy*xhat;  dbias = sum_rows dy.
 
-    Returns (dx, dweight, dbias); dweight / dbias are None when forward had no weight / bias.
+    out: optional buffer for dx; it may be dy itself.  Returns (dx, dweight, dbias);
+    dweight / dbias are None when forward had no weight / bias.
     NumPy reference: resnorm.reference.layer_norm_backward.
     """
-    if not isinstance(cache, LayerNormCache):
-        raise TypeError(f"cache must be the LayerNormCache from layer_norm_forward, got {type(cache).__name__}")
-    dy_rows = _rows(_checks.like_array(dy, "dy", cache.shape, cache.x.dtype))
-    nt = threads_for(_checks.n_threads_value(n_threads), dy_rows.size)
-    dx = np.empty_like(dy_rows)
+    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, LayerNormCache, out, n_threads)
     dw = None if cache.weight is None else np.empty_like(cache.weight)
     db = np.empty(dy_rows.shape[1], dy_rows.dtype) if cache.has_bias else None
-    _norms.layer_norm_backward(dx, dw, db, dy_rows, cache.x, cache.weight, cache.mean,
-                               cache.rstd, nt, streams(dx.nbytes))
-    return dx.reshape(cache.shape), dw, db
+    _norms.layer_norm_backward(dx_rows, dw, db, dy_rows, cache.x, cache.weight, cache.mean,
+                               cache.rstd, nt, stream)
+    return _finish(out, dx_rows, cache.shape), dw, db
