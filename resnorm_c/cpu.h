@@ -63,9 +63,8 @@
         void (*residual_add)(T *, const T *, const T *, const T *, const T *, Py_ssize_t, int);\
         void (*residual_bwd)(T *, T *, double *, const T *, const T *, const T *, const T *,   \
                              const T *, Py_ssize_t, int);                                     \
-        double (*residual_add_reduce)(T *, const T *, const T *, const T *, const T *,        \
-                                      Py_ssize_t, int);                                       \
-        void (*copy)(T *, const T *, Py_ssize_t, int);                                        \
+        double (*residual_add_lanes)(double *, T *, const T *, const T *, const T *,          \
+                                     const T *, Py_ssize_t, Py_ssize_t, int);                 \
         void (*sigmoid)(T *, T *, const T *, Py_ssize_t);                                     \
         /* element-type independent (the same function in both tables): philox.h */          \
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t);                  \
@@ -82,9 +81,8 @@ RN_OPS_STRUCT(double, f64)
         RN_CAT3(ln_bwd_apply, TS, ISA), RN_CAT3(accumulate, TS, ISA),                         \
         RN_CAT3(narrow, TS, ISA), RN_CAT3(dropout_mult, TS, ISA),                             \
         RN_CAT3(residual_add, TS, ISA), RN_CAT3(residual_bwd, TS, ISA),                       \
-        RN_CAT3(residual_add_reduce, TS, ISA), RN_CAT3(copy, TS, ISA),                        \
-        RN_CAT3(sigmoid, TS, ISA), RN_CAT(rn_philox_uniforms_, ISA),                          \
-        RN_CAT(rn_dropout_keep_, ISA)                                                         \
+        RN_CAT3(residual_add_lanes, TS, ISA), RN_CAT3(sigmoid, TS, ISA),                      \
+        RN_CAT(rn_philox_uniforms_, ISA), RN_CAT(rn_dropout_keep_, ISA)                       \
     }
 
 #if RN_X86

@@ -11,9 +11,10 @@ y), each once.
 
 Dropout multipliers come from Philox-4x32-10 (resnorm_c/philox.h) as a function of
 (seed, flat element index): regenerated in backward, never stored, and identical for any
-thread count.  A thread walks its rows in order and generates the multipliers of its next
-row slice by slice during the current row's write pass: the Philox arithmetic then runs
-while the streamed stores drain, instead of in a phase of its own in which memory idles.
+thread count.  The forward kernels generate them slice by slice just before use, inside a
+loop that also reads and writes memory (see add_rms_norm_forward); backward generates the
+next row's multipliers during the current row's write pass.  Either way the Philox
+arithmetic runs while memory traffic is in flight, not in a phase of its own.
 
 Reductions over rows (dweight, dbias, dalpha) go through fixed row blocks
 (common.row_blocks) and float64 partial rows added in block order: bitwise reproducible.
@@ -29,7 +30,7 @@ from libc.string cimport memset
 from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_sumsqdev,
                      row_rms_apply_copy, row_ln_apply_copy, row_rms_bwd_dot, row_rms_bwd_apply,
                      row_ln_bwd_sums, row_ln_bwd_apply, row_dropout_mult, row_residual_add,
-                     row_residual_add_reduce, row_residual_bwd, row_sigmoid, span_uniforms,
+                     row_residual_add_lanes, row_residual_bwd, row_sigmoid, span_uniforms,
                      span_keep)
 
 rn_cpu_init()
@@ -128,6 +129,11 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
     None (only y is written).  weight, alpha (D,) may be None (1).
     Backward: add_rms_norm_backward.  NumPy reference: resnorm.reference.add_rms_norm_forward.
+
+    Each thread walks its rows as a two-stage pipeline, slice by slice: it reads row i (x
+    and residual, into a cached row of h, reducing on the way) while it writes row i-1 (y,
+    and h in Pre-Norm), whose statistic is known.  Reads and streamed writes then share
+    every moment, instead of alternating row by row; so does the Philox arithmetic.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
     cdef int nt = max(1, n_threads)
@@ -136,39 +142,43 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 3 * d)
-    cdef floating *hs
-    cdef floating *mc
-    cdef floating *mn
+        np.float32 if floating is float else np.float64, nt, 2 * d + SEGMENT)
+    cdef double[:, ::1] lane_rows = thread_rows(np.float64, nt, 32)
+    cdef floating *h_in
+    cdef floating *h_out
     cdef floating *swap
+    cdef floating *m
+    cdef double *lanes
+    cdef double ss
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
-            # this thread's rows, in order; hs: the row of h, assembled in cache;
-            # mc, mn: the dropout multipliers of this row and of the next
-            hs = &scratch[t, 0]
-            mc = hs + d
-            mn = hs + 2 * d
+            # h_in: the row being read; h_out: the row being written; m: multipliers of a slice
+            h_in = &scratch[t, 0]
+            h_out = h_in + d
+            m = h_in + 2 * d
+            lanes = &lane_rows[t, 0]
             lo = t * n // nt
             hi = (t + 1) * n // nt
-            if dp != NULL and lo < hi:
-                multipliers(mc, dp, lo * d, d)
-            for i in range(lo, hi):
-                # one pass over x and residual, with the one reduction on the way
-                rstd[i] = 1.0 / sqrt(row_residual_add_reduce(
-                    hs, &residual[i, 0], &x[i, 0], a, mc if dp != NULL else NULL, d, True) / d
-                    + eps)
-                # y and h leave together
+            for i in range(lo, hi + 1):
+                memset(lanes, 0, 32 * sizeof(double))
                 k = 0
                 while k < d:
                     length = min(<Py_ssize_t>SEGMENT, d - k)
-                    row_rms_apply_copy(&y[i, k], &h[i, k] if pre else NULL, hs + k, at(w, k),
-                                       rstd[i], length, stream)
-                    if dp != NULL and i + 1 < hi:
-                        multipliers(mn + k, dp, (i + 1) * d + k, length)
+                    if i < hi:
+                        if dp != NULL:
+                            multipliers(m, dp, i * d + k, length)
+                        ss = row_residual_add_lanes(lanes, h_in + k, &residual[i, k], &x[i, k],
+                                                    at(a, k), m if dp != NULL else NULL,
+                                                    length, d, True)
+                    if i > lo:
+                        row_rms_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
+                                           h_out + k, at(w, k), rstd[i - 1], length, stream)
                     k = k + length
-                swap = mc
-                mc = mn
-                mn = swap
+                if i < hi:
+                    rstd[i] = 1.0 / sqrt(ss / d + eps)
+                swap = h_in
+                h_in = h_out
+                h_out = swap
 
 
 def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
@@ -179,6 +189,7 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     """h := residual + alpha * dropout(x);  y := (h - mean) * rstd * w + b (two-pass stats).
 
     Pre-Norm when h is given, Post-Norm when h is None.  weight, bias, alpha may be None.
+    The same pipeline as add_rms_norm_forward; the variance pass runs on the cached row.
     Backward: add_layer_norm_backward.  NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
@@ -189,37 +200,46 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 3 * d)
-    cdef floating *hs
-    cdef floating *mc
-    cdef floating *mn
+        np.float32 if floating is float else np.float64, nt, 2 * d + SEGMENT)
+    cdef double[:, ::1] lane_rows = thread_rows(np.float64, nt, 32)
+    cdef floating *h_in
+    cdef floating *h_out
     cdef floating *swap
+    cdef floating *m
+    cdef double *lanes
+    cdef double total
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
-            hs = &scratch[t, 0]
-            mc = hs + d
-            mn = hs + 2 * d
+            h_in = &scratch[t, 0]
+            h_out = h_in + d
+            m = h_in + 2 * d
+            lanes = &lane_rows[t, 0]
             lo = t * n // nt
             hi = (t + 1) * n // nt
-            if dp != NULL and lo < hi:
-                multipliers(mc, dp, lo * d, d)
-            for i in range(lo, hi):
-                # the two LayerNorm reductions: the mean on the way in, then the mean
-                # squared deviation on the cached row
-                mean[i] = row_residual_add_reduce(hs, &residual[i, 0], &x[i, 0], a,
-                                                  mc if dp != NULL else NULL, d, False) / d
-                rstd[i] = 1.0 / sqrt(row_sumsqdev(hs, d, mean[i]) / d + eps)
+            for i in range(lo, hi + 1):
+                memset(lanes, 0, 32 * sizeof(double))
                 k = 0
                 while k < d:
                     length = min(<Py_ssize_t>SEGMENT, d - k)
-                    row_ln_apply_copy(&y[i, k], &h[i, k] if pre else NULL, hs + k, at(w, k),
-                                      at(b, k), mean[i], rstd[i], length, stream)
-                    if dp != NULL and i + 1 < hi:
-                        multipliers(mn + k, dp, (i + 1) * d + k, length)
+                    if i < hi:
+                        if dp != NULL:
+                            multipliers(m, dp, i * d + k, length)
+                        total = row_residual_add_lanes(lanes, h_in + k, &residual[i, k],
+                                                       &x[i, k], at(a, k),
+                                                       m if dp != NULL else NULL, length, d,
+                                                       False)
+                    if i > lo:
+                        row_ln_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
+                                          h_out + k, at(w, k), at(b, k), mean[i - 1],
+                                          rstd[i - 1], length, stream)
                     k = k + length
-                swap = mc
-                mc = mn
-                mn = swap
+                if i < hi:
+                    # the second LayerNorm reduction, on the cached row
+                    mean[i] = total / d
+                    rstd[i] = 1.0 / sqrt(row_sumsqdev(h_in, d, mean[i]) / d + eps)
+                swap = h_in
+                h_in = h_out
+                h_out = swap
 
 
 cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
@@ -299,8 +319,8 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 if pre:
                     hp = &h[i, 0]
                 else:
-                    row_residual_add_reduce(gs, &residual[i, 0], &x[i, 0], a,
-                                            mc if dp != NULL else NULL, d, True)
+                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a,
+                                     mc if dp != NULL else NULL, d, False)
                     hp = gs
                 # the norm backward (one reduction) leaves the gradient reaching h in gs
                 m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
@@ -380,8 +400,8 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 if pre:
                     hp = &h[i, 0]
                 else:
-                    row_residual_add_reduce(gs, &residual[i, 0], &x[i, 0], a,
-                                            mc if dp != NULL else NULL, d, True)
+                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a,
+                                     mc if dp != NULL else NULL, d, False)
                     hp = gs
                 # two reductions in one pass; assigned here so that they are thread-private
                 # (Cython shares a variable written only through a pointer)

@@ -417,21 +417,26 @@ static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssi
 #undef ST_
 }
 
-/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), and returns the row
- * reduction of h: sum_k h_k (squares = 0) or sum_k h_k^2 (squares = 1), with RN_REDUCE's
- * lanes and fold, so the result is bitwise that of sum / sumsq on h.  a and m may be NULL.
- * One pass: x and r are read once (prefetched one row ahead) and h is reduced from L1. */
-static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *r, const RN_T *x, const RN_T *a,
-                                           const RN_T *m, Py_ssize_t n, int squares)
+/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), for a span of a row,
+ * reducing on the way: each h_k (squares = 0) or h_k^2 (squares = 1) is added into lane
+ * k % 32 of lanes[32] (double), as RN_REDUCE does.  A row may be done in consecutive spans
+ * (every span but the last a multiple of 32 long): the lanes then see the same additions in
+ * the same order, and the return value, the fold of the lanes so far, is after the last span
+ * bitwise sum / sumsq of the row.  a and m may be NULL.  x and r are prefetched `ahead`
+ * elements on (the row length: the same span of the next row). */
+static double RN_NAME(residual_add_lanes)(double *lanes, RN_T *h, const RN_T *r, const RN_T *x,
+                                          const RN_T *a, const RN_T *m, Py_ssize_t n,
+                                          Py_ssize_t ahead, int squares)
 {
-    RN_DVEC acc[RN_NACC] = {{0}};
-    double lanes[32];
+    RN_DVEC acc[RN_NACC];
+    double folded[32];
     Py_ssize_t i = 0;
+    memcpy(acc, lanes, sizeof acc);
 #define CHUNK_(SQ)                                                                      \
     for (; i + 32 <= n; i += 32) {                                                      \
         for (Py_ssize_t k = i; k < i + 32; k += RN_W) {                                 \
-            RN_NAME(prefetch_next)(x, n, k, RN_W);                                      \
-            RN_NAME(prefetch_next)(r, n, k, RN_W);                                      \
+            RN_NAME(prefetch_next)(x, ahead, k, RN_W);                                  \
+            RN_NAME(prefetch_next)(r, ahead, k, RN_W);                                  \
             RN_VEC v = RN_NAME(vload)(x + k);                                           \
             if (m) { v *= RN_NAME(vload)(m + k); }                                      \
             if (a) { v *= RN_NAME(vload)(a + k); }                                      \
@@ -444,7 +449,7 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *r, const RN_T *x
     }
     if (squares) { CHUNK_(1) } else { CHUNK_(0) }
 #undef CHUNK_
-    memcpy(lanes, acc, sizeof lanes);
+    memcpy(lanes, acc, sizeof acc);
     for (Py_ssize_t j = 0; i + j < n; j++) {
         Py_ssize_t k = i + j;
         RN_T v = x[k];
@@ -454,7 +459,8 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *r, const RN_T *x
         double t = (double)h[k];
         lanes[j] += squares ? t * t : t;
     }
-    return RN_NAME(fold32)(lanes);
+    memcpy(folded, lanes, sizeof folded);
+    return RN_NAME(fold32)(folded);
 }
 
 /* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
@@ -508,18 +514,6 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_
                     RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                  \
                     if (m) { v *= RN_NAME(vload)(m + k); } ST(dx + k, v); }
     RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
-#undef PF_
-#undef S_
-#undef V_
-}
-
-/* dst_k = src_k: a row computed in scratch memory, written out (streamed when asked). */
-static void RN_NAME(copy)(RN_T *dst, const RN_T *src, Py_ssize_t n, int stream)
-{
-#define PF_(k)
-#define S_(k) { dst[k] = src[k]; }
-#define V_(k, ST) { ST(dst + k, RN_NAME(vload)(src + k)); }
-    RN_ELEMENTWISE(n, dst, stream, PF_, S_, V_);
 #undef PF_
 #undef S_
 #undef V_
