@@ -67,9 +67,9 @@ cdef inline const floating *at(const floating *p, Py_ssize_t k) noexcept nogil:
     return p + k
 
 
-def thread_rows(dtype, int n_threads, Py_ssize_t width):
+cdef object thread_rows(object dtype, Py_ssize_t itemsize, int n_threads, Py_ssize_t width):
     """Scratch: one row of `width` elements per thread, padded to whole cache lines."""
-    cdef Py_ssize_t per_line = 64 // np.dtype(dtype).itemsize
+    cdef Py_ssize_t per_line = 64 // itemsize
     return np.empty((max(1, n_threads), (width + per_line - 1) // per_line * per_line), dtype)
 
 
@@ -85,7 +85,7 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
     cdef Py_ssize_t n = x.shape[0], n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK
     cdef Py_ssize_t c, k, end, length
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, n_threads, SEGMENT)
+        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, SEGMENT)
     cdef floating *m
     with nogil:
         for c in prange(n_chunks, schedule="static", num_threads=n_threads):
@@ -142,8 +142,8 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, nt, 32)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
+    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
     cdef floating *h_in
     cdef floating *h_out
     cdef floating *swap
@@ -200,8 +200,8 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, nt, 32)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
+    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
     cdef floating *h_in
     cdef floating *h_out
     cdef floating *swap
@@ -287,7 +287,7 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 3 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, 3 * d)
     cdef floating *gs
     cdef floating *mc
     cdef floating *mn
@@ -365,7 +365,7 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, nt, 3 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, 3 * d)
     cdef floating *gs
     cdef floating *mc
     cdef floating *mn
@@ -488,7 +488,7 @@ def gated_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
     scaled_residual_forward).  NumPy reference: resnorm.reference.gated_residual_forward."""
     cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, n_threads, d)
+        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, d)
     cdef floating *s
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
@@ -505,7 +505,7 @@ def gated_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch,
     NumPy reference: resnorm.reference.gated_residual_backward."""
     cdef Py_ssize_t i, n = dh.shape[0], d = dh.shape[1]
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, n_threads, 2 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, 2 * d)
     cdef floating *s
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
