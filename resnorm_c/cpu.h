@@ -27,6 +27,10 @@
 #define rn_sfence() ((void)0)
 #endif
 
+/* `stream` argument of the elementwise primitives: 0 = ordinary stores, 1 = non-temporal
+ * stores then a store fence, RN_STREAM_UNFENCED = non-temporal stores, the caller fences. */
+#define RN_STREAM_UNFENCED 2
+
 /* Prefetch hint for the next row: 2 = into L2 (measured best here), 3 = into L1. */
 #ifndef RN_PF_LOCALITY
 #define RN_PF_LOCALITY 2
@@ -64,7 +68,7 @@
         void (*residual_bwd)(T *, T *, double *, const T *, const T *, const T *, const T *,   \
                              const T *, Py_ssize_t, int);                                     \
         double (*residual_add_lanes)(double *, T *, const T *, const T *, const T *,          \
-                                     const T *, Py_ssize_t, Py_ssize_t, int);                 \
+                                     const T *, Py_ssize_t, Py_ssize_t, int, int);            \
         void (*sigmoid)(T *, T *, const T *, Py_ssize_t);                                     \
         /* element-type independent (the same function in both tables): philox.h */          \
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t);                  \

@@ -31,7 +31,7 @@ from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, r
                      row_rms_apply_copy, row_ln_apply_copy, row_rms_bwd_dot, row_rms_bwd_apply,
                      row_ln_bwd_sums, row_ln_bwd_apply, row_dropout_mult, row_residual_add,
                      row_residual_add_lanes, row_residual_bwd, row_sigmoid, span_uniforms,
-                     span_keep)
+                     span_keep, RN_STREAM_UNFENCED, rn_sfence)
 
 rn_cpu_init()
 
@@ -84,6 +84,7 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
     """
     cdef Py_ssize_t n = x.shape[0], n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK
     cdef Py_ssize_t c, k, end, length
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, sizeof(floating), n_threads, SEGMENT)
     cdef floating *m
@@ -96,8 +97,10 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
                 # slice by slice, so that Philox and memory traffic interleave finely
                 length = min(<Py_ssize_t>SEGMENT, end - k)
                 multipliers(m, &dropout, k, length)
-                row_residual_add(&out[k], NULL, &x[k], NULL, m, length, stream)
+                row_residual_add(&out[k], NULL, &x[k], NULL, m, length, unfenced)
                 k = k + length
+            if stream:
+                rn_sfence()
 
 
 def dropout_mask(uint8_t[::1] keep, rn_dropout dropout, int n_threads):
@@ -136,7 +139,7 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     every moment, instead of alternating row by row; so does the Philox arithmetic.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
-    cdef int nt = max(1, n_threads)
+    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
@@ -169,16 +172,18 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
                             multipliers(m, dp, i * d + k, length)
                         ss = row_residual_add_lanes(lanes, h_in + k, &residual[i, k], &x[i, k],
                                                     at(a, k), m if dp != NULL else NULL,
-                                                    length, d, True)
+                                                    length, d, True, k + length == d)
                     if i > lo:
                         row_rms_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
-                                           h_out + k, at(w, k), rstd[i - 1], length, stream)
+                                           h_out + k, at(w, k), rstd[i - 1], length, unfenced)
                     k = k + length
                 if i < hi:
                     rstd[i] = 1.0 / sqrt(ss / d + eps)
                 swap = h_in
                 h_in = h_out
                 h_out = swap
+            if stream:
+                rn_sfence()
 
 
 def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
@@ -193,7 +198,7 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     Backward: add_layer_norm_backward.  NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
-    cdef int nt = max(1, n_threads)
+    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *b = opt_ptr(bias)
     cdef const floating *a = opt_ptr(alpha)
@@ -227,11 +232,11 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
                         total = row_residual_add_lanes(lanes, h_in + k, &residual[i, k],
                                                        &x[i, k], at(a, k),
                                                        m if dp != NULL else NULL, length, d,
-                                                       False)
+                                                       False, k + length == d)
                     if i > lo:
                         row_ln_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
                                           h_out + k, at(w, k), at(b, k), mean[i - 1],
-                                          rstd[i - 1], length, stream)
+                                          rstd[i - 1], length, unfenced)
                     k = k + length
                 if i < hi:
                     # the second LayerNorm reduction, on the cached row
@@ -240,6 +245,8 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
                 swap = h_in
                 h_in = h_out
                 h_out = swap
+            if stream:
+                rn_sfence()
 
 
 cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
@@ -249,12 +256,14 @@ cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
                              bint stream) noexcept nogil:
     """Backward of one row of h = residual + a*(x*m), given the gradient gh reaching h from
     the norm (+ dh along the stream): dresidual, dx and the dalpha partial, slice by slice;
-    between slices the next row's multipliers go into m_next (when it is not NULL)."""
+    between slices the next row's multipliers go into m_next (when it is not NULL).
+    Streamed stores are not fenced here: the caller fences once, after its rows."""
     cdef Py_ssize_t k = 0, length
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
         row_residual_bwd(dx + k, dresidual + k, apart + k if apart != NULL else NULL, gh + k,
-                         at(dh, k), at(x, k), at(a, k), at(m, k), length, stream)
+                         at(dh, k), at(x, k), at(a, k), at(m, k), length,
+                         RN_STREAM_UNFENCED if stream else 0)
         if m_next != NULL:
             multipliers(m_next + k, dp, next_start + k, length)
         k += length
@@ -331,6 +340,8 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 swap = mc
                 mc = mn
                 mn = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_da:
@@ -416,6 +427,8 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 swap = mc
                 mc = mn
                 mn = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_db:

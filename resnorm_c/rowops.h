@@ -280,7 +280,10 @@ static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
 
 /* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
  * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
- * set).  PF(k) prefetches the next row's span of the vector at k. */
+ * set).  PF(k) prefetches the next row's span of the vector at k.  Streamed stores are
+ * followed by a store fence, unless stream is RN_STREAM_UNFENCED: a caller that writes a
+ * row in many short slices fences once at the end (rn_sfence), because a fence waits for
+ * the write-combining buffers to drain and would stall every slice. */
 #define RN_ELEMENTWISE(n, out, stream, PF, SCALAR, VECTOR)                              \
     do {                                                                                \
         Py_ssize_t k_ = 0, head_ = (stream) ? RN_NAME(stream_head)((out), (n)) : 0;     \
@@ -298,7 +301,7 @@ static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
             }                                                                           \
         }                                                                               \
         for (; k_ < (n); k_++) { SCALAR(k_) }                                           \
-        if (nt_) rn_sfence();                                                           \
+        if (nt_ && (stream) != RN_STREAM_UNFENCED) rn_sfence();                         \
     } while (0)
 
 #define RN_PFV_X(k) RN_NAME(prefetch_next)(x, n, (k), RN_W)
@@ -310,7 +313,7 @@ static void RN_NAME(rms_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w
                                Py_ssize_t n, int stream)
 {
     const RN_T r = (RN_T)rstd;
-    stream = stream && RN_NAME(same_phase)(y, copy);
+    if (!RN_NAME(same_phase)(y, copy)) stream = 0;
 #define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; if (copy) { copy[k] = x[k]; } }
 #define V_(k, ST) { RN_VEC xv = RN_NAME(vload)(x + k), v = xv * r;                        \
                     if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v);                  \
@@ -333,7 +336,7 @@ static void RN_NAME(ln_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w,
     RN_T mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_T r = (RN_T)rstd;
-    stream = stream && RN_NAME(same_phase)(y, copy);
+    if (!RN_NAME(same_phase)(y, copy)) stream = 0;
 #define S_(k) { RN_T v = ((x[k] - mh) - ml) * r;                                          \
                 if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v;                     \
                 if (copy) { copy[k] = x[k]; } }
@@ -421,15 +424,15 @@ static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssi
  * reducing on the way: each h_k (squares = 0) or h_k^2 (squares = 1) is added into lane
  * k % 32 of lanes[32] (double), as RN_REDUCE does.  A row may be done in consecutive spans
  * (every span but the last a multiple of 32 long): the lanes then see the same additions in
- * the same order, and the return value, the fold of the lanes so far, is after the last span
- * bitwise sum / sumsq of the row.  a and m may be NULL.  x and r are prefetched `ahead`
- * elements on (the row length: the same span of the next row). */
+ * the same order, and after the last span (last = 1) the return value, the folded lanes,
+ * is bitwise sum / sumsq of the row (0 is returned for the other spans).  a and m may be
+ * NULL.  x and r are prefetched `ahead` elements on (the row length: the same span of the
+ * next row). */
 static double RN_NAME(residual_add_lanes)(double *lanes, RN_T *h, const RN_T *r, const RN_T *x,
                                           const RN_T *a, const RN_T *m, Py_ssize_t n,
-                                          Py_ssize_t ahead, int squares)
+                                          Py_ssize_t ahead, int squares, int last)
 {
     RN_DVEC acc[RN_NACC];
-    double folded[32];
     Py_ssize_t i = 0;
     memcpy(acc, lanes, sizeof acc);
 #define CHUNK_(SQ)                                                                      \
@@ -459,8 +462,7 @@ static double RN_NAME(residual_add_lanes)(double *lanes, RN_T *h, const RN_T *r,
         double t = (double)h[k];
         lanes[j] += squares ? t * t : t;
     }
-    memcpy(folded, lanes, sizeof folded);
-    return RN_NAME(fold32)(folded);
+    return last ? RN_NAME(fold32)(lanes) : 0.0;
 }
 
 /* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
@@ -497,7 +499,7 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_
                                   const RN_T *dh, const RN_T *x, const RN_T *a, const RN_T *m,
                                   Py_ssize_t n, int stream)
 {
-    stream = stream && RN_NAME(same_phase)(dx, dr);
+    if (!RN_NAME(same_phase)(dx, dr)) stream = 0;
 #define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                                \
                  if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                    \
                  if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
