@@ -43,9 +43,11 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
                              const float *, const float *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, float *, const float *, const float *, const float *,
-                                     const float *, Py_ssize_t, Py_ssize_t, int,
-                                     int) noexcept nogil
+        double (*residual_reduce)(const float *, const float *, const float *, const float *,
+                                  Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(float *, float *, const float *, const float *, const float *,
+                                    const float *, const float *, const float *, double, double,
+                                    Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -75,9 +77,11 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
                              const double *, const double *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, double *, const double *, const double *, const double *,
-                                     const double *, Py_ssize_t, Py_ssize_t, int,
-                                     int) noexcept nogil
+        double (*residual_reduce)(const double *, const double *, const double *, const double *,
+                                  Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(double *, double *, const double *, const double *, const double *,
+                                    const double *, const double *, const double *, double, double,
+                                    Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -217,14 +221,23 @@ cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
     else:
         RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
 
-cdef inline double row_residual_add_lanes(double *lanes, floating *h, const floating *r,
-                                          const floating *x, const floating *a,
-                                          const floating *m, Py_ssize_t n, Py_ssize_t ahead,
-                                          bint squares, bint last) noexcept nogil:
+cdef inline double row_residual_reduce(const floating *r, const floating *x,
+                                      const floating *a, const floating *m, Py_ssize_t n,
+                                      bint squares, double shift) noexcept nogil:
     if floating is float:
-        return RN_F32.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares, last)
+        return RN_F32.residual_reduce(r, x, a, m, n, squares, shift)
     else:
-        return RN_F64.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares, last)
+        return RN_F64.residual_reduce(r, x, a, m, n, squares, shift)
+
+cdef inline void row_residual_norm_apply(floating *y, floating *hout, const floating *r,
+                                         const floating *x, const floating *a,
+                                         const floating *m, const floating *w,
+                                         const floating *b, double mean, double rstd,
+                                         Py_ssize_t n, int stream) noexcept nogil:
+    if floating is float:
+        RN_F32.residual_norm_apply(y, hout, r, x, a, m, w, b, mean, rstd, n, stream)
+    else:
+        RN_F64.residual_norm_apply(y, hout, r, x, a, m, w, b, mean, rstd, n, stream)
 
 cdef inline void row_sigmoid(floating *s, floating *ds, const floating *g,
                              Py_ssize_t n) noexcept nogil:
