@@ -35,7 +35,7 @@ rn_cpu_init()
 
 cdef enum:
     DROPOUT_CHUNK = 8192  # elements per task of the flat dropout kernels
-    SEGMENT = 512         # elements per slice of a write pass (see the module docstring)
+    SEGMENT = 1024        # elements per slice of a write pass (see the module docstring)
 
 
 cdef struct rn_dropout:
