@@ -37,16 +37,18 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(float *, const double *, Py_ssize_t) noexcept nogil
-        void (*residual_add)(float *, const float *, const float *, const float *, const uint8_t *,
-                             Py_ssize_t, double, Py_ssize_t, int) noexcept nogil
-        void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
-                             const float *, const uint8_t *, Py_ssize_t, double, Py_ssize_t,
+        void (*residual_add)(float *, const float *, const float *, const float *,
+                             const uint8_t *, Py_ssize_t, double, Py_ssize_t,
                              int) noexcept nogil
+        void (*residual_bwd)(float *, float *, double *, const float *, const float *,
+                             const float *, const float *, const uint8_t *, Py_ssize_t, double,
+                             Py_ssize_t, int) noexcept nogil
         double (*residual_reduce)(const float *, const float *, const float *, const uint8_t *,
                                   Py_ssize_t, double, Py_ssize_t, int, double) noexcept nogil
-        void (*residual_norm_apply)(float *, float *, const float *, const float *, const float *,
-                                    const uint8_t *, Py_ssize_t, double, const float *,
-                                    const float *, double, double, Py_ssize_t, int) noexcept nogil
+        void (*residual_norm_apply)(float *, float *, const float *, const float *,
+                                    const float *, const uint8_t *, Py_ssize_t, double,
+                                    const float *, const float *, double, double, Py_ssize_t,
+                                    int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -71,16 +73,18 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(double *, const double *, Py_ssize_t) noexcept nogil
-        void (*residual_add)(double *, const double *, const double *, const double *, const uint8_t *,
-                             Py_ssize_t, double, Py_ssize_t, int) noexcept nogil
-        void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
-                             const double *, const uint8_t *, Py_ssize_t, double, Py_ssize_t,
+        void (*residual_add)(double *, const double *, const double *, const double *,
+                             const uint8_t *, Py_ssize_t, double, Py_ssize_t,
                              int) noexcept nogil
+        void (*residual_bwd)(double *, double *, double *, const double *, const double *,
+                             const double *, const double *, const uint8_t *, Py_ssize_t, double,
+                             Py_ssize_t, int) noexcept nogil
         double (*residual_reduce)(const double *, const double *, const double *, const uint8_t *,
                                   Py_ssize_t, double, Py_ssize_t, int, double) noexcept nogil
-        void (*residual_norm_apply)(double *, double *, const double *, const double *, const double *,
-                                    const uint8_t *, Py_ssize_t, double, const double *,
-                                    const double *, double, double, Py_ssize_t, int) noexcept nogil
+        void (*residual_norm_apply)(double *, double *, const double *, const double *,
+                                    const double *, const uint8_t *, Py_ssize_t, double,
+                                    const double *, const double *, double, double, Py_ssize_t,
+                                    int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil

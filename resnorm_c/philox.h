@@ -202,3 +202,5 @@ static void RN_PNAME(dropout_keep)(uint8_t *keep, uint64_t seed, uint64_t start,
 #undef RN_QPAIR
 #undef RN_QVEC
 #undef RN_QN
+#undef RN_PGROUPS
+#undef RN_QL

@@ -106,7 +106,8 @@ static inline RN_VEC RN_NAME(vmult)(const uint8_t *keep, Py_ssize_t pos, RN_T sc
     RN_NAME(ivec) lane_bit;
     for (int j = 0; j < RN_W; j++)
         lane_bit[j] = (RN_ITYPE)1 << j;
-    RN_NAME(ivec) on = (((RN_NAME(ivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos)) & lane_bit) != 0;
+    RN_NAME(ivec) word = (RN_NAME(ivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);
+    RN_NAME(ivec) on = (word & lane_bit) != 0;
     return (RN_VEC)(on & (RN_NAME(ivec))((RN_VEC){0} + scale));
 }
 
@@ -115,7 +116,8 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_T s
     RN_NAME(hivec) lane_bit;
     for (int j = 0; j < RN_DW; j++)
         lane_bit[j] = (RN_ITYPE)1 << j;
-    RN_NAME(hivec) on = (((RN_NAME(hivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos)) & lane_bit) != 0;
+    RN_NAME(hivec) word = (RN_NAME(hivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);
+    RN_NAME(hivec) on = (word & lane_bit) != 0;
     return (RN_HVEC)(on & (RN_NAME(hivec))((RN_HVEC){0} + scale));
 }
 
@@ -279,11 +281,11 @@ static double RN_NAME(residual_reduce)(const RN_T *r, const RN_T *x, const RN_T 
     const RN_T sc = (RN_T)scale;
     double s;
 #define PF_(i) (RN_NAME(prefetch_next)(x, n, (i), 32), RN_NAME(prefetch_next)(r, n, (i), 32))
-#define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                    \
-                 if (keep) { v_ *= RN_NAME(hmult)(keep, kpos + (i), sc); }                       \
-                 if (a) { v_ *= RN_NAME(hload)(a + (i)); }                                 \
+#define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                  \
+                 if (keep) { v_ *= RN_NAME(hmult)(keep, kpos + (i), sc); }              \
+                 if (a) { v_ *= RN_NAME(hload)(a + (i)); }                              \
                  RN_NAME(widen)(RN_NAME(hload)(r + (i)) + v_) - shift; })
-#define HS_(i) ({ RN_T v_ = x[i]; if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_T)0; }             \
+#define HS_(i) ({ RN_T v_ = x[i]; if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_T)0; }        \
                   if (a) { v_ *= a[i]; } (double)(r[i] + v_) - shift; })
 #define V1_(i) RN_NAME(square)(H_(i))
 #define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
@@ -351,7 +353,6 @@ static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
 {
     return out2 == NULL || ((uintptr_t)out - (uintptr_t)out2) % RN_VBYTES == 0;
 }
-
 
 /* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
  * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
@@ -433,17 +434,17 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *hout, const RN_T *r, con
     const RN_T rs = (RN_T)rstd, sc = (RN_T)scale;
     if (!RN_NAME(same_phase)(y, hout)) stream = 0;
 #define PF_(k)
-#define S_(k) { RN_T h_ = x[k]; if (keep) { h_ *= RN_KEEP(k) ? sc : (RN_T)0; }                \
-                if (a) { h_ *= a[k]; } h_ = r[k] + h_;                                     \
+#define S_(k) { RN_T h_ = x[k]; if (keep) { h_ *= RN_KEEP(k) ? sc : (RN_T)0; }          \
+                if (a) { h_ *= a[k]; } h_ = r[k] + h_;                                  \
                 RN_T v_ = ((h_ - mh) - ml) * rs; if (w) { v_ *= w[k]; } if (b) { v_ += b[k]; } \
                 y[k] = v_; if (hout) { hout[k] = h_; } }
-#define V_(k, ST) { RN_VEC h_ = RN_NAME(vload)(x + k);                                    \
-                    if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + k, sc); }                     \
-                    if (a) { h_ *= RN_NAME(vload)(a + k); }                               \
-                    h_ = RN_NAME(vload)(r + k) + h_;                                      \
-                    RN_VEC v_ = ((h_ - mh) - ml) * rs;                                    \
-                    if (w) { v_ *= RN_NAME(vload)(w + k); }                               \
-                    if (b) { v_ += RN_NAME(vload)(b + k); }                               \
+#define V_(k, ST) { RN_VEC h_ = RN_NAME(vload)(x + k);                                  \
+                    if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + k, sc); }             \
+                    if (a) { h_ *= RN_NAME(vload)(a + k); }                             \
+                    h_ = RN_NAME(vload)(r + k) + h_;                                    \
+                    RN_VEC v_ = ((h_ - mh) - ml) * rs;                                  \
+                    if (w) { v_ *= RN_NAME(vload)(w + k); }                             \
+                    if (b) { v_ += RN_NAME(vload)(b + k); }                             \
                     ST(y + k, v_); if (hout) { ST(hout + k, h_); } }
 #define RUN_ RN_ELEMENTWISE(n, y, stream, PF_, S_, V_)
     /* The fused forward's cases (weight, no alpha, no bias; with or without dropout and h)
@@ -519,8 +520,8 @@ static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, co
 
 /* ---------------------------------------------------------------- residual connections */
 
-/* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m_k = RN_KEEP(k) ? scale : 0, and
- * scale a, added onto the residual stream r.  r may be NULL (0), a and keep NULL (1).  The
+/* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m_k = RN_KEEP(k) ? scale : 0
+ * and scale a, added onto the residual stream r.  r may be NULL (0), a and keep NULL (1).  The
  * product x*m is formed first, as dropout forms it, so h equals r + a * dropout(x) bitwise.
  * x and r are prefetched one row ahead; a and keep are short rows that stay in cache. */
 static void RN_NAME(residual_add)(RN_T *h, const RN_T *r, const RN_T *x, const RN_T *a,
@@ -528,26 +529,31 @@ static void RN_NAME(residual_add)(RN_T *h, const RN_T *r, const RN_T *x, const R
                                   Py_ssize_t n, int stream)
 {
     const RN_T sc = (RN_T)scale;
-#define PF_(k) { RN_NAME(prefetch_next)(x, n, (k), RN_W);                                 \
+#define PF_(k) { RN_NAME(prefetch_next)(x, n, (k), RN_W);                               \
                  if (r) { RN_NAME(prefetch_next)(r, n, (k), RN_W); } }
-#define S_(k) { RN_T v = x[k]; if (keep) { v *= RN_KEEP(k) ? sc : (RN_T)0; }                  \
+#define S_(k) { RN_T v = x[k]; if (keep) { v *= RN_KEEP(k) ? sc : (RN_T)0; }            \
                 if (a) { v *= a[k]; } if (r) { v = r[k] + v; } h[k] = v; }
-#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                     \
-                    if (keep) { v *= RN_NAME(vmult)(keep, kpos + k, sc); }                      \
-                    if (a) { v *= RN_NAME(vload)(a + k); }                                \
+#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                   \
+                    if (keep) { v *= RN_NAME(vmult)(keep, kpos + k, sc); }              \
+                    if (a) { v *= RN_NAME(vload)(a + k); }                              \
                     if (r) { v = RN_NAME(vload)(r + k) + v; } ST(h + k, v); }
     /* The hot cases get their own expansion: dropout alone, and the plain add. */
-    if (!r && !a && keep) { const RN_T *r = NULL, *a = NULL; RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
-    else if (r && !a && !keep) { const RN_T *a = NULL; const uint8_t *keep = NULL;
-                                 RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
+    if (!r && !a && keep) {
+        const RN_T *r = NULL, *a = NULL;
+        RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+    } else if (r && !a && !keep) {
+        const RN_T *a = NULL;
+        const uint8_t *keep = NULL;
+        RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+    }
     else RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
 #undef PF_
 #undef S_
 #undef V_
 }
 
-/* Backward of h = r + a*(x*m), m_k = RN_KEEP(k) ? scale : 0.  With g = gh + dh (dh, a gradient
- * arriving along the residual stream, may be NULL):
+/* Backward of h = r + a*(x*m), m_k = RN_KEEP(k) ? scale : 0.  With g = gh + dh (dh, a
+ * gradient arriving along the residual stream, may be NULL):
  *   dr_k = g_k                        (dr NULL: not written)
  *   dx_k = (g_k * a_k) * m_k          (a, keep NULL: 1)
  *   da_part_k += g_k * (x_k * m_k)    (double partial of a row block; NULL: not wanted)
@@ -559,22 +565,22 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_
 {
     const RN_T sc = (RN_T)scale;
     if (!RN_NAME(same_phase)(dx, dr)) stream = 0;
-#define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                                \
-                 if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                    \
+#define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                              \
+                 if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                  \
                  if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
-#define S_(k) { RN_T g = gh[k], mk = keep ? (RN_KEEP(k) ? sc : (RN_T)0) : (RN_T)1;            \
-                if (dh) { g += dh[k]; } if (dr) { dr[k] = g; }                            \
-                if (da_part) { RN_T d = x[k]; if (keep) { d *= mk; }                      \
-                               da_part[k] += (double)(g * d); }                           \
+#define S_(k) { RN_T g = gh[k], mk = keep ? (RN_KEEP(k) ? sc : (RN_T)0) : (RN_T)1;      \
+                if (dh) { g += dh[k]; } if (dr) { dr[k] = g; }                          \
+                if (da_part) { RN_T d = x[k]; if (keep) { d *= mk; }                    \
+                               da_part[k] += (double)(g * d); }                         \
                 RN_T v = g; if (a) { v *= a[k]; } if (keep) { v *= mk; } dx[k] = v; }
-#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k), mk = {0};                          \
-                    if (keep) { mk = RN_NAME(vmult)(keep, kpos + k, sc); }                      \
-                    if (dh) { g += RN_NAME(vload)(dh + k); }                              \
-                    if (dr) { ST(dr + k, g); }                                            \
-                    if (da_part) { RN_VEC d = RN_NAME(vload)(x + k);                      \
-                                   if (keep) { d *= mk; }                                 \
-                                   RN_NAME(add_widened)(da_part + k, g * d); }            \
-                    RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                  \
+#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k), mk = {0};                        \
+                    if (keep) { mk = RN_NAME(vmult)(keep, kpos + k, sc); }              \
+                    if (dh) { g += RN_NAME(vload)(dh + k); }                            \
+                    if (dr) { ST(dr + k, g); }                                          \
+                    if (da_part) { RN_VEC d = RN_NAME(vload)(x + k);                    \
+                                   if (keep) { d *= mk; }                               \
+                                   RN_NAME(add_widened)(da_part + k, g * d); }          \
+                    RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                \
                     if (keep) { v *= mk; } ST(dx + k, v); }
     RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
 #undef PF_

@@ -219,7 +219,8 @@ def add_rms_norm_post_backward(dy, x, h, weight, rstd, alpha, keep, p):
 
 def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, alpha=1.0,
                                 p=0.0, seed=0, training=True):
-    """Post-Norm:  y = layer_norm(residual + alpha * dropout(x)).  Returns (y, h, mean, rstd, keep)."""
+    """Post-Norm:  y = layer_norm(residual + alpha * dropout(x)).
+    Returns (y, h, mean, rstd, keep)."""
     return add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training)
 
 
