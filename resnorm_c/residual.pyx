@@ -153,68 +153,24 @@ cdef inline void apply_row(floating *y, floating *hout, const floating *residual
         k += length
 
 
-def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rstd,
-                         const floating[:, ::1] x, const floating[:, ::1] residual,
-                         const floating[::1] weight, const floating[::1] alpha, double eps,
-                         rn_dropout dropout, int n_threads, bint stream=False):
-    """h := residual + alpha * dropout(x);  y := h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
+def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
+                     double[::1] rstd, const floating[:, ::1] x, const floating[:, ::1] residual,
+                     const floating[::1] weight, const floating[::1] bias,
+                     const floating[::1] alpha, double eps, rn_dropout dropout, int n_threads,
+                     bint stream=False):
+    """h := residual + alpha * dropout(x), then y := norm(h):
+    RMSNorm (mean None):   y = h * rstd * w,                rstd = 1/sqrt(mean(h^2) + eps)
+    LayerNorm (mean given): y = (h - mean) * rstd * w + b,  rstd = 1/sqrt(var(h) + eps), two-pass.
 
     Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
-    None (only y is written).  weight, alpha (D,) may be None (1).
-    Backward: add_rms_norm_backward.  NumPy reference: resnorm.reference.add_rms_norm_forward.
+    None (only y is written).  weight, bias, alpha (D,) may be None.  mean, rstd (N,)
+    float64 receive the row statistics.  Backward: add_norm_backward.  NumPy references:
+    resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
 
-    A thread takes a contiguous range of rows.  Per row: one reduction pass over x and
-    residual that only loads (h is not stored: a plain store would queue behind the
-    streamed stores still draining), then one pass that recomputes h from the cached rows
-    and writes y and h (apply_row).  Memory sees x and residual read once, y and h written
-    once.
-    """
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, lo, hi
-    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
-    cdef const floating *w = opt_ptr(weight)
-    cdef const floating *a = opt_ptr(alpha)
-    cdef const rn_dropout *dp = active(&dropout)
-    cdef double scale = dropout.scale if dp != NULL else 1.0
-    cdef bint pre = h is not None
-    cdef Py_ssize_t nw = mask_words(d)
-    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
-    cdef uint64_t *keep
-    cdef uint64_t *keep_next
-    cdef uint64_t *swap
-    with nogil:
-        for t in prange(nt, schedule="static", num_threads=nt):
-            # keep, keep_next: the bits of this row and of the next (from their first group)
-            keep = &masks[t, 0] if dp != NULL else NULL
-            keep_next = keep + nw if dp != NULL else NULL
-            lo = t * n // nt
-            hi = (t + 1) * n // nt
-            if dp != NULL and lo < hi:
-                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
-            for i in range(lo, hi):
-                # one reduction, the mean of h^2
-                rstd[i] = 1.0 / sqrt(row_residual_reduce(
-                    &residual[i, 0], &x[i, 0], a, <uint8_t *>keep, i * d % 64, scale, d, True,
-                    0.0) / d + eps)
-                apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0], a, w,
-                          NULL, 0.0, rstd[i], <uint8_t *>keep, i * d % 64,
-                          keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
-                swap = keep
-                keep = keep_next
-                keep_next = swap
-            if stream:
-                rn_sfence()
-
-
-def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
-                           double[::1] rstd, const floating[:, ::1] x,
-                           const floating[:, ::1] residual, const floating[::1] weight,
-                           const floating[::1] bias, const floating[::1] alpha, double eps,
-                           rn_dropout dropout, int n_threads, bint stream=False):
-    """h := residual + alpha * dropout(x);  y := (h - mean) * rstd * w + b (two-pass stats).
-
-    Pre-Norm when h is given, Post-Norm when h is None.  weight, bias, alpha may be None.
-    As add_rms_norm_forward, with the two LayerNorm reductions (the second from cache).
-    Backward: add_layer_norm_backward.  NumPy reference: resnorm.reference.add_layer_norm_forward.
+    A thread takes a contiguous range of rows.  Per row: reduction passes over x and
+    residual that only load (h is not stored: a plain store would queue behind the streamed
+    stores still draining), then one pass that recomputes h from the cached rows and writes
+    y and h (apply_row).  Memory sees x and residual read once, y and h written once.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, lo, hi
     cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
@@ -223,12 +179,13 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
     cdef double scale = dropout.scale if dp != NULL else 1.0
-    cdef bint pre = h is not None
+    cdef bint pre = h is not None, layer = mean is not None
     cdef Py_ssize_t nw = mask_words(d)
     cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
     cdef uint64_t *keep
     cdef uint64_t *keep_next
     cdef uint64_t *swap
+    cdef double mu
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
             # keep, keep_next: the bits of this row and of the next (from their first group)
@@ -239,14 +196,18 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
             if dp != NULL and lo < hi:
                 extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
             for i in range(lo, hi):
-                # two reductions: the mean, then the mean squared deviation from it
-                mean[i] = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
-                                              i * d % 64, scale, d, False, 0.0) / d
+                # the reductions: LayerNorm's mean, then the mean of (h - mean)^2 (mean 0:
+                # RMSNorm's mean of h^2)
+                mu = 0.0
+                if layer:
+                    mu = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                                             i * d % 64, scale, d, False, 0.0) / d
+                    mean[i] = mu
                 rstd[i] = 1.0 / sqrt(row_residual_reduce(
                     &residual[i, 0], &x[i, 0], a, <uint8_t *>keep, i * d % 64, scale, d, True,
-                    mean[i]) / d + eps)
+                    mu) / d + eps)
                 apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0], a, w,
-                          b, mean[i], rstd[i], <uint8_t *>keep, i * d % 64,
+                          b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
                           keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
                 swap = keep
                 keep = keep_next
@@ -275,117 +236,38 @@ cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
         k += length
 
 
-def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
-                          floating[::1] dweight, double[::1] dalpha,
-                          const floating[:, ::1] dy, const floating[:, ::1] dh,
-                          const floating[:, ::1] h, const floating[:, ::1] x,
-                          const floating[:, ::1] residual, const floating[::1] weight,
-                          const floating[::1] alpha, const double[::1] rstd, rn_dropout dropout,
-                          int n_threads, bint stream=False):
-    """gh := dh + rstd * (g - hn * mean(g*hn)),  g = dy*w,  hn = h*rstd   (gradient reaching h)
-    dresidual := gh;  dx := gh * alpha * m;  dweight := sum_rows dy*hn;
-    dalpha (float64, per channel) := sum_rows gh * (x*m).
+def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[::1] dweight,
+                      floating[::1] dbias, double[::1] dalpha, const floating[:, ::1] dy,
+                      const floating[:, ::1] dh, const floating[:, ::1] h,
+                      const floating[:, ::1] x, const floating[:, ::1] residual,
+                      const floating[::1] weight, const floating[::1] alpha,
+                      const double[::1] mean, const double[::1] rstd, rn_dropout dropout,
+                      int n_threads, bint stream=False):
+    """gh := dh + J_norm(h)^T dy, the gradient reaching h, with g = dy*w:
+      RMSNorm (mean None):    J^T dy = rstd * (g - hn * mean(g*hn)),  hn = h*rstd
+      LayerNorm (mean given): J^T dy = rstd * (g - mean(g) - hhat * mean(g*hhat)),
+                              hhat = (h - mean)*rstd
+    then dresidual := gh;  dx := gh * alpha * m;  dweight := sum_rows dy*hn (dy*hhat);
+    dbias := sum_rows dy;  dalpha (float64, per channel) := sum_rows gh * (x*m).
 
     Pre-Norm: h is the cached forward output.  Post-Norm: h is None and each row of h is
     recomputed from x and residual (dh must then be None).  dh may be None (0); dweight,
-    dalpha None: not wanted (x may then be None in Pre-Norm).
-    NumPy reference: resnorm.reference.add_rms_norm_backward.
+    dbias, dalpha None: not wanted (x may then be None in Pre-Norm).  NumPy references:
+    resnorm.reference.add_rms_norm_backward, add_layer_norm_backward.
     """
     cdef Py_ssize_t n = dy.shape[0], d = dy.shape[1]
     cdef Py_ssize_t nb = row_blocks(n), blk, i, lo, hi
-    cdef int nt = max(1, n_threads)
+    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
-    cdef bint pre = h is not None, has_dh = dh is not None
-    cdef bint has_dw = dweight is not None, has_da = dalpha is not None
-    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
-    cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
     cdef double scale = dropout.scale if dp != NULL else 1.0
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
-    cdef Py_ssize_t nw = mask_words(d)
-    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
-    cdef floating *gs
-    cdef uint64_t *keep
-    cdef uint64_t *keep_next
-    cdef uint64_t *swap
-    cdef const floating *hp
-    cdef double *wpart
-    cdef double *apart
-    cdef double m
-    with nogil:
-        for blk in prange(nb, schedule="static", num_threads=nt):
-            # gs: the gradient reaching this row of h (in Post-Norm first h itself);
-            # keep, keep_next: the masks of this row and of the next
-            gs = &scratch[threadid(), 0]
-            keep = &masks[threadid(), 0] if dp != NULL else NULL
-            keep_next = keep + nw if dp != NULL else NULL
-            wpart = NULL
-            apart = NULL
-            if has_dw:
-                wpart = &dw_part[blk, 0]
-                memset(wpart, 0, d * sizeof(double))
-            if has_da:
-                apart = &da_part[blk, 0]
-                memset(apart, 0, d * sizeof(double))
-            lo = blk * n // nb
-            hi = (blk + 1) * n // nb
-            if dp != NULL and lo < hi:
-                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
-            for i in range(lo, hi):
-                if pre:
-                    hp = &h[i, 0]
-                else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
-                                     i * d % 64, scale, d, False)
-                    hp = gs
-                # the norm backward (one reduction) leaves the gradient reaching h in gs
-                m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
-                row_rms_bwd_apply(gs, wpart, &dy[i, 0], hp, w, rstd[i], m, d, False)
-                through_add(&dx[i, 0], &dresidual[i, 0], apart, gs, &dh[i, 0] if has_dh else NULL,
-                            &x[i, 0] if has_da else NULL, a, <uint8_t *>keep, i * d % 64,
-                            keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d,
-                            RN_STREAM_UNFENCED if stream else 0)
-                swap = keep
-                keep = keep_next
-                keep_next = swap
-            if stream:
-                rn_sfence()
-    if has_dw:
-        sum_partials(dweight, dw_part, nt)
-    if has_da:
-        sum_partials(dalpha, da_part, nt)
-
-
-def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
-                            floating[::1] dweight, floating[::1] dbias, double[::1] dalpha,
-                            const floating[:, ::1] dy, const floating[:, ::1] dh,
-                            const floating[:, ::1] h, const floating[:, ::1] x,
-                            const floating[:, ::1] residual, const floating[::1] weight,
-                            const floating[::1] alpha, const double[::1] mean,
-                            const double[::1] rstd, rn_dropout dropout, int n_threads,
-                            bint stream=False):
-    """gh := dh + rstd * (g - mean(g) - hhat * mean(g*hhat)),  g = dy*w,  hhat = (h-mean)*rstd
-    dresidual := gh;  dx := gh * alpha * m;  dweight := sum_rows dy*hhat;  dbias := sum_rows dy;
-    dalpha (float64, per channel) := sum_rows gh * (x*m).
-
-    Pre-Norm / Post-Norm and the optional arguments as in add_rms_norm_backward.
-    NumPy reference: resnorm.reference.add_layer_norm_backward.
-    """
-    cdef Py_ssize_t n = dy.shape[0], d = dy.shape[1]
-    cdef Py_ssize_t nb = row_blocks(n), blk, i, lo, hi
-    cdef int nt = max(1, n_threads)
-    cdef const floating *w = opt_ptr(weight)
-    cdef const floating *a = opt_ptr(alpha)
-    cdef const rn_dropout *dp = active(&dropout)
-    cdef bint pre = h is not None, has_dh = dh is not None
+    cdef bint pre = h is not None, layer = mean is not None, has_dh = dh is not None
     cdef bint has_dw = dweight is not None, has_db = dbias is not None
     cdef bint has_da = dalpha is not None
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
-    cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
     cdef Py_ssize_t nw = mask_words(d)
@@ -398,9 +280,11 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double *wpart
     cdef double *bpart
     cdef double *apart
-    cdef double sum_g, sum_ghhat
+    cdef double m, sum_g, sum_ghhat
     with nogil:
         for blk in prange(nb, schedule="static", num_threads=nt):
+            # gs: the gradient reaching this row of h (in Post-Norm first h itself);
+            # keep, keep_next: the dropout bits of this row and of the next
             gs = &scratch[threadid(), 0]
             keep = &masks[threadid(), 0] if dp != NULL else NULL
             keep_next = keep + nw if dp != NULL else NULL
@@ -427,17 +311,21 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                     row_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
                                      i * d % 64, scale, d, False)
                     hp = gs
-                # two reductions in one pass; assigned here so that they are thread-private
-                # (Cython shares a variable written only through a pointer)
-                sum_g = 0.0
-                sum_ghhat = 0.0
-                row_ln_bwd_sums(&sum_g, &sum_ghhat, &dy[i, 0], hp, w, mean[i], rstd[i], d)
-                row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
-                                 sum_g / d, sum_ghhat / d, d, False)
+                # the norm backward leaves the gradient reaching h in gs
+                if layer:
+                    # two reductions in one pass; assigned here so that they are
+                    # thread-private (Cython shares a variable written only through a pointer)
+                    sum_g = 0.0
+                    sum_ghhat = 0.0
+                    row_ln_bwd_sums(&sum_g, &sum_ghhat, &dy[i, 0], hp, w, mean[i], rstd[i], d)
+                    row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
+                                     sum_g / d, sum_ghhat / d, d, False)
+                else:
+                    m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
+                    row_rms_bwd_apply(gs, wpart, &dy[i, 0], hp, w, rstd[i], m, d, False)
                 through_add(&dx[i, 0], &dresidual[i, 0], apart, gs, &dh[i, 0] if has_dh else NULL,
                             &x[i, 0] if has_da else NULL, a, <uint8_t *>keep, i * d % 64,
-                            keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d,
-                            RN_STREAM_UNFENCED if stream else 0)
+                            keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
                 swap = keep
                 keep = keep_next
                 keep_next = swap

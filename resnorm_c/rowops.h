@@ -101,25 +101,21 @@ static inline uint64_t RN_NAME(keep_word)(const uint8_t *keep, Py_ssize_t pos)
     return word >> (pos & 7);
 }
 
+/* The multipliers of NL elements from position pos, as a vector VT (integer twin IVT). */
+#define RN_MULT_BODY(VT, IVT, NL)                                                          \
+    {                                                                                      \
+        IVT lane_bit;                                                                      \
+        for (int j = 0; j < (NL); j++)                                                     \
+            lane_bit[j] = (RN_ITYPE)1 << j;                                                \
+        IVT word = (IVT){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);                     \
+        IVT on = (word & lane_bit) != 0;                                                   \
+        return (VT)(on & (IVT)((VT){0} + scale));                                          \
+    }
 static inline RN_VEC RN_NAME(vmult)(const uint8_t *keep, Py_ssize_t pos, RN_T scale)
-{
-    RN_NAME(ivec) lane_bit;
-    for (int j = 0; j < RN_W; j++)
-        lane_bit[j] = (RN_ITYPE)1 << j;
-    RN_NAME(ivec) word = (RN_NAME(ivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);
-    RN_NAME(ivec) on = (word & lane_bit) != 0;
-    return (RN_VEC)(on & (RN_NAME(ivec))((RN_VEC){0} + scale));
-}
-
+    RN_MULT_BODY(RN_VEC, RN_NAME(ivec), RN_W)
 static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_T scale)
-{
-    RN_NAME(hivec) lane_bit;
-    for (int j = 0; j < RN_DW; j++)
-        lane_bit[j] = (RN_ITYPE)1 << j;
-    RN_NAME(hivec) word = (RN_NAME(hivec)){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);
-    RN_NAME(hivec) on = (word & lane_bit) != 0;
-    return (RN_HVEC)(on & (RN_NAME(hivec))((RN_HVEC){0} + scale));
-}
+    RN_MULT_BODY(RN_HVEC, RN_NAME(hivec), RN_DW)
+#undef RN_MULT_BODY
 
 /* part[0 .. RN_W) += v, widened to double: the per-block dweight/dbias partial sums. */
 static inline void RN_NAME(add_widened)(double *part, RN_VEC v)

@@ -159,14 +159,10 @@ def residual_scale(alpha, d, dtype, name="alpha"):
 def gate_array(g, shape, dtype, name="g"):
     """Gate logits: an array of the branch's shape, or a (D,) per-channel vector."""
     d = shape[-1]
-    if not isinstance(g, np.ndarray):
-        try:
-            g = np.asarray(g)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{name} must be a {dtype} array, got {type(g).__name__}") from e
-    if g.dtype != dtype or not g.dtype.isnative:
-        raise TypeError(f"{name} must have dtype {dtype} (native byte order), got {g.dtype.str!r}")
-    if g.shape != tuple(shape) and g.shape != (d,):
-        raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) (per channel), "
-                         f"got {g.shape}")
-    return g
+    if np.shape(g) == (d,):
+        return like_array(g, name, (d,), dtype)
+    try:
+        return like_array(g, name, shape, dtype)
+    except ValueError:
+        raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) "
+                         f"(per channel), got {np.shape(g)}") from None

@@ -124,12 +124,8 @@ def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out,
     mean = np.empty(n) if layer else None
     rstd = np.empty(n)
     nt, stream = threads_for(n_threads, rows_x.size), streams(y_rows.nbytes)
-    if layer:
-        _residual.add_layer_norm_forward(y_rows, h_rows, mean, rstd, rows_x, rows_r, weight,
-                                         bias, scale.vector, eps, spec.kernel_arg(), nt, stream)
-    else:
-        _residual.add_rms_norm_forward(y_rows, h_rows, rstd, rows_x, rows_r, weight,
-                                       scale.vector, eps, spec.kernel_arg(), nt, stream)
+    _residual.add_norm_forward(y_rows, h_rows, mean, rstd, rows_x, rows_r, weight, bias,
+                               scale.vector, eps, spec.kernel_arg(), nt, stream)
     y = _finish(out, y_rows, x.shape)
     h = _finish(residual_out, h_rows, x.shape) if prenorm else None
     cache = None
@@ -158,14 +154,9 @@ def _add_norm_backward(op, dy, dh, cache, n_threads):
     dbias = np.empty(d, dtype) if cache.has_bias else None
     dalpha = np.empty(d) if cache.alpha.learnable else None
     nt, stream = threads_for(n_threads, dy.size), streams(dx.nbytes)
-    args = (dy, dh, cache.h, cache.x, cache.residual, cache.weight, cache.alpha.vector)
-    if cache.mean is not None:
-        _residual.add_layer_norm_backward(dx, dresidual, dweight, dbias, dalpha, *args,
-                                          cache.mean, cache.rstd, cache.dropout.kernel_arg(),
-                                          nt, stream)
-    else:
-        _residual.add_rms_norm_backward(dx, dresidual, dweight, dalpha, *args, cache.rstd,
-                                        cache.dropout.kernel_arg(), nt, stream)
+    _residual.add_norm_backward(dx, dresidual, dweight, dbias, dalpha, dy, dh, cache.h,
+                                cache.x, cache.residual, cache.weight, cache.alpha.vector,
+                                cache.mean, cache.rstd, cache.dropout.kernel_arg(), nt, stream)
     return (dx.reshape(cache.shape), dresidual.reshape(cache.shape), dweight, dbias,
             cache.alpha.grad(dalpha, dtype))
 
