@@ -118,7 +118,9 @@ def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out,
     if out is not None and residual_out is not None and np.may_share_memory(out, residual_out):
         raise ValueError("out and residual_out must be different, non-overlapping arrays")
     y_rows = _output_rows(out, rows_x, x.shape, inputs)
-    h_rows = _output_rows(residual_out, rows_x, x.shape, inputs, "residual_out") if prenorm else None
+    h_rows = None
+    if prenorm:
+        h_rows = _output_rows(residual_out, rows_x, x.shape, inputs, "residual_out")
 
     n = rows_x.shape[0]
     mean = np.empty(n) if layer else None
@@ -274,7 +276,8 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, s
 
 def add_rms_norm_post_backward(dy, cache, *, n_threads=None):
     """gh = rstd * (g - hn * mean(g*hn)),  g = dy*w,  hn = h*rstd,  h recomputed;
-    dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum dy*hn;  dalpha = sum gh*dropout(x).
+    dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum dy*hn;
+    dalpha = sum gh*dropout(x).
 
     Returns (dx, dresidual, dweight, dalpha).
     NumPy reference: resnorm.reference.add_rms_norm_post_backward.
