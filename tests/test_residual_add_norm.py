@@ -367,3 +367,19 @@ def test_backward_checks_cache_and_gradients():
         rn.add_rms_norm_backward(dy[:, :5], None, cache)
     with pytest.raises(TypeError, match="dh"):
         rn.add_rms_norm_backward(dy, dy.astype(np.float64), cache)
+
+
+@pytest.mark.parametrize("kind, prenorm", VARIANTS, ids=VARIANT_IDS)
+def test_backward_leaves_its_inputs_and_the_cache_unchanged(kind, prenorm):
+    x, r, w, b, alpha = inputs((7, 40), np.float32, alpha_kind="channel")
+    rng = np.random.default_rng(10)
+    dy = read_only(rng.standard_normal(x.shape).astype(np.float32))
+    dh = read_only(rng.standard_normal(x.shape).astype(np.float32)) if prenorm else None
+    outs, cache = forward(kind, prenorm, x, r, w, b, alpha=alpha, p=0.3, seed=2)
+    kept = [a.copy() for a in (*outs, x, r, w, b, alpha, cache.rstd)]
+    first = backward(kind, prenorm, dy, dh, cache)
+    second = backward(kind, prenorm, dy, dh, cache)
+    for a, a0 in zip((*outs, x, r, w, b, alpha, cache.rstd), kept):
+        assert np.array_equal(a, a0)
+    for g1, g2 in zip(first, second):
+        assert (g1 is None and g2 is None) or np.array_equal(g1, g2)
