@@ -13,7 +13,7 @@ block order, so they are bitwise identical for any thread count.
 import numpy as np
 
 from cython.parallel cimport prange
-from libc.math cimport erf, erff, exp, expf, tanh, tanhf, sqrt
+from libc.math cimport sqrt
 from libc.string cimport memcpy, memset
 
 from blas cimport gemm
@@ -24,11 +24,6 @@ from resnorm._norms import n_row_blocks
 cdef extern from "blas_timer.h" nogil:
     int rn_blas_timing
     double rn_blas_seconds
-
-cdef double SQRT_HALF = 0.70710678118654752440        # 1/sqrt(2)
-cdef double INV_SQRT_2PI = 0.39894228040143267794     # 1/sqrt(2*pi)
-cdef double SQRT_2_OVER_PI = 0.79788456080286535588   # sqrt(2/pi)
-cdef double GELU_CUBIC = 0.044715
 
 
 # --------------------------------------------------------------------------- BLAS timer
@@ -112,70 +107,79 @@ def add_column_sums(floating[::1] out, const floating[:, ::1] a, int n_threads):
 
 # --------------------------------------------------------------------------- GELU
 
+cdef extern from "vmath.h" nogil:
+    void rn_gelu_f32(float *y, const float *x, Py_ssize_t n)
+    void rn_gelu_f64(double *y, const double *x, Py_ssize_t n)
+    void rn_gelu_backward_f32(float *dx, const float *dy, const float *x, Py_ssize_t n)
+    void rn_gelu_backward_f64(double *dx, const double *dy, const double *x, Py_ssize_t n)
+    void rn_gelu_tanh_f32(float *y, const float *x, Py_ssize_t n)
+    void rn_gelu_tanh_f64(double *y, const double *x, Py_ssize_t n)
+    void rn_gelu_tanh_backward_f32(float *dx, const float *dy, const float *x, Py_ssize_t n)
+    void rn_gelu_tanh_backward_f64(double *dx, const double *dy, const double *x,
+                                   Py_ssize_t n)
+    void rn_exp_shifted_f32(float *p, const float *s, float m, float scale, Py_ssize_t n)
+    void rn_exp_shifted_f64(double *p, const double *s, double m, double scale, Py_ssize_t n)
+
+cdef enum:
+    CHUNK = 4096  # elements per task of the elementwise loops
+
+
+cdef inline void _gelu(floating *y, const floating *x, Py_ssize_t n,
+                       bint approximate) noexcept nogil:
+    if floating is float:
+        if approximate:
+            rn_gelu_tanh_f32(y, x, n)
+        else:
+            rn_gelu_f32(y, x, n)
+    else:
+        if approximate:
+            rn_gelu_tanh_f64(y, x, n)
+        else:
+            rn_gelu_f64(y, x, n)
+
+
+cdef inline void _gelu_backward(floating *dx, const floating *dy, const floating *x,
+                                Py_ssize_t n, bint approximate) noexcept nogil:
+    if floating is float:
+        if approximate:
+            rn_gelu_tanh_backward_f32(dx, dy, x, n)
+        else:
+            rn_gelu_backward_f32(dx, dy, x, n)
+    else:
+        if approximate:
+            rn_gelu_tanh_backward_f64(dx, dy, x, n)
+        else:
+            rn_gelu_backward_f64(dx, dy, x, n)
+
+
 def gelu_forward(floating[::1] out, const floating[::1] x, bint approximate, int n_threads):
     """out := x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))            (exact, torch default)
     or      0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))      (approximate="tanh").
 
-    Elementwise over flat arrays; out may be x.  NumPy reference: resnorm.nn.reference.gelu.
+    Elementwise over flat arrays (resnorm_c/vmath.h); out may be x.
+    NumPy reference: resnorm.nn.reference.gelu.
     """
-    cdef Py_ssize_t i, n = x.shape[0]
-    cdef floating v
+    cdef Py_ssize_t c, lo, n = x.shape[0]
     with nogil:
-        if approximate:
-            for i in prange(n, schedule="static", num_threads=n_threads):
-                v = x[i]
-                out[i] = <floating>0.5 * v * (1 + _tanh(<floating>SQRT_2_OVER_PI * (
-                    v + <floating>GELU_CUBIC * v * v * v)))
-        else:
-            for i in prange(n, schedule="static", num_threads=n_threads):
-                v = x[i]
-                out[i] = <floating>0.5 * v * (1 + _erf(v * <floating>SQRT_HALF))
+        for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=n_threads):
+            lo = c * CHUNK
+            _gelu(&out[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo), approximate)
 
 
 def gelu_backward(floating[::1] dx, const floating[::1] dy, const floating[::1] x,
                   bint approximate, int n_threads):
     """dx := dy * gelu'(x).   Exact: gelu'(x) = Phi(x) + x * phi(x), phi(x) = exp(-x^2/2)/sqrt(2 pi).
-    tanh form, t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3):
-    gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+    tanh form, s = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3):
+    gelu'(x) = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
 
     dx may be dy (in place).  NumPy reference: resnorm.nn.reference.gelu_backward.
     """
-    cdef Py_ssize_t i, n = x.shape[0]
-    cdef floating v, t
+    cdef Py_ssize_t c, lo, n = x.shape[0]
     with nogil:
-        if approximate:
-            for i in prange(n, schedule="static", num_threads=n_threads):
-                v = x[i]
-                t = _tanh(<floating>SQRT_2_OVER_PI * (v + <floating>GELU_CUBIC * v * v * v))
-                dx[i] = dy[i] * (<floating>0.5 * (1 + t) + <floating>0.5 * v * (1 - t * t)
-                                 * <floating>SQRT_2_OVER_PI
-                                 * (1 + <floating>(3 * GELU_CUBIC) * v * v))
-        else:
-            for i in prange(n, schedule="static", num_threads=n_threads):
-                v = x[i]
-                dx[i] = dy[i] * (<floating>0.5 * (1 + _erf(v * <floating>SQRT_HALF))
-                                 + v * <floating>INV_SQRT_2PI * _exp(<floating>-0.5 * v * v))
-
-
-cdef inline floating _erf(floating v) noexcept nogil:
-    if floating is float:
-        return erff(v)
-    else:
-        return erf(v)
-
-
-cdef inline floating _tanh(floating v) noexcept nogil:
-    if floating is float:
-        return tanhf(v)
-    else:
-        return tanh(v)
-
-
-cdef inline floating _exp(floating v) noexcept nogil:
-    if floating is float:
-        return expf(v)
-    else:
-        return exp(v)
+        for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=n_threads):
+            lo = c * CHUNK
+            _gelu_backward(&dx[lo], &dy[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo),
+                           approximate)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -193,10 +197,12 @@ cdef inline void _softmax_row(floating *p, const floating *s, Py_ssize_t n_valid
     for j in range(1, n_valid):
         if s[j] > m:
             m = s[j]
+    if floating is float:
+        rn_exp_shifted_f32(p, s, m, scale, n_valid)
+    else:
+        rn_exp_shifted_f64(p, s, m, scale, n_valid)
     for j in range(n_valid):
-        e = _exp(scale * (s[j] - m))
-        p[j] = e
-        total += e
+        total += p[j]
     e = <floating>(1.0 / total)
     for j in range(n_valid):
         p[j] = p[j] * e

@@ -32,27 +32,41 @@ def linear_backward(dy, x, weight):
 
 # --------------------------------------------------------------------------- GELU
 
-def _erf(x):
-    from scipy.special import erf
-    return erf(x)
+def _normal_cdf(x):
+    """Phi(x) = 0.5 (1 + erf(x / sqrt 2)), written as 0.5 erfc(-x / sqrt 2): the same
+    function, without the cancellation of 1 + erf(x) for x << 0."""
+    from scipy.special import erfc
+    return 0.5 * erfc(-x / np.sqrt(2.0))
 
 
 def gelu(x, approximate="none"):
-    """0.5 x (1 + erf(x/sqrt 2)), or 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    """x Phi(x) = 0.5 x (1 + erf(x/sqrt 2)), or 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+
+    The tanh form is computed as x sigmoid(2u), the same function (0.5 (1 + tanh u) =
+    sigmoid(2u)) without the cancellation of 1 + tanh(u) for x << 0.
+    """
+    from scipy.special import expit
     x = _f64(x)
     if approximate == "tanh":
-        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
-    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+        return x * expit(2.0 * _gelu_tanh_u(x))
+    return x * _normal_cdf(x)
+
+
+def _gelu_tanh_u(x):
+    return np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)
 
 
 def gelu_backward(dy, x, approximate="none"):
-    """dy * gelu'(x)."""
+    """dy * gelu'(x).  Exact: Phi(x) + x phi(x).  tanh form: 0.5 (1 + t) + 0.5 x (1 - t^2) u'(x),
+    t = tanh(u), written with s = sigmoid(2u): s + 2 x s (1 - s) u'(x)."""
+    from scipy.special import expit
     dy, x = _f64(dy), _f64(x)
     if approximate == "tanh":
-        k = np.sqrt(2.0 / np.pi)
-        t = np.tanh(k * (x + 0.044715 * x**3))
-        return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3 * 0.044715 * x**2))
-    cdf = 0.5 * (1.0 + _erf(x / np.sqrt(2.0)))            # Phi(x)
+        u = _gelu_tanh_u(x)
+        s, one_minus_s = expit(2.0 * u), expit(-2.0 * u)
+        du = np.sqrt(2.0 / np.pi) * (1.0 + 3 * 0.044715 * x**2)
+        return dy * (s + 2.0 * x * s * one_minus_s * du)
+    cdf = _normal_cdf(x)                                   # Phi(x)
     pdf = np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi)      # phi(x)
     return dy * (cdf + x * pdf)
 
