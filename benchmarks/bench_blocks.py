@@ -142,8 +142,12 @@ def profile(model, x, dy, steps):
     return {k: v / steps for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def blas_share(model, x, dy, steps):
-    """(median step seconds, fraction of it inside gemm) over steps timed with the BLAS timer."""
+def blas_share(model, x, dy, steps, threads):
+    """(median step seconds, fraction of the step's thread time spent inside gemm).
+
+    gemm calls run inside our parallel loops, several at once: the timer adds up the time of
+    every call on every thread, which is divided by threads x wall time (exact for one
+    thread; with more it counts idle waits at the end of a loop as time outside BLAS)."""
     _layers.blas_timer(True)
     times, inside = [], []
     for _ in range(steps):
@@ -151,7 +155,7 @@ def blas_share(model, x, dy, steps):
         t0 = time.perf_counter()
         resnorm_step(model, x, dy)
         times.append(time.perf_counter() - t0)
-        inside.append(_layers.blas_seconds())
+        inside.append(_layers.blas_seconds() / threads)
     _layers.blas_timer(False)
     return float(np.median(times)), float(np.median(np.array(inside) / np.array(times)))
 
@@ -196,7 +200,7 @@ def main():
                 line += (f", torch {times[1] * 1e3:.1f} ms, resnorm/torch = "
                          f"{times[0] / times[1]:.2f}")
             print(line)
-            t_step, share = blas_share(model, x, dy, args.repeats)
+            t_step, share = blas_share(model, x, dy, args.repeats, t)
             print(f"  resnorm step {t_step * 1e3:.1f} ms, inside BLAS {share:.0%}, "
                   f"outside BLAS {1 - share:.0%}")
             if args.profile:

@@ -3,27 +3,41 @@ forward and backward.
 
 Outputs come first, then inputs, then sizes and options.  The kernels do not validate
 (resnorm.nn does that).  Matrix products go to scipy's BLAS (sgemm/dgemm, row-major by
-swapping operands: resnorm_c/blas.pxd), called without the GIL; BLAS threads them itself.
-Everything else (bias, GELU, softmax) runs as OpenMP loops over rows or elements.
+swapping operands: resnorm_c/blas.pxd), called without the GIL.
 
-Sums over rows that we do ourselves (the bias gradient) go through fixed-shape partial sums,
-as in norms.pyx: row blocks chosen by N only, one float64 partial row per block, added in
-block order, so they are bitwise identical for any thread count.
+Threads.  A matrix product is cut into tasks that depend on the shapes only: blocks of
+BLOCK rows for a Linear layer, one (batch, head) pair for attention.  With
+parallel_gemm=True the tasks run in one OpenMP loop, each calling a single-threaded gemm;
+the caller must then hold BLAS at one thread (resnorm.nn._blas does): a BLAS that threads
+each call itself, entered from several threads at once, runs hundreds of times slower
+(measured with scipy's OpenBLAS) -- two thread pools on the same cores fight.  Because the
+tasks do not depend on the thread count, results are bitwise identical for any number of
+threads.  With parallel_gemm=False each product is one gemm call made from one thread
+(BLAS may thread it itself), and the elementwise work runs on OpenMP as usual.
+
+Sums over rows that we do ourselves (the bias gradient) run in a fixed order, per column
+block, in float64: bitwise identical for any thread count too.
 """
-import numpy as np
-
 from cython.parallel cimport prange
 from libc.math cimport sqrt
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 from blas cimport gemm
 from common cimport floating
 
-from resnorm._norms import n_row_blocks
-
 cdef extern from "blas_timer.h" nogil:
     int rn_blas_timing
     double rn_blas_seconds
+
+cdef enum:
+    BLOCK = 64    # rows of x (or of the weight) per gemm task
+
+
+cdef inline Py_ssize_t n_tasks(Py_ssize_t n, bint parallel_gemm) noexcept nogil:
+    """Tasks for n rows: blocks of about BLOCK rows when parallel, else one task."""
+    if not parallel_gemm or n <= BLOCK:
+        return 1
+    return (n + BLOCK - 1) // BLOCK
 
 
 # --------------------------------------------------------------------------- BLAS timer
@@ -45,64 +59,96 @@ def blas_seconds(bint reset=False):
 
 # --------------------------------------------------------------------------- Linear
 
+cdef void _linear_forward_rows(floating *out, const floating *x, const floating *w,
+                               const floating *b, Py_ssize_t i0, Py_ssize_t i1,
+                               Py_ssize_t d_in, Py_ssize_t d_out) noexcept nogil:
+    """Rows i0..i1 of out := x @ w^T + b."""
+    cdef Py_ssize_t i
+    cdef floating beta = 0
+    if b != NULL:
+        # start from the bias and let gemm add the product (beta = 1): BLAS would otherwise
+        # spend the same pass zeroing out
+        for i in range(i0, i1):
+            memcpy(out + i * d_out, b, d_out * sizeof(floating))
+        beta = 1
+    gemm(False, True, <int>(i1 - i0), <int>d_out, <int>d_in, <floating>1, x + i0 * d_in,
+         <int>d_in, w, <int>d_in, beta, out + i0 * d_out, <int>d_out)
+
+
 def linear_forward(floating[:, ::1] out, const floating[:, ::1] x,
-                   const floating[:, ::1] weight, const floating[::1] bias, int n_threads):
+                   const floating[:, ::1] weight, const floating[::1] bias, int n_threads,
+                   bint parallel_gemm):
     """out (N, out_f) := x (N, in_f) @ weight^T + bias;  weight is (out_f, in_f), as in torch.
 
     Backward (linear_backward): dx = dy @ weight, dweight = dy^T @ x, dbias = sum_rows dy.
     NumPy reference: resnorm.nn.reference.linear_forward.  bias may be None.
+    parallel_gemm: see the module docstring (BLAS must be single-threaded when True).
     """
-    cdef Py_ssize_t i, n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
-    cdef floating beta = 0
+    cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
+    cdef Py_ssize_t t, nt = n_tasks(n, parallel_gemm)
+    cdef const floating *b = NULL
+    if n == 0:
+        return
     if bias is not None:
-        # Start from the bias and let gemm add the product (beta = 1): BLAS would otherwise
-        # spend the same pass zeroing out.
-        beta = 1
-        with nogil:
-            for i in prange(n, schedule="static", num_threads=n_threads):
-                memcpy(&out[i, 0], &bias[0], d_out * sizeof(floating))
+        b = &bias[0]
     with nogil:
-        gemm(False, True, <int>n, <int>d_out, <int>d_in, <floating>1, &x[0, 0], <int>d_in,
-             &weight[0, 0], <int>d_in, beta, &out[0, 0], <int>d_out)
+        for t in prange(nt, schedule="static", num_threads=n_threads if nt > 1 else 1):
+            _linear_forward_rows(&out[0, 0], &x[0, 0], &weight[0, 0], b, t * n // nt,
+                                 (t + 1) * n // nt, d_in, d_out)
+
+
+cdef void _linear_backward_columns(floating *dw, floating *db, const floating *dy,
+                                   const floating *x, Py_ssize_t j0, Py_ssize_t j1,
+                                   Py_ssize_t n, Py_ssize_t d_in,
+                                   Py_ssize_t d_out) noexcept nogil:
+    """Rows j0..j1 of dweight += dy[:, j0:j1]^T @ x, and dbias[j0:j1] += sum_rows dy[:, j0:j1]."""
+    cdef Py_ssize_t i, j
+    cdef double acc[BLOCK]
+    gemm(True, False, <int>(j1 - j0), <int>d_in, <int>n, <floating>1, dy + j0, <int>d_out,
+         x, <int>d_in, <floating>1, dw + j0 * d_in, <int>d_in)
+    if db == NULL:
+        return
+    while j0 < j1:          # BLOCK columns at a time, rows in order: a fixed summation order
+        for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+            acc[j] = 0.0
+        for i in range(n):
+            for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+                acc[j] += dy[i * d_out + j0 + j]
+        for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+            db[j0 + j] += <floating>acc[j]
+        j0 += BLOCK
 
 
 def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1] dbias,
                     const floating[:, ::1] dy, const floating[:, ::1] x,
-                    const floating[:, ::1] weight, int n_threads):
+                    const floating[:, ::1] weight, int n_threads, bint parallel_gemm):
     """dx := dy @ weight;  dweight += dy^T @ x;  dbias += sum_rows dy  (gradients accumulate).
 
     Forward: y = x @ weight^T + bias.  NumPy reference: resnorm.nn.reference.linear_backward.
     dx may be None (input gradient not wanted); dbias may be None (no bias).
+    Tasks: row blocks of dx, then row blocks of dweight (= column blocks of dy), each with
+    its slice of dbias summed over all rows in order.
     """
     cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
-    with nogil:
-        if dx is not None:
-            gemm(False, False, <int>n, <int>d_in, <int>d_out, <floating>1, &dy[0, 0],
-                 <int>d_out, &weight[0, 0], <int>d_in, <floating>0, &dx[0, 0], <int>d_in)
-        gemm(True, False, <int>d_out, <int>d_in, <int>n, <floating>1, &dy[0, 0], <int>d_out,
-             &x[0, 0], <int>d_in, <floating>1, &dweight[0, 0], <int>d_in)
+    cdef Py_ssize_t t, nx = 0 if dx is None else n_tasks(n, parallel_gemm)
+    cdef Py_ssize_t nw = n_tasks(d_out, parallel_gemm)
+    cdef floating *db = NULL
+    if n == 0:
+        return
     if dbias is not None:
-        add_column_sums(dbias, dy, n_threads)
-
-
-def add_column_sums(floating[::1] out, const floating[:, ::1] a, int n_threads):
-    """out[j] += sum_i a[i, j], through float64 partial sums of fixed row blocks."""
-    cdef Py_ssize_t n = a.shape[0], d = a.shape[1]
-    cdef Py_ssize_t nb = n_row_blocks(n), b, i, j
-    cdef double[:, ::1] part = np.zeros((nb, d))
-    cdef double *p
-    cdef double s
+        db = &dbias[0]
     with nogil:
-        for b in prange(nb, schedule="static", num_threads=n_threads):
-            p = &part[b, 0]
-            for i in range(b * n // nb, (b + 1) * n // nb):
-                for j in range(d):
-                    p[j] += a[i, j]
-        for j in range(d):
-            s = 0.0
-            for b in range(nb):          # block order: the same sum for any thread count
-                s += part[b, j]
-            out[j] += <floating>s
+        for t in prange(nx + nw, schedule="dynamic", num_threads=n_threads
+                        if nx + nw > 1 else 1):
+            if t < nx:
+                gemm(False, False, <int>((t + 1) * n // nx - t * n // nx), <int>d_in,
+                     <int>d_out, <floating>1, &dy[0, 0] + (t * n // nx) * d_out, <int>d_out,
+                     &weight[0, 0], <int>d_in, <floating>0, &dx[0, 0] + (t * n // nx) * d_in,
+                     <int>d_in)
+            else:
+                _linear_backward_columns(&dweight[0, 0], db, &dy[0, 0], &x[0, 0],
+                                         (t - nx) * d_out // nw, (t - nx + 1) * d_out // nw,
+                                         n, d_in, d_out)
 
 
 # --------------------------------------------------------------------------- GELU
@@ -260,10 +306,23 @@ def softmax_backward(floating[:, ::1] ds, const floating[:, ::1] dp, const float
 #
 # qkv (B, T, 3D) holds q | k | v along the last axis (torch's in_proj layout); head h uses
 # columns h*dh .. (h+1)*dh of each, dh = D / H.  The per-head matrices are strided views of
-# qkv (row stride 3D), which gemm reads directly: no reshapes, no copies.
+# qkv (row stride 3D), which gemm reads directly: no reshapes, no copies.  One task per
+# (batch, head): its T x T scores stay in cache between the two products.
+
+cdef void _attention_forward_head(floating *out, floating *att, const floating *qkv, int t,
+                                  int d, int dh, bint causal, floating scale) noexcept nogil:
+    """One (batch, head): att := softmax(q k^T * scale) (causal mask), out := att @ v.
+    Pointers are offset to this batch and head; rows of qkv have stride 3d, of out d."""
+    cdef int i
+    gemm(False, True, t, t, dh, <floating>1, qkv, 3 * d, qkv + d, 3 * d, <floating>0, att, t)
+    for i in range(t):
+        _softmax_row(att + i * t, att + i * t, i + 1 if causal else t, t, scale)
+    gemm(False, False, t, dh, t, <floating>1, att, t, qkv + 2 * d, 3 * d, <floating>0, out, d)
+
 
 def attention_forward(floating[:, :, ::1] out, floating[:, :, :, ::1] att,
-                      const floating[:, :, ::1] qkv, bint causal, int n_threads):
+                      const floating[:, :, ::1] qkv, bint causal, int n_threads,
+                      bint parallel_gemm):
     """For each batch b and head h:  att[b, h] := softmax(q k^T / sqrt(dh)) (causal: mask
     j > i), out[b, :, h*dh:(h+1)*dh] := att[b, h] @ v.
 
@@ -271,31 +330,38 @@ def attention_forward(floating[:, :, ::1] out, floating[:, :, :, ::1] att,
     Backward: attention_backward.  NumPy reference: resnorm.nn.reference.attention_forward.
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>out.shape[2]
-    cdef int nh = <int>att.shape[1], dh = d // nh, ld = 3 * d
-    cdef int b, h
-    cdef Py_ssize_t r
+    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
     cdef floating scale = <floating>(1.0 / sqrt(dh))
-    cdef floating *rows
     if nb == 0 or t == 0:
         return
-    rows = &att[0, 0, 0, 0]
     with nogil:
-        for b in range(nb):
-            for h in range(nh):
-                # raw scores q k^T (the scale is applied inside the softmax)
-                gemm(False, True, t, t, dh, <floating>1, &qkv[b, 0, h * dh], ld,
-                     &qkv[b, 0, d + h * dh], ld, <floating>0, &att[b, h, 0, 0], t)
-        for r in prange(nb * nh * t, schedule="static", num_threads=n_threads):
-            _softmax_row(rows + r * t, rows + r * t, r % t + 1 if causal else t, t, scale)
-        for b in range(nb):
-            for h in range(nh):
-                gemm(False, False, t, dh, t, <floating>1, &att[b, h, 0, 0], t,
-                     &qkv[b, 0, 2 * d + h * dh], ld, <floating>0, &out[b, 0, h * dh], d)
+        for task in prange(nb * nh, schedule="static",
+                           num_threads=n_threads if parallel_gemm else 1):
+            b = task // nh
+            h = task % nh
+            _attention_forward_head(&out[b, 0, h * dh], &att[b, h, 0, 0], &qkv[b, 0, h * dh],
+                                    t, d, dh, causal, scale)
+
+
+cdef void _attention_backward_head(floating *dqkv, floating *ds, const floating *dout,
+                                   const floating *qkv, const floating *att, int t, int d,
+                                   int dh, bint causal, floating scale) noexcept nogil:
+    """One (batch, head) of attention_backward; ds is this head's T x T scratch."""
+    cdef int i
+    cdef int ld = 3 * d
+    gemm(False, True, t, t, dh, <floating>1, dout, d, qkv + 2 * d, ld, <floating>0, ds, t)
+    gemm(True, False, t, dh, t, <floating>1, att, t, dout, d, <floating>0, dqkv + 2 * d, ld)
+    for i in range(t):
+        _softmax_backward_row(ds + i * t, ds + i * t, att + i * t, i + 1 if causal else t, t,
+                              scale)
+    gemm(False, False, t, dh, t, <floating>1, ds, t, qkv + d, ld, <floating>0, dqkv, ld)
+    gemm(True, False, t, dh, t, <floating>1, ds, t, qkv, ld, <floating>0, dqkv + d, ld)
 
 
 def attention_backward(floating[:, :, ::1] dqkv, floating[:, :, :, ::1] datt,
                        const floating[:, :, ::1] dout, const floating[:, :, ::1] qkv,
-                       const floating[:, :, :, ::1] att, bint causal, int n_threads):
+                       const floating[:, :, :, ::1] att, bint causal, int n_threads,
+                       bint parallel_gemm):
     """Gradients of attention_forward.  Per (b, h), with P = att[b, h], dO = dout[b, :, head]:
         dP = dO v^T,   dv = P^T dO,
         dS = P * (dP - rowsum(P * dP)) / sqrt(dh)     (softmax backward, scale folded in)
@@ -304,29 +370,15 @@ def attention_backward(floating[:, :, ::1] dqkv, floating[:, :, :, ::1] datt,
     NumPy reference: resnorm.nn.reference.attention_backward.
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>dout.shape[2]
-    cdef int nh = <int>att.shape[1], dh = d // nh, ld = 3 * d
-    cdef int b, h
-    cdef Py_ssize_t r
+    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
     cdef floating scale = <floating>(1.0 / sqrt(dh))
-    cdef floating *drows
-    cdef const floating *prows
     if nb == 0 or t == 0:
         return
-    drows = &datt[0, 0, 0, 0]
-    prows = &att[0, 0, 0, 0]
     with nogil:
-        for b in range(nb):
-            for h in range(nh):
-                gemm(False, True, t, t, dh, <floating>1, &dout[b, 0, h * dh], d,
-                     &qkv[b, 0, 2 * d + h * dh], ld, <floating>0, &datt[b, h, 0, 0], t)
-                gemm(True, False, t, dh, t, <floating>1, &att[b, h, 0, 0], t,
-                     &dout[b, 0, h * dh], d, <floating>0, &dqkv[b, 0, 2 * d + h * dh], ld)
-        for r in prange(nb * nh * t, schedule="static", num_threads=n_threads):
-            _softmax_backward_row(drows + r * t, drows + r * t, prows + r * t,
-                                  r % t + 1 if causal else t, t, scale)
-        for b in range(nb):
-            for h in range(nh):
-                gemm(False, False, t, dh, t, <floating>1, &datt[b, h, 0, 0], t,
-                     &qkv[b, 0, d + h * dh], ld, <floating>0, &dqkv[b, 0, h * dh], ld)
-                gemm(True, False, t, dh, t, <floating>1, &datt[b, h, 0, 0], t,
-                     &qkv[b, 0, h * dh], ld, <floating>0, &dqkv[b, 0, d + h * dh], ld)
+        for task in prange(nb * nh, schedule="static",
+                           num_threads=n_threads if parallel_gemm else 1):
+            b = task // nh
+            h = task % nh
+            _attention_backward_head(&dqkv[b, 0, h * dh], &datt[b, h, 0, 0],
+                                     &dout[b, 0, h * dh], &qkv[b, 0, h * dh],
+                                     &att[b, h, 0, 0], t, d, dh, causal, scale)

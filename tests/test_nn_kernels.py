@@ -4,8 +4,18 @@ import pytest
 
 from resnorm import _layers
 from resnorm.nn import reference as ref
+from resnorm.nn._blas import single_threaded_blas
 
 DTYPES = [np.float32, np.float64]
+
+
+@pytest.fixture(params=[True, False], ids=["parallel_gemm", "blas_threads"])
+def parallel_gemm(request):
+    """Both ways of running the matrix products; BLAS held at one thread for the first."""
+    with single_threaded_blas() as possible:
+        if request.param and not possible:
+            pytest.skip("threadpoolctl cannot hold BLAS at one thread here")
+        yield request.param
 TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
 
 
@@ -19,19 +29,19 @@ def rand(rng, shape, dtype, scale=1.0):
 @pytest.mark.parametrize("n, d_in, d_out", [(1, 1, 1), (7, 5, 3), (3, 16, 33), (0, 4, 2),
                                              (130, 9, 70)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_forward_backward(dtype, n, d_in, d_out, bias):
+def test_linear_forward_backward(dtype, n, d_in, d_out, bias, parallel_gemm):
     rng = np.random.default_rng(n + d_in)
     x, w = rand(rng, (n, d_in), dtype), rand(rng, (d_out, d_in), dtype)
     b = rand(rng, d_out, dtype) if bias else None
     y = np.empty((n, d_out), dtype)
-    _layers.linear_forward(y, x, w, b, 2)
+    _layers.linear_forward(y, x, w, b, 2, parallel_gemm)
     np.testing.assert_allclose(y, ref.linear_forward(x, w, b), **TOL[dtype])
 
     dy = rand(rng, (n, d_out), dtype)
     dx = np.empty_like(x)
     dw0, db0 = rand(rng, w.shape, dtype), rand(rng, d_out, dtype)
     dw, db = dw0.copy(), (db0.copy() if bias else None)
-    _layers.linear_backward(dx, dw, db, dy, x, w, 2)
+    _layers.linear_backward(dx, dw, db, dy, x, w, 2, parallel_gemm)
     rdx, rdw, rdb = ref.linear_backward(dy, x, w)
     np.testing.assert_allclose(dx, rdx, **TOL[dtype])
     np.testing.assert_allclose(dw, dw0 + rdw, **TOL[dtype])       # gradients accumulate
@@ -40,17 +50,21 @@ def test_linear_forward_backward(dtype, n, d_in, d_out, bias):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_column_sums_bitwise_across_threads(dtype):
+def test_linear_bitwise_across_threads(dtype):
+    """Tasks depend on the shapes only, and dbias sums rows in a fixed order."""
     rng = np.random.default_rng(3)
-    a = rand(rng, (1000, 37), dtype, scale=100.0)
+    x, w, b = rand(rng, (1000, 37), dtype), rand(rng, (200, 37), dtype), rand(rng, 200, dtype)
+    dy = rand(rng, (1000, 200), dtype, scale=100.0)
     results = []
-    for t in (1, 2, 4):
-        out = np.zeros(37, dtype)
-        _layers.add_column_sums(out, a, t)
-        results.append(out)
-    for r in results[1:]:
-        assert r.tobytes() == results[0].tobytes()
-    np.testing.assert_allclose(results[0], a.astype(np.float64).sum(axis=0), rtol=1e-6)
+    with single_threaded_blas() as parallel_gemm:
+        for t in (1, 2, 4):
+            y, dx = np.empty((1000, 200), dtype), np.empty_like(x)
+            dw, db = np.zeros_like(w), np.zeros_like(b)
+            _layers.linear_forward(y, x, w, b, t, parallel_gemm)
+            _layers.linear_backward(dx, dw, db, dy, x, w, t, parallel_gemm)
+            results.append(b"".join(a.tobytes() for a in (y, dx, dw, db)))
+    assert results[0] == results[1] == results[2]
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=0), rtol=1e-6)
 
 
 # --------------------------------------------------------------------------- GELU
@@ -135,19 +149,20 @@ def test_softmax_is_stable_for_huge_scores():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b, t, d, h", [(1, 1, 4, 1), (2, 5, 6, 2), (3, 17, 12, 3),
                                          (2, 33, 16, 4)])
-def test_attention_forward_backward(dtype, causal, b, t, d, h):
+def test_attention_forward_backward(dtype, causal, b, t, d, h, parallel_gemm):
     rng = np.random.default_rng(b * t + d)
     qkv = rand(rng, (b, t, 3 * d), dtype)
     out = np.empty((b, t, d), dtype)
     att = np.empty((b, h, t, t), dtype)
-    _layers.attention_forward(out, att, qkv, causal, 2)
+    _layers.attention_forward(out, att, qkv, causal, 2, parallel_gemm)
     rout, ratt = ref.attention_forward(qkv, h, causal)
     np.testing.assert_allclose(att, ratt, **TOL[dtype])
     np.testing.assert_allclose(out, rout, **TOL[dtype])
 
     dout = rand(rng, out.shape, dtype)
     dqkv = np.empty_like(qkv)
-    _layers.attention_backward(dqkv, np.empty_like(att), dout, qkv, att, causal, 2)
+    _layers.attention_backward(dqkv, np.empty_like(att), dout, qkv, att, causal, 2,
+                               parallel_gemm)
     np.testing.assert_allclose(dqkv, ref.attention_backward(dout, qkv, ratt, h), **TOL[dtype])
 
 
@@ -156,12 +171,15 @@ def test_attention_bitwise_across_thread_counts():
     qkv = rand(rng, (2, 40, 48), np.float32)
     dout = rand(rng, (2, 40, 16), np.float32)
     results = []
-    for threads in (1, 2, 4):
-        out, att = np.empty((2, 40, 16), np.float32), np.empty((2, 4, 40, 40), np.float32)
-        _layers.attention_forward(out, att, qkv, True, threads)
-        dqkv = np.empty_like(qkv)
-        _layers.attention_backward(dqkv, np.empty_like(att), dout, qkv, att, True, threads)
-        results.append(out.tobytes() + att.tobytes() + dqkv.tobytes())
+    with single_threaded_blas() as parallel_gemm:
+        for threads in (1, 2, 4):
+            out = np.empty((2, 40, 16), np.float32)
+            att = np.empty((2, 4, 40, 40), np.float32)
+            _layers.attention_forward(out, att, qkv, True, threads, parallel_gemm)
+            dqkv = np.empty_like(qkv)
+            _layers.attention_backward(dqkv, np.empty_like(att), dout, qkv, att, True, threads,
+                                       parallel_gemm)
+            results.append(out.tobytes() + att.tobytes() + dqkv.tobytes())
     assert results[0] == results[1] == results[2]
 
 
@@ -182,11 +200,11 @@ def test_blas_timer_counts_only_when_enabled():
     x, w = rand(rng, (64, 64), np.float64), rand(rng, (64, 64), np.float64)
     y = np.empty((64, 64))
     _layers.blas_seconds(reset=True)
-    _layers.linear_forward(y, x, w, None, 1)
+    _layers.linear_forward(y, x, w, None, 1, False)
     assert _layers.blas_seconds() == 0.0
     _layers.blas_timer(True)
     try:
-        _layers.linear_forward(y, x, w, None, 1)
+        _layers.linear_forward(y, x, w, None, 1, False)
     finally:
         _layers.blas_timer(False)
     assert _layers.blas_seconds(reset=True) > 0.0

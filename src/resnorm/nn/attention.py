@@ -4,6 +4,7 @@ import numpy as np
 from .. import _checks, _layers
 from .._parallel import threads_for
 from . import init
+from ._blas import single_threaded_blas
 from .linear import Linear
 from .module import Module
 
@@ -52,11 +53,14 @@ class CausalSelfAttention(Module):
         x = np.ascontiguousarray(x)
         b, t, d = x.shape
         qkv = np.empty((b, t, 3 * d), self.dtype)
-        _layers.linear_forward(qkv.reshape(-1, 3 * d), x.reshape(-1, d), self.in_proj_weight,
-                               self.in_proj_bias, threads_for(None, qkv.size))
         att = np.empty((b, self.n_heads, t, t), self.dtype)
         heads = np.empty((b, t, d), self.dtype)
-        _layers.attention_forward(heads, att, qkv, self.causal, threads_for(None, att.size))
+        with single_threaded_blas() as parallel_gemm:
+            _layers.linear_forward(qkv.reshape(-1, 3 * d), x.reshape(-1, d),
+                                   self.in_proj_weight, self.in_proj_bias,
+                                   threads_for(None, qkv.size), parallel_gemm)
+            _layers.attention_forward(heads, att, qkv, self.causal,
+                                      threads_for(None, att.size), parallel_gemm)
         self._cache = (x, qkv, att)
         return self.out_proj.forward(heads)
 
@@ -65,13 +69,13 @@ class CausalSelfAttention(Module):
         dheads = self.out_proj.backward(dy)
         b, t, d = x.shape
         dqkv = np.empty_like(qkv)
-        # dP and then dS are written over a scratch buffer the size of att
-        scratch = np.empty_like(att)
-        _layers.attention_backward(dqkv, scratch, dheads, qkv, att, self.causal,
-                                   threads_for(None, att.size))
-        del scratch
         dx = np.empty_like(x)
-        _layers.linear_backward(dx.reshape(-1, d), self.d_in_proj_weight, self.d_in_proj_bias,
-                                dqkv.reshape(-1, 3 * d), x.reshape(-1, d), self.in_proj_weight,
-                                threads_for(None, dqkv.size))
+        with single_threaded_blas() as parallel_gemm:
+            # dP and then dS are written over a scratch buffer the size of att
+            _layers.attention_backward(dqkv, np.empty_like(att), dheads, qkv, att, self.causal,
+                                       threads_for(None, att.size), parallel_gemm)
+            _layers.linear_backward(dx.reshape(-1, d), self.d_in_proj_weight,
+                                    self.d_in_proj_bias, dqkv.reshape(-1, 3 * d),
+                                    x.reshape(-1, d), self.in_proj_weight,
+                                    threads_for(None, dqkv.size), parallel_gemm)
         return dx

@@ -5,6 +5,7 @@ from .. import _checks, _layers
 from .._parallel import threads_for
 from ..norms import _rows
 from . import init
+from ._blas import single_threaded_blas
 from .module import Module
 
 
@@ -12,7 +13,8 @@ class Linear(Module):
     """y = x @ weight^T + bias over the last axis of x (..., in_features).
 
     Backward: dx = dy @ weight;  dweight += dy^T @ x;  dbias += sum over rows of dy.
-    Matrix products: sgemm/dgemm from scipy's BLAS (resnorm_c/layers.pyx).
+    Matrix products: sgemm/dgemm from scipy's BLAS, one per row block, in parallel
+    (resnorm_c/layers.pyx, threads: resnorm.nn._blas).
     Caches: x (a reference when x was C-contiguous, else one contiguous copy).
     NumPy reference: resnorm.nn.reference.linear_forward / linear_backward.
     Parameters: weight (out, in) ~ U(+-1/sqrt(in)), bias (out,) likewise (torch's default).
@@ -37,7 +39,9 @@ class Linear(Module):
         x = _checks.module_input(x, "x", self.dtype, self.in_features)
         rows = _rows(x)
         y = np.empty((rows.shape[0], self.out_features), self.dtype)
-        _layers.linear_forward(y, rows, self.weight, self.bias, threads_for(None, y.size))
+        with single_threaded_blas() as parallel_gemm:
+            _layers.linear_forward(y, rows, self.weight, self.bias, threads_for(None, y.size),
+                                   parallel_gemm)
         self._cache = (rows, x.shape)
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
@@ -47,6 +51,7 @@ class Linear(Module):
         dy = _checks.like_array(dy, "dy", shape[:-1] + (self.out_features,), self.dtype)
         dy = _rows(dy)
         dx = np.empty_like(rows) if need_dx else None
-        _layers.linear_backward(dx, self.dweight, self.dbias, dy, rows, self.weight,
-                                threads_for(None, dy.size))
+        with single_threaded_blas() as parallel_gemm:
+            _layers.linear_backward(dx, self.dweight, self.dbias, dy, rows, self.weight,
+                                    threads_for(None, dy.size), parallel_gemm)
         return None if dx is None else dx.reshape(shape)
