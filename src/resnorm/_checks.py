@@ -131,16 +131,6 @@ def float_dtype(dtype, name="dtype"):
     return dt
 
 
-def probability(p, name):
-    """p as a float in [0, 1]."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
-        raise TypeError(f"{name} must be a real number in [0, 1], got {type(p).__name__}")
-    p = float(p)
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {p!r}")
-    return p
-
-
 def real_value(v, name):
     """v as a finite float."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
@@ -149,6 +139,14 @@ def real_value(v, name):
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {v!r}")
     return v
+
+
+def probability(p, name):
+    """p as a float in [0, 1]."""
+    p = real_value(p, name)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {p!r}")
+    return p
 
 
 def module_input(x, name, dtype, last, ndim=None):
