@@ -162,6 +162,13 @@ def blas_share(model, x, dy, steps, threads):
 
 # --------------------------------------------------------------------------- main
 
+def _line(label, times):
+    line = f"{label}: resnorm {times[0] * 1e3:.1f} ms"
+    if len(times) > 1:
+        line += f", torch {times[1] * 1e3:.1f} ms, resnorm/torch = {times[0] / times[1]:.2f}"
+    return line
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -174,6 +181,10 @@ def main():
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", action="store_true", help="time per module kind")
+    ap.add_argument("--blocked", action="store_true",
+                    help="also time each framework alone, in its own block of repeats (the "
+                         "other's OpenMP threads may still spin right after its steps when "
+                         "interleaved)")
     args = ap.parse_args()
 
     from threadpoolctl import threadpool_limits
@@ -195,11 +206,10 @@ def main():
                 torch.set_num_threads(t)
             fns = [step] + ([tstep] if tstep else [])
             times = time_interleaved(fns, args.repeats, warmup=3)
-            line = f"threads={t}: resnorm {times[0] * 1e3:.1f} ms"
-            if tstep:
-                line += (f", torch {times[1] * 1e3:.1f} ms, resnorm/torch = "
-                         f"{times[0] / times[1]:.2f}")
-            print(line)
+            print(_line(f"threads={t} interleaved", times))
+            if args.blocked:
+                alone = [time_interleaved([f], args.repeats, warmup=3)[0] for f in fns]
+                print(_line(f"threads={t} blocked", alone))
             t_step, share = blas_share(model, x, dy, args.repeats, t)
             print(f"  resnorm step {t_step * 1e3:.1f} ms, inside BLAS {share:.0%}, "
                   f"outside BLAS {1 - share:.0%}")
