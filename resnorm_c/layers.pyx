@@ -6,7 +6,8 @@ Outputs come first, then inputs, then sizes and options.  The kernels do not val
 swapping operands: resnorm_c/blas.pxd), called without the GIL.
 
 Threads.  A matrix product is cut into tasks that depend on the shapes only: blocks of
-BLOCK rows for a Linear layer, one (batch, head) pair for attention.  With
+about BLOCK rows (and tiles of the weight gradient) for a Linear layer, one (batch, head)
+pair for attention.  With
 parallel_gemm=True the tasks run in one OpenMP loop, each calling a single-threaded gemm;
 the caller must then hold BLAS at one thread (resnorm.nn._blas does): a BLAS that threads
 each call itself, entered from several threads at once, runs hundreds of times slower
@@ -30,11 +31,14 @@ cdef extern from "blas_timer.h" nogil:
     double rn_blas_seconds
 
 cdef enum:
-    BLOCK = 64    # rows of x (or of the weight) per gemm task
+    # Rows (and columns of the weight gradient) per gemm task.  Every task packs its own
+    # copy of the operand it shares with the others: 64-row tasks ran 25% slower than one
+    # call on one thread, 256-row tasks 5-8% (benchmarks/bench_blocks.py shapes).
+    BLOCK = 256
 
 
 cdef inline Py_ssize_t n_tasks(Py_ssize_t n, bint parallel_gemm) noexcept nogil:
-    """Tasks for n rows: blocks of about BLOCK rows when parallel, else one task."""
+    """Tasks for n rows: blocks of at most BLOCK rows when parallel, else one task."""
     if not parallel_gemm or n <= BLOCK:
         return 1
     return (n + BLOCK - 1) // BLOCK
@@ -97,26 +101,28 @@ def linear_forward(floating[:, ::1] out, const floating[:, ::1] x,
                                  (t + 1) * n // nt, d_in, d_out)
 
 
-cdef void _linear_backward_columns(floating *dw, floating *db, const floating *dy,
-                                   const floating *x, Py_ssize_t j0, Py_ssize_t j1,
-                                   Py_ssize_t n, Py_ssize_t d_in,
-                                   Py_ssize_t d_out) noexcept nogil:
-    """Rows j0..j1 of dweight += dy[:, j0:j1]^T @ x, and dbias[j0:j1] += sum_rows dy[:, j0:j1]."""
-    cdef Py_ssize_t i, j
+cdef void _linear_backward_weight(floating *dw, floating *db, const floating *dy,
+                                  const floating *x, Py_ssize_t j0, Py_ssize_t j1,
+                                  Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t n,
+                                  Py_ssize_t d_in, Py_ssize_t d_out) noexcept nogil:
+    """dweight[j0:j1, k0:k1] += dy[:, j0:j1]^T @ x[:, k0:k1]; with db, also
+    dbias[j0:j1] += sum_rows dy[:, j0:j1], rows added in order (a fixed summation order)."""
+    cdef Py_ssize_t i, j, m
     cdef double acc[BLOCK]
-    gemm(True, False, <int>(j1 - j0), <int>d_in, <int>n, <floating>1, dy + j0, <int>d_out,
-         x, <int>d_in, <floating>1, dw + j0 * d_in, <int>d_in)
+    gemm(True, False, <int>(j1 - j0), <int>(k1 - k0), <int>n, <floating>1, dy + j0,
+         <int>d_out, x + k0, <int>d_in, <floating>1, dw + j0 * d_in + k0, <int>d_in)
     if db == NULL:
         return
-    while j0 < j1:          # BLOCK columns at a time, rows in order: a fixed summation order
-        for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+    while j0 < j1:          # BLOCK columns at a time (one task spans all of them when serial)
+        m = min(<Py_ssize_t>BLOCK, j1 - j0)
+        for j in range(m):
             acc[j] = 0.0
         for i in range(n):
-            for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+            for j in range(m):
                 acc[j] += dy[i * d_out + j0 + j]
-        for j in range(min(<Py_ssize_t>BLOCK, j1 - j0)):
+        for j in range(m):
             db[j0 + j] += <floating>acc[j]
-        j0 += BLOCK
+        j0 += m
 
 
 def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1] dbias,
@@ -126,29 +132,31 @@ def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1]
 
     Forward: y = x @ weight^T + bias.  NumPy reference: resnorm.nn.reference.linear_backward.
     dx may be None (input gradient not wanted); dbias may be None (no bias).
-    Tasks: row blocks of dx, then row blocks of dweight (= column blocks of dy), each with
-    its slice of dbias summed over all rows in order.
+    Tasks: row blocks of dx, then tiles (output block, input block) of dweight; the tiles of
+    the first input block also sum their slice of dbias over all rows, in order.
     """
     cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
-    cdef Py_ssize_t t, nx = 0 if dx is None else n_tasks(n, parallel_gemm)
-    cdef Py_ssize_t nw = n_tasks(d_out, parallel_gemm)
+    cdef Py_ssize_t t, u, v, nx = 0 if dx is None else n_tasks(n, parallel_gemm)
+    cdef Py_ssize_t nu = n_tasks(d_out, parallel_gemm), nv = n_tasks(d_in, parallel_gemm)
     cdef floating *db = NULL
     if n == 0:
         return
     if dbias is not None:
         db = &dbias[0]
     with nogil:
-        for t in prange(nx + nw, schedule="dynamic", num_threads=n_threads
-                        if nx + nw > 1 else 1):
+        for t in prange(nx + nu * nv, schedule="dynamic", num_threads=n_threads
+                        if nx + nu * nv > 1 else 1):
             if t < nx:
                 gemm(False, False, <int>((t + 1) * n // nx - t * n // nx), <int>d_in,
                      <int>d_out, <floating>1, &dy[0, 0] + (t * n // nx) * d_out, <int>d_out,
                      &weight[0, 0], <int>d_in, <floating>0, &dx[0, 0] + (t * n // nx) * d_in,
                      <int>d_in)
             else:
-                _linear_backward_columns(&dweight[0, 0], db, &dy[0, 0], &x[0, 0],
-                                         (t - nx) * d_out // nw, (t - nx + 1) * d_out // nw,
-                                         n, d_in, d_out)
+                u = (t - nx) // nv
+                v = (t - nx) % nv
+                _linear_backward_weight(&dweight[0, 0], db if v == 0 else NULL, &dy[0, 0],
+                                        &x[0, 0], u * d_out // nu, (u + 1) * d_out // nu,
+                                        v * d_in // nv, (v + 1) * d_in // nv, n, d_in, d_out)
 
 
 # --------------------------------------------------------------------------- GELU
