@@ -23,7 +23,7 @@ import numpy as np
 
 from resnorm import _layers
 from resnorm.bench import time_interleaved
-from resnorm.nn import Module, TransformerStack
+from resnorm.nn import TransformerStack
 
 
 def build(args, dtype=np.float32):

@@ -1,22 +1,7 @@
 """Shared helpers of the nn tests: central finite differences and a gradient check."""
 import numpy as np
 
-
-def numeric_grad(loss, a, eps=1e-6):
-    """d loss() / d a by central differences; a (C-contiguous float64) is perturbed in place
-    one element at a time and restored."""
-    assert a.flags.c_contiguous and a.dtype == np.float64
-    flat = a.reshape(-1)
-    grad = np.zeros(flat.size)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        up = loss()
-        flat[i] = old - eps
-        down = loss()
-        flat[i] = old
-        grad[i] = (up - down) / (2 * eps)
-    return grad.reshape(a.shape)
+from conftest import central_diff
 
 
 def check_gradients(module, inputs, *, before_forward=lambda: None, rtol=1e-6, atol=1e-8,
@@ -42,7 +27,7 @@ def check_gradients(module, inputs, *, before_forward=lambda: None, rtol=1e-6, a
     targets.update(module.params())
     count = 0
     for name, a in targets.items():
-        numeric = numeric_grad(loss, a)
+        numeric = central_diff(loss, a)
         got = analytic[name]
         if got is None:   # no path from this input to the output (residual "none")
             got = np.zeros_like(numeric)

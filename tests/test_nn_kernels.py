@@ -191,13 +191,13 @@ def test_attention_bitwise_across_thread_counts():
 
 def test_attention_gradient_by_finite_differences():
     """The reference attention backward itself, against central differences."""
-    from nn_helpers import numeric_grad
+    from conftest import central_diff
     rng = np.random.default_rng(9)
     qkv = rng.standard_normal((2, 4, 12))
     w = rng.standard_normal((2, 4, 4))
     out, att = ref.attention_forward(qkv, 2, True)
     dqkv = ref.attention_backward(w, qkv, att, 2)
-    num = numeric_grad(lambda: float(np.sum(ref.attention_forward(qkv, 2, True)[0] * w)), qkv)
+    num = central_diff(lambda: float(np.sum(ref.attention_forward(qkv, 2, True)[0] * w)), qkv)
     np.testing.assert_allclose(dqkv, num, rtol=1e-6, atol=1e-9)
 
 

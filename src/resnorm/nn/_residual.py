@@ -1,21 +1,31 @@
 """The residual connection of a block, and its composition with the norm that follows it.
 
-This file is the ONE place where a block's residual/dropout/norm arithmetic lives, so that
-moving to resnorm's fused residual kernels (add + dropout + norm in one pass over memory)
-changes this file only:
+This file is the one place where a block's residual, dropout and norm arithmetic lives, on
+resnorm's fused residual kernels (resnorm/residual.py, resnorm/inverted_dropout.py):
 
-* ``Residual.forward/backward``  -> resnorm.dropout / scaled_residual / gated_residual,
-* ``pre_add_norm_forward/backward`` -> resnorm.add_rms_norm(_forward/_backward) and
-  add_layer_norm (h = residual + alpha * dropout(f), y = norm(h), returning y and h),
-* ``post_add_norm_forward/backward`` -> their post-norm variants.
+* ``pre_add_norm_forward/backward``: h = x + alpha * dropout(f), y = norm(h), returning y
+  and h, in one pass over memory: resnorm.add_rms_norm_forward / add_layer_norm_forward;
+* ``post_add_norm_forward/backward``: y = norm(x + alpha * dropout(f)):
+  resnorm.add_rms_norm_post_forward / add_layer_norm_post_forward;
+* ``Residual.forward/backward`` (an add with no norm after it, and the gated and "none"
+  connections, which have no fused add + norm kernel): resnorm.dropout,
+  resnorm.scaled_residual, resnorm.gated_residual, then the norm module.
 
-Today they are written with NumPy and resnorm's own norm kernels; see docs/blocks.md.
+Fused calls keep their cache in the Residual module and add the norm's parameter gradients
+into the norm module directly: the norm module's own forward is not called.
 """
 import numpy as np
 
 from .. import _checks
+from ..residual import (add_layer_norm_backward, add_layer_norm_forward,
+                        add_layer_norm_post_backward, add_layer_norm_post_forward,
+                        add_rms_norm_backward, add_rms_norm_forward,
+                        add_rms_norm_post_backward, add_rms_norm_post_forward,
+                        gated_residual_backward, gated_residual_forward,
+                        scaled_residual_backward, scaled_residual_forward)
 from .dropout import Dropout
 from .module import Module
+from .norms import RMSNorm
 
 RESIDUAL_KINDS = ("plain", "scaled", "gated", "none")
 
@@ -30,7 +40,8 @@ class Residual(Module):
 
     Backward: dx = dh (none: no dx);  df = dropout'(r'(dh));  dalpha += sum(dh * dropout(f));
     dgate += sum over rows of dh * dropout(f) * s * (1 - s), s = sigmoid(gate).
-    Caches: dropout(f) for scaled/gated (plus the dropout mask inside Dropout).
+    Caches: the kernels' caches (dropout(f) by reference for scaled and gated; the dropout
+    seed, never the mask).
     """
 
     def __init__(self, kind, d, *, p=0.0, alpha=1.0, gate=0.0, dtype=np.float32, seed=0):
@@ -47,58 +58,120 @@ class Residual(Module):
             self.gate, self.dgate = self.add_param("gate", g)
         self._cache = None
 
+    @property
+    def fusable(self):
+        """plain and scaled have fused add + norm kernels (gated and none do not)."""
+        return self.kind in ("plain", "scaled")
+
+    def alpha_arg(self):
+        """alpha as the kernels take it: 1.0 (fixed) or a 0-d view of the learnable alpha."""
+        return self.alpha.reshape(()) if self.kind == "scaled" else 1.0
+
+    def dropout_args(self):
+        """p, seed and training for a fused kernel's own dropout (a fresh seed when active)."""
+        d = self.dropout
+        return dict(p=d.p, seed=d.next_seed() if d.active else 0, training=d.training)
+
+    def add_alpha_grad(self, dalpha):
+        if dalpha is not None:
+            self.dalpha += dalpha
+
     def forward(self, x, f):
         fd = self.dropout.forward(f)
-        if self.kind == "plain":
-            self._cache = (None, None)
-            return x + fd
         if self.kind == "none":
-            self._cache = (None, None)
+            self._cache = ("none", None)
             return fd
-        if self.kind == "scaled":
-            self._cache = (fd, None)
-            return x + self.alpha[0] * fd
-        s = 1.0 / (1.0 + np.exp(-self.gate))
-        self._cache = (fd, s)
-        return x + s * fd
+        if self.kind == "gated":
+            h, cache = gated_residual_forward(x, fd, self.gate)
+        else:
+            h, cache = scaled_residual_forward(x, fd, self.alpha_arg())
+        self._cache = ("add", cache)
+        return h
 
     def backward(self, dh):
-        """(dx, df); dx is None for kind "none".  dx may be dh itself: treat it as read-only."""
-        fd, s = self._take_cache()
-        if self.kind in ("plain", "none"):
-            df = self.dropout.backward(dh)
-        elif self.kind == "scaled":
-            self.dalpha += np.sum(dh * fd, dtype=np.float64)
-            df = self.dropout.backward(self.alpha[0] * dh)
+        """(dx, df); dx is None for kind "none"."""
+        form, cache = self._take_cache()
+        if form == "none":
+            return None, self.dropout.backward(dh)
+        if self.kind == "gated":
+            dx, dfd, dgate = gated_residual_backward(dh, cache)
+            self.dgate += dgate
         else:
-            d = dh.shape[-1]
-            self.dgate += (np.sum((dh * fd).reshape(-1, d), axis=0, dtype=np.float64)
-                           * (s * (1.0 - s)))
-            df = self.dropout.backward(s * dh)
-        return (None if self.kind == "none" else dh), df
+            dx, dfd, dalpha = scaled_residual_backward(dh, cache)
+            self.add_alpha_grad(dalpha)
+        return dx, self.dropout.backward(dfd)
+
+    def take_fused_cache(self):
+        """The cache of a fused add + norm forward (see the functions below)."""
+        form, cache = self._take_cache()
+        assert form == "fused", "the residual's forward was not a fused add + norm"
+        return cache
+
+
+def _add_norm_grads(norm, dweight, dbias=None):
+    if dweight is not None:
+        norm.dweight += dweight
+    if dbias is not None:
+        norm.dbias += dbias
 
 
 def pre_add_norm_forward(residual, norm, x, f):
     """h = residual(x, f);  y = norm(h).  Returns (y, h): y feeds the next sublayer, h is the
     new residual stream (Pre-Norm)."""
-    h = residual.forward(x, f)
-    return norm.forward(h), h
+    if not residual.fusable:
+        h = residual.forward(x, f)
+        return norm.forward(h), h
+    kw = dict(alpha=residual.alpha_arg(), **residual.dropout_args())
+    if isinstance(norm, RMSNorm):
+        (y, h), cache = add_rms_norm_forward(f, x, norm.weight, norm.eps, **kw)
+    else:
+        (y, h), cache = add_layer_norm_forward(f, x, norm.weight, norm.bias, norm.eps, **kw)
+    residual._cache = ("fused", cache)
+    return y, h
 
 
 def pre_add_norm_backward(residual, norm, dy, dh):
     """Gradients of pre_add_norm_forward given dy and the gradient dh arriving along the
     residual stream (None: zero).  Returns (dx, df); dx is None without a skip connection."""
-    g = norm.backward(dy)      # a fresh array: safe to add into
-    if dh is not None:
-        g += dh
-    return residual.backward(g)
+    if not residual.fusable:
+        g = norm.backward(dy)      # a fresh array: safe to add into
+        if dh is not None:
+            g += dh
+        return residual.backward(g)
+    cache = residual.take_fused_cache()
+    if isinstance(norm, RMSNorm):
+        df, dx, dweight, dalpha = add_rms_norm_backward(dy, dh, cache)
+        _add_norm_grads(norm, dweight)
+    else:
+        df, dx, dweight, dbias, dalpha = add_layer_norm_backward(dy, dh, cache)
+        _add_norm_grads(norm, dweight, dbias)
+    residual.add_alpha_grad(dalpha)
+    return dx, df
 
 
 def post_add_norm_forward(residual, norm, x, f):
     """y = norm(residual(x, f))  (Post-Norm)."""
-    return norm.forward(residual.forward(x, f))
+    if not residual.fusable:
+        return norm.forward(residual.forward(x, f))
+    kw = dict(alpha=residual.alpha_arg(), **residual.dropout_args())
+    if isinstance(norm, RMSNorm):
+        y, cache = add_rms_norm_post_forward(f, x, norm.weight, norm.eps, **kw)
+    else:
+        y, cache = add_layer_norm_post_forward(f, x, norm.weight, norm.bias, norm.eps, **kw)
+    residual._cache = ("fused", cache)
+    return y
 
 
 def post_add_norm_backward(residual, norm, dy):
     """(dx, df) of post_add_norm_forward; dx is None without a skip connection."""
-    return residual.backward(norm.backward(dy))
+    if not residual.fusable:
+        return residual.backward(norm.backward(dy))
+    cache = residual.take_fused_cache()
+    if isinstance(norm, RMSNorm):
+        df, dx, dweight, dalpha = add_rms_norm_post_backward(dy, cache)
+        _add_norm_grads(norm, dweight)
+    else:
+        df, dx, dweight, dbias, dalpha = add_layer_norm_post_backward(dy, cache)
+        _add_norm_grads(norm, dweight, dbias)
+    residual.add_alpha_grad(dalpha)
+    return dx, df

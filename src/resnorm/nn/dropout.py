@@ -1,19 +1,20 @@
-"""Inverted dropout as a module: keep with probability 1 - p, scale kept values by 1/(1-p)."""
+"""Inverted dropout as a module, on resnorm's counter-based dropout kernel."""
 import numpy as np
 
 from .. import _checks
+from ..inverted_dropout import dropout_backward, dropout_forward
 from . import init
 from .module import Module
 
 
 class Dropout(Module):
-    """y = x * mask / (1 - p), mask_i ~ Bernoulli(1 - p), in training;  y = x in eval (or p = 0).
+    """y = x * keep / (1 - p) in training, y = x in eval mode (and for p = 0).
 
-    Backward: dx = dy * mask / (1 - p).  p = 1 gives zeros.
-    Caches: the mask (bool, one byte per element) when dropout is active.
-    The mask comes from a numpy Generator seeded at construction: a fresh mask on every
-    forward, the same sequence of masks for the same seed.
-    NumPy reference: resnorm.nn.reference.dropout.
+    keep is a pure function of (seed, element index) (resnorm.dropout_forward, Philox), with a
+    fresh seed for every forward drawn from a generator seeded at construction: the same
+    sequence of masks for the same seed, on any machine and thread count.
+    Backward: dx = dy * keep / (1 - p), the mask regenerated from the seed.  p = 1 gives zeros.
+    Caches: the seed only (no mask).   NumPy reference: resnorm.reference.dropout_forward.
     """
 
     def __init__(self, p=0.1, *, seed=0):
@@ -26,20 +27,20 @@ class Dropout(Module):
     def active(self):
         return self.training and self.p > 0.0
 
+    def next_seed(self):
+        """The seed of the next mask (advances the generator)."""
+        return int(self._rng.integers(0, 2**64, dtype=np.uint64))
+
     def forward(self, x):
         x = _checks.float_array(x, "x")
         if not self.active:
             self._cache = (None, x.shape, x.dtype)
             return x
-        keep = self._rng.random(x.shape, dtype=np.float32) >= self.p
-        scale = x.dtype.type(0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p))
-        self._cache = (keep, x.shape, x.dtype)
-        return np.where(keep, x * scale, x.dtype.type(0))
+        y, cache = dropout_forward(x, self.p, seed=self.next_seed())
+        self._cache = (cache, x.shape, x.dtype)
+        return y
 
     def backward(self, dy):
-        keep, shape, dtype = self._take_cache()
+        cache, shape, dtype = self._take_cache()
         dy = _checks.like_array(dy, "dy", shape, dtype)
-        if keep is None:
-            return dy
-        scale = dtype.type(0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p))
-        return np.where(keep, dy * scale, dtype.type(0))
+        return dy if cache is None else dropout_backward(dy, cache)
