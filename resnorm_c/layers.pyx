@@ -131,12 +131,12 @@ def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1]
     """dx := dy @ weight;  dweight += dy^T @ x;  dbias += sum_rows dy  (gradients accumulate).
 
     Forward: y = x @ weight^T + bias.  NumPy reference: resnorm.nn.reference.linear_backward.
-    dx may be None (input gradient not wanted); dbias may be None (no bias).
+    dbias may be None (no bias).
     Tasks: row blocks of dx, then tiles (output block, input block) of dweight; the tiles of
     the first input block also sum their slice of dbias over all rows, in order.
     """
     cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
-    cdef Py_ssize_t t, u, v, nx = 0 if dx is None else n_tasks(n, parallel_gemm)
+    cdef Py_ssize_t t, u, v, nx = n_tasks(n, parallel_gemm)
     cdef Py_ssize_t nu = n_tasks(d_out, parallel_gemm), nv = n_tasks(d_in, parallel_gemm)
     cdef floating *db = NULL
     if n == 0:

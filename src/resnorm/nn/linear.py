@@ -45,13 +45,12 @@ class Linear(Module):
         self._cache = (rows, x.shape)
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
-    def backward(self, dy, need_dx=True):
-        """dx (None when need_dx is False: saves one matrix product)."""
+    def backward(self, dy):
         rows, shape = self._take_cache()
         dy = _checks.like_array(dy, "dy", shape[:-1] + (self.out_features,), self.dtype)
         dy = _rows(dy)
-        dx = np.empty_like(rows) if need_dx else None
+        dx = np.empty_like(rows)
         with single_threaded_blas() as parallel_gemm:
             _layers.linear_backward(dx, self.dweight, self.dbias, dy, rows, self.weight,
                                     threads_for(None, dy.size), parallel_gemm)
-        return None if dx is None else dx.reshape(shape)
+        return dx.reshape(shape)
