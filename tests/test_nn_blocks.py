@@ -146,3 +146,22 @@ def test_block_input_checks():
         m.forward(np.zeros((2, 4, 6), np.float32))
     with pytest.raises(TypeError, match="dtype float32"):
         m.forward(np.zeros((2, 4, 8)))
+
+
+def test_block_without_threadpoolctl_falls_back_to_blas_threads(monkeypatch):
+    """No BLAS that we can hold at one thread: each product is one gemm call from one thread
+    (parallel_gemm=False).  Same results up to rounding."""
+    from resnorm.nn import _blas
+    m = nn.PreNormBlock(32, 4, seed=2)
+    x = rand((2, 300, 32), 10).astype(np.float32)
+    y = m.forward(x)
+    dx = m.backward(np.ones_like(y))
+    grads = {k: g.copy() for k, g in m.grads().items()}
+    monkeypatch.setattr(_blas, "_libraries", [])
+    with _blas.single_threaded_blas() as parallel_gemm:
+        assert parallel_gemm is False
+    m.zero_grad()
+    np.testing.assert_allclose(m.forward(x), y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(m.backward(np.ones_like(y)), dx, rtol=1e-4, atol=1e-4)
+    for k, g in m.grads().items():
+        np.testing.assert_allclose(g, grads[k], rtol=1e-4, atol=1e-3, err_msg=k)
