@@ -43,8 +43,11 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
                              const float *, const float *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, float *, const float *, const float *, const float *,
-                                     const float *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
+        double (*residual_reduce)(const float *, const float *, const float *, const float *,
+                                  Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(float *, float *, const float *, const float *, const float *,
+                                    const float *, const float *, const float *, double, double,
+                                    Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -74,14 +77,19 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
                              const double *, const double *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, double *, const double *, const double *, const double *,
-                                     const double *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
+        double (*residual_reduce)(const double *, const double *, const double *, const double *,
+                                  Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(double *, double *, const double *, const double *, const double *,
+                                    const double *, const double *, const double *, double, double,
+                                    Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
 
     rn_ops_f32 RN_F32
     rn_ops_f64 RN_F64
+    int RN_STREAM_UNFENCED
+    void rn_sfence()
     int rn_cpu_init()
     const char *rn_level_name()
     const char *rn_build_flags()
@@ -131,7 +139,7 @@ cdef inline void row_rms_apply(floating *y, const floating *x, const floating *w
 
 cdef inline void row_rms_apply_copy(floating *y, floating *copy, const floating *x,
                                     const floating *w, double rstd, Py_ssize_t n,
-                                    bint stream) noexcept nogil:
+                                    int stream) noexcept nogil:
     """row_rms_apply that also writes x itself to copy, in the same pass."""
     if floating is float:
         RN_F32.rms_apply(y, copy, x, w, rstd, n, stream)
@@ -148,7 +156,7 @@ cdef inline void row_ln_apply(floating *y, const floating *x, const floating *w,
 
 cdef inline void row_ln_apply_copy(floating *y, floating *copy, const floating *x,
                                    const floating *w, const floating *b, double mean,
-                                   double rstd, Py_ssize_t n, bint stream) noexcept nogil:
+                                   double rstd, Py_ssize_t n, int stream) noexcept nogil:
     """row_ln_apply that also writes x itself to copy, in the same pass."""
     if floating is float:
         RN_F32.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
@@ -198,7 +206,7 @@ cdef inline void row_dropout_mult(floating *m, uint64_t seed, uint64_t start, Py
 
 cdef inline void row_residual_add(floating *h, const floating *r, const floating *x,
                                   const floating *a, const floating *m, Py_ssize_t n,
-                                  bint stream) noexcept nogil:
+                                  int stream) noexcept nogil:
     if floating is float:
         RN_F32.residual_add(h, r, x, a, m, n, stream)
     else:
@@ -207,20 +215,29 @@ cdef inline void row_residual_add(floating *h, const floating *r, const floating
 cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
                                   const floating *gh, const floating *dh, const floating *x,
                                   const floating *a, const floating *m, Py_ssize_t n,
-                                  bint stream) noexcept nogil:
+                                  int stream) noexcept nogil:
     if floating is float:
         RN_F32.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
     else:
         RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
 
-cdef inline double row_residual_add_lanes(double *lanes, floating *h, const floating *r,
-                                          const floating *x, const floating *a,
-                                          const floating *m, Py_ssize_t n, Py_ssize_t ahead,
-                                          bint squares) noexcept nogil:
+cdef inline double row_residual_reduce(const floating *r, const floating *x,
+                                      const floating *a, const floating *m, Py_ssize_t n,
+                                      bint squares, double shift) noexcept nogil:
     if floating is float:
-        return RN_F32.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
+        return RN_F32.residual_reduce(r, x, a, m, n, squares, shift)
     else:
-        return RN_F64.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
+        return RN_F64.residual_reduce(r, x, a, m, n, squares, shift)
+
+cdef inline void row_residual_norm_apply(floating *y, floating *hout, const floating *r,
+                                         const floating *x, const floating *a,
+                                         const floating *m, const floating *w,
+                                         const floating *b, double mean, double rstd,
+                                         Py_ssize_t n, int stream) noexcept nogil:
+    if floating is float:
+        RN_F32.residual_norm_apply(y, hout, r, x, a, m, w, b, mean, rstd, n, stream)
+    else:
+        RN_F64.residual_norm_apply(y, hout, r, x, a, m, w, b, mean, rstd, n, stream)
 
 cdef inline void row_sigmoid(floating *s, floating *ds, const floating *g,
                              Py_ssize_t n) noexcept nogil:

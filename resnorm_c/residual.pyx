@@ -28,10 +28,10 @@ from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_sumsqdev,
-                     row_rms_apply_copy, row_ln_apply_copy, row_rms_bwd_dot, row_rms_bwd_apply,
+                     row_rms_bwd_dot, row_rms_bwd_apply,
                      row_ln_bwd_sums, row_ln_bwd_apply, row_dropout_mult, row_residual_add,
-                     row_residual_add_lanes, row_residual_bwd, row_sigmoid, span_uniforms,
-                     span_keep)
+                     row_residual_reduce, row_residual_norm_apply, row_residual_bwd, row_sigmoid, span_uniforms,
+                     span_keep, RN_STREAM_UNFENCED, rn_sfence)
 
 rn_cpu_init()
 
@@ -84,6 +84,7 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
     """
     cdef Py_ssize_t n = x.shape[0], n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK
     cdef Py_ssize_t c, k, end, length
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, sizeof(floating), n_threads, SEGMENT)
     cdef floating *m
@@ -96,8 +97,10 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
                 # slice by slice, so that Philox and memory traffic interleave finely
                 length = min(<Py_ssize_t>SEGMENT, end - k)
                 multipliers(m, &dropout, k, length)
-                row_residual_add(&out[k], NULL, &x[k], NULL, m, length, stream)
+                row_residual_add(&out[k], NULL, &x[k], NULL, m, length, unfenced)
                 k = k + length
+            if stream:
+                rn_sfence()
 
 
 def dropout_mask(uint8_t[::1] keep, rn_dropout dropout, int n_threads):
@@ -130,55 +133,31 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     None (only y is written).  weight, alpha (D,) may be None (1).
     Backward: add_rms_norm_backward.  NumPy reference: resnorm.reference.add_rms_norm_forward.
 
-    Each thread walks its rows as a two-stage pipeline, slice by slice: it reads row i (x
-    and residual, into a cached row of h, reducing on the way) while it writes row i-1 (y,
-    and h in Pre-Norm), whose statistic is known.  Reads and streamed writes then share
-    every moment, instead of alternating row by row; so does the Philox arithmetic.
+    Per row: the dropout multipliers (Philox, into a cached row), one reduction pass over x
+    and residual that only loads, then one pass that recomputes h from the cached rows and
+    writes y and h.  Memory sees x and residual read once and y, h written once.
     """
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
+    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
     cdef int nt = max(1, n_threads)
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
-    cdef floating *h_in
-    cdef floating *h_out
-    cdef floating *swap
+        np.float32 if floating is float else np.float64, sizeof(floating), nt,
+        d if dp != NULL else 1)
     cdef floating *m
-    cdef double *lanes
-    cdef double ss
     with nogil:
-        for t in prange(nt, schedule="static", num_threads=nt):
-            # h_in: the row being read; h_out: the row being written; m: multipliers of a slice
-            h_in = &scratch[t, 0]
-            h_out = h_in + d
-            m = h_in + 2 * d
-            lanes = &lane_rows[t, 0]
-            lo = t * n // nt
-            hi = (t + 1) * n // nt
-            for i in range(lo, hi + 1):
-                memset(lanes, 0, 32 * sizeof(double))
-                k = 0
-                while k < d:
-                    length = min(<Py_ssize_t>SEGMENT, d - k)
-                    if i < hi:
-                        if dp != NULL:
-                            multipliers(m, dp, i * d + k, length)
-                        ss = row_residual_add_lanes(lanes, h_in + k, &residual[i, k], &x[i, k],
-                                                    at(a, k), m if dp != NULL else NULL,
-                                                    length, d, True)
-                    if i > lo:
-                        row_rms_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
-                                           h_out + k, at(w, k), rstd[i - 1], length, stream)
-                    k = k + length
-                if i < hi:
-                    rstd[i] = 1.0 / sqrt(ss / d + eps)
-                swap = h_in
-                h_in = h_out
-                h_out = swap
+        for i in prange(n, schedule="static", num_threads=nt):
+            m = NULL
+            if dp != NULL:
+                m = &scratch[threadid(), 0]
+                multipliers(m, dp, i * d, d)
+            # one reduction, the mean of h^2, without storing h
+            rstd[i] = 1.0 / sqrt(row_residual_reduce(&residual[i, 0], &x[i, 0], a, m, d, True,
+                                                     0.0) / d + eps)
+            row_residual_norm_apply(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0],
+                                    &x[i, 0], a, m, w, NULL, 0.0, rstd[i], d, stream)
 
 
 def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
@@ -189,10 +168,10 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     """h := residual + alpha * dropout(x);  y := (h - mean) * rstd * w + b (two-pass stats).
 
     Pre-Norm when h is given, Post-Norm when h is None.  weight, bias, alpha may be None.
-    The same pipeline as add_rms_norm_forward; the variance pass runs on the cached row.
+    As add_rms_norm_forward, with the two LayerNorm reductions (the second from cache).
     Backward: add_layer_norm_backward.  NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
+    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
     cdef int nt = max(1, n_threads)
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *b = opt_ptr(bias)
@@ -200,46 +179,21 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     cdef const rn_dropout *dp = active(&dropout)
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
-    cdef floating *h_in
-    cdef floating *h_out
-    cdef floating *swap
+        np.float32 if floating is float else np.float64, sizeof(floating), nt,
+        d if dp != NULL else 1)
     cdef floating *m
-    cdef double *lanes
-    cdef double total
     with nogil:
-        for t in prange(nt, schedule="static", num_threads=nt):
-            h_in = &scratch[t, 0]
-            h_out = h_in + d
-            m = h_in + 2 * d
-            lanes = &lane_rows[t, 0]
-            lo = t * n // nt
-            hi = (t + 1) * n // nt
-            for i in range(lo, hi + 1):
-                memset(lanes, 0, 32 * sizeof(double))
-                k = 0
-                while k < d:
-                    length = min(<Py_ssize_t>SEGMENT, d - k)
-                    if i < hi:
-                        if dp != NULL:
-                            multipliers(m, dp, i * d + k, length)
-                        total = row_residual_add_lanes(lanes, h_in + k, &residual[i, k],
-                                                       &x[i, k], at(a, k),
-                                                       m if dp != NULL else NULL, length, d,
-                                                       False)
-                    if i > lo:
-                        row_ln_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
-                                          h_out + k, at(w, k), at(b, k), mean[i - 1],
-                                          rstd[i - 1], length, stream)
-                    k = k + length
-                if i < hi:
-                    # the second LayerNorm reduction, on the cached row
-                    mean[i] = total / d
-                    rstd[i] = 1.0 / sqrt(row_sumsqdev(h_in, d, mean[i]) / d + eps)
-                swap = h_in
-                h_in = h_out
-                h_out = swap
+        for i in prange(n, schedule="static", num_threads=nt):
+            m = NULL
+            if dp != NULL:
+                m = &scratch[threadid(), 0]
+                multipliers(m, dp, i * d, d)
+            # two reductions: the mean, then the mean squared deviation from it
+            mean[i] = row_residual_reduce(&residual[i, 0], &x[i, 0], a, m, d, False, 0.0) / d
+            rstd[i] = 1.0 / sqrt(row_residual_reduce(&residual[i, 0], &x[i, 0], a, m, d, True,
+                                                     mean[i]) / d + eps)
+            row_residual_norm_apply(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0],
+                                    &x[i, 0], a, m, w, b, mean[i], rstd[i], d, stream)
 
 
 cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
@@ -249,12 +203,14 @@ cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
                              bint stream) noexcept nogil:
     """Backward of one row of h = residual + a*(x*m), given the gradient gh reaching h from
     the norm (+ dh along the stream): dresidual, dx and the dalpha partial, slice by slice;
-    between slices the next row's multipliers go into m_next (when it is not NULL)."""
+    between slices the next row's multipliers go into m_next (when it is not NULL).
+    Streamed stores are not fenced here: the caller fences once, after its rows."""
     cdef Py_ssize_t k = 0, length
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
         row_residual_bwd(dx + k, dresidual + k, apart + k if apart != NULL else NULL, gh + k,
-                         at(dh, k), at(x, k), at(a, k), at(m, k), length, stream)
+                         at(dh, k), at(x, k), at(a, k), at(m, k), length,
+                         RN_STREAM_UNFENCED if stream else 0)
         if m_next != NULL:
             multipliers(m_next + k, dp, next_start + k, length)
         k += length
@@ -331,6 +287,8 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 swap = mc
                 mc = mn
                 mn = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_da:
@@ -416,6 +374,8 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 swap = mc
                 mc = mn
                 mn = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_db:

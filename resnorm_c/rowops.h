@@ -222,6 +222,37 @@ static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w,
     return s;
 }
 
+/* The residual sum of a row, h_k = r_k + a_k * (x_k * m_k) (a, m NULL: 1), formed in the
+ * input precision exactly as residual_add forms it, then reduced without being stored:
+ *   sum_k (h_k - shift)     (squares = 0, shift = 0: the LayerNorm mean pass)
+ *   sum_k (h_k - shift)^2   (squares = 1: shift = 0 for RMSNorm, = mean for LayerNorm)
+ * with RN_REDUCE's lanes, so the result is bitwise sum / sumsq / sumsqdev of the stored h.
+ * A pass that only loads: nothing waits behind streamed stores still draining (a plain
+ * store would, as stores leave the core in program order).  x and r are prefetched one row
+ * ahead; the apply pass (residual_norm_apply) finds the row in cache. */
+static double RN_NAME(residual_reduce)(const RN_T *r, const RN_T *x, const RN_T *a,
+                                       const RN_T *m, Py_ssize_t n, int squares, double shift)
+{
+    double s;
+#define PF_(i) (RN_NAME(prefetch_next)(x, n, (i), 32), RN_NAME(prefetch_next)(r, n, (i), 32))
+#define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                    \
+                 if (m) { v_ *= RN_NAME(hload)(m + (i)); }                                 \
+                 if (a) { v_ *= RN_NAME(hload)(a + (i)); }                                 \
+                 RN_NAME(widen)(RN_NAME(hload)(r + (i)) + v_) - shift; })
+#define HS_(i) ({ RN_T v_ = x[i]; if (m) { v_ *= m[i]; } if (a) { v_ *= a[i]; }          \
+                  (double)(r[i] + v_) - shift; })
+#define V1_(i) RN_NAME(square)(H_(i))
+#define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
+    if (squares) RN_REDUCE(n, PF_, V1_, S1_, s);
+    else RN_REDUCE(n, PF_, H_, HS_, s);
+#undef PF_
+#undef H_
+#undef HS_
+#undef V1_
+#undef S1_
+    return s;
+}
+
 /* The mean is cached in double.  For float rows it enters the float arithmetic as
  * hi + lo (two floats), so x - mean keeps its precision when |mean| >> std
  * (x = 1e4 + N(0,1)): x - hi is exact for x near hi (Sterbenz), then lo is removed. */
@@ -280,7 +311,10 @@ static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
 
 /* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
  * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
- * set).  PF(k) prefetches the next row's span of the vector at k. */
+ * set).  PF(k) prefetches the next row's span of the vector at k.  Streamed stores are
+ * followed by a store fence, unless stream is RN_STREAM_UNFENCED: a caller that writes a
+ * row in many short slices fences once at the end (rn_sfence), because a fence waits for
+ * the write-combining buffers to drain and would stall every slice. */
 #define RN_ELEMENTWISE(n, out, stream, PF, SCALAR, VECTOR)                              \
     do {                                                                                \
         Py_ssize_t k_ = 0, head_ = (stream) ? RN_NAME(stream_head)((out), (n)) : 0;     \
@@ -298,7 +332,7 @@ static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
             }                                                                           \
         }                                                                               \
         for (; k_ < (n); k_++) { SCALAR(k_) }                                           \
-        if (nt_) rn_sfence();                                                           \
+        if (nt_ && (stream) != RN_STREAM_UNFENCED) rn_sfence();                         \
     } while (0)
 
 #define RN_PFV_X(k) RN_NAME(prefetch_next)(x, n, (k), RN_W)
@@ -310,7 +344,7 @@ static void RN_NAME(rms_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w
                                Py_ssize_t n, int stream)
 {
     const RN_T r = (RN_T)rstd;
-    stream = stream && RN_NAME(same_phase)(y, copy);
+    if (!RN_NAME(same_phase)(y, copy)) stream = 0;
 #define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; if (copy) { copy[k] = x[k]; } }
 #define V_(k, ST) { RN_VEC xv = RN_NAME(vload)(x + k), v = xv * r;                        \
                     if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v);                  \
@@ -333,7 +367,7 @@ static void RN_NAME(ln_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w,
     RN_T mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_T r = (RN_T)rstd;
-    stream = stream && RN_NAME(same_phase)(y, copy);
+    if (!RN_NAME(same_phase)(y, copy)) stream = 0;
 #define S_(k) { RN_T v = ((x[k] - mh) - ml) * r;                                          \
                 if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v;                     \
                 if (copy) { copy[k] = x[k]; } }
@@ -345,6 +379,39 @@ static void RN_NAME(ln_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w,
     else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
     else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
     else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
+ * read it just before):  h_k = r_k + a_k * (x_k * m_k),
+ *   y_k = ((h_k - mean) * rstd) * w_k + b_k      (RMSNorm: mean = 0, b = NULL: h_k * rstd * w_k)
+ *   hout_k = h_k                                 (hout NULL: Post-Norm, h is not kept)
+ * The same operations as residual_add then ln_apply / rms_apply (x - 0 is x), so y is bitwise
+ * the norm of hout.  a, m, w, b may be NULL. */
+static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *hout, const RN_T *r, const RN_T *x,
+                                         const RN_T *a, const RN_T *m, const RN_T *w,
+                                         const RN_T *b, double mean, double rstd, Py_ssize_t n,
+                                         int stream)
+{
+    RN_T mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_T rs = (RN_T)rstd;
+    if (!RN_NAME(same_phase)(y, hout)) stream = 0;
+#define PF_(k)
+#define S_(k) { RN_T h_ = x[k]; if (m) { h_ *= m[k]; } if (a) { h_ *= a[k]; } h_ = r[k] + h_;   \
+                RN_T v_ = ((h_ - mh) - ml) * rs; if (w) { v_ *= w[k]; } if (b) { v_ += b[k]; } \
+                y[k] = v_; if (hout) { hout[k] = h_; } }
+#define V_(k, ST) { RN_VEC h_ = RN_NAME(vload)(x + k);                                    \
+                    if (m) { h_ *= RN_NAME(vload)(m + k); }                               \
+                    if (a) { h_ *= RN_NAME(vload)(a + k); }                               \
+                    h_ = RN_NAME(vload)(r + k) + h_;                                      \
+                    RN_VEC v_ = ((h_ - mh) - ml) * rs;                                    \
+                    if (w) { v_ *= RN_NAME(vload)(w + k); }                               \
+                    if (b) { v_ += RN_NAME(vload)(b + k); }                               \
+                    ST(y + k, v_); if (hout) { ST(hout + k, h_); } }
+    RN_ELEMENTWISE(n, y, stream, PF_, S_, V_);
+#undef PF_
 #undef S_
 #undef V_
 }
@@ -417,52 +484,6 @@ static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssi
 #undef ST_
 }
 
-/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), for a span of a row,
- * reducing on the way: each h_k (squares = 0) or h_k^2 (squares = 1) is added into lane
- * k % 32 of lanes[32] (double), as RN_REDUCE does.  A row may be done in consecutive spans
- * (every span but the last a multiple of 32 long): the lanes then see the same additions in
- * the same order, and the return value, the fold of the lanes so far, is after the last span
- * bitwise sum / sumsq of the row.  a and m may be NULL.  x and r are prefetched `ahead`
- * elements on (the row length: the same span of the next row). */
-static double RN_NAME(residual_add_lanes)(double *lanes, RN_T *h, const RN_T *r, const RN_T *x,
-                                          const RN_T *a, const RN_T *m, Py_ssize_t n,
-                                          Py_ssize_t ahead, int squares)
-{
-    RN_DVEC acc[RN_NACC];
-    double folded[32];
-    Py_ssize_t i = 0;
-    memcpy(acc, lanes, sizeof acc);
-#define CHUNK_(SQ)                                                                      \
-    for (; i + 32 <= n; i += 32) {                                                      \
-        for (Py_ssize_t k = i; k < i + 32; k += RN_W) {                                 \
-            RN_NAME(prefetch_next)(x, ahead, k, RN_W);                                  \
-            RN_NAME(prefetch_next)(r, ahead, k, RN_W);                                  \
-            RN_VEC v = RN_NAME(vload)(x + k);                                           \
-            if (m) { v *= RN_NAME(vload)(m + k); }                                      \
-            if (a) { v *= RN_NAME(vload)(a + k); }                                      \
-            RN_NAME(vstore)(h + k, RN_NAME(vload)(r + k) + v);                          \
-        }                                                                               \
-        for (int q = 0; q < RN_NACC; q++) {                                             \
-            RN_DVEC t = RN_NAME(dload)(h + i + q * RN_DW);                              \
-            acc[q] += (SQ) ? t * t : t;                                                 \
-        }                                                                               \
-    }
-    if (squares) { CHUNK_(1) } else { CHUNK_(0) }
-#undef CHUNK_
-    memcpy(lanes, acc, sizeof acc);
-    for (Py_ssize_t j = 0; i + j < n; j++) {
-        Py_ssize_t k = i + j;
-        RN_T v = x[k];
-        if (m) v *= m[k];
-        if (a) v *= a[k];
-        h[k] = r[k] + v;
-        double t = (double)h[k];
-        lanes[j] += squares ? t * t : t;
-    }
-    memcpy(folded, lanes, sizeof folded);
-    return RN_NAME(fold32)(folded);
-}
-
 /* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
  * the residual stream r.  r may be NULL (0), a and m may be NULL (1).  The product x*m is
  * formed first, exactly as dropout forms it, so h equals r + a * dropout(x) bitwise.
@@ -497,7 +518,7 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_
                                   const RN_T *dh, const RN_T *x, const RN_T *a, const RN_T *m,
                                   Py_ssize_t n, int stream)
 {
-    stream = stream && RN_NAME(same_phase)(dx, dr);
+    if (!RN_NAME(same_phase)(dx, dr)) stream = 0;
 #define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                                \
                  if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                    \
                  if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
