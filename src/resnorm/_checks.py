@@ -166,3 +166,57 @@ def gate_array(g, shape, dtype, name="g"):
     except ValueError:
         raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) "
                          f"(per channel), got {np.shape(g)}") from None
+
+
+# --------------------------------------------------------------------------- nn modules
+
+def positive_int(v, name):
+    """v as an int >= 1 (bool is not an int here)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 1, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v}")
+    return int(v)
+
+
+def one_of(v, name, options):
+    """v, which must be one of the strings in options."""
+    if not isinstance(v, str) or v not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}; got {v!r}")
+    return v
+
+
+def float_dtype(dtype, name="dtype"):
+    """dtype as np.dtype float32 or float64."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from e
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    return dt
+
+
+def real_value(v, name):
+    """v as a finite float."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    return v
+
+
+def module_input(x, name, dtype, last, ndim=None):
+    """x as an array of the module's dtype with last axis `last` (and exactly ndim axes when
+    ndim is given, e.g. 3 for (B, T, D)).  No silent casts: a float64 array given to a float32
+    module is a TypeError."""
+    x = float_array(x, name)
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have the module's dtype {dtype}, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        want = "(B, T, D)" if ndim == 3 else f"{ndim} axes"
+        raise ValueError(f"{name} must have shape {want} with D = {last}, got shape {x.shape}")
+    if x.shape[-1] != last:
+        raise ValueError(f"{name} must have last axis {last}, got shape {x.shape}")
+    return x
