@@ -2,6 +2,7 @@
 from . import reference
 from ._runtime import build_flags, openmp_enabled, simd_level
 from ._runtime import get_max_threads as get_num_threads
+from .explain import explain
 from .norms import (
     LayerNormCache,
     RMSNormCache,
@@ -19,6 +20,7 @@ __all__ = [
     "LayerNormCache",
     "RMSNormCache",
     "build_flags",
+    "explain",
     "get_num_threads",
     "layer_norm",
     "layer_norm_backward",
