@@ -67,6 +67,8 @@ class _Printer:
         value = _num(self.at(step.name, r, i), self.digits)
         rhs = self.terms(step, r, i) if step.reduce else self.substitute(step.expr, r, i)
         prefix = "" if step.per == "column" or self.n_rows == 1 else f"row {r}: "
+        if rhs in (value, f"({value})"):     # a copy of one operand: nothing to compute
+            return f"    {prefix}{label} = {value}"
         return f"    {prefix}{label} = {rhs} = {value}"
 
     def step(self, s):

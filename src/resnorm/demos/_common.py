@@ -46,6 +46,10 @@ def num(v, digits=3):
 
 
 def markdown_table(headers, rows):
+    """A markdown table; cells must not contain '|' (it would split the cell)."""
+    cells = [str(c) for row in [headers, *rows] for c in row]
+    if any("|" in c for c in cells):
+        raise ValueError(f"a table cell contains '|': {[c for c in cells if '|' in c]}")
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -88,11 +88,11 @@ def run(size="full", seed=0):
         return "0 (bitwise identical)" if identical else num(diff)
 
     rows = [[label] + [cell(*changes[label][w]) for w in NORMS] for label, *_ in scenarios]
-    rows.append([f"batch size 1, one token: ||y|| (input ||x|| = {num(np.linalg.norm(a[0]))})"]
+    rows.append([f"batch size 1, one token: norm of y (norm of x = {num(np.linalg.norm(a[0]))})"]
                 + [num(single[w]) for w in NORMS])
     res = DemoResult("batchnorm", "Batch statistics vs per-token statistics", size, seed)
     res.tables.append((
-        f"Max |change| of sequence A's {la} normalised tokens (D = {d}) between two batches; "
+        f"Largest absolute change of sequence A's {la} normalised tokens (D = {d}) between two batches; "
         f"last row: the output size for a single token in a batch of one.",
         markdown_table(["scenario"] + list(NORMS), rows)))
     per_token_same = all(changes[l][w][1] for l in changes for w in ("LayerNorm", "RMSNorm"))
@@ -116,7 +116,7 @@ def run(size="full", seed=0):
 
 
 def plot(res, path, plt):
-    labels = res.data["scenarios"] + ["batch 1, one token: ||y||"]
+    labels = res.data["scenarios"] + ["batch size 1, one token: norm of y"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(NORMS)
     top = 0.0
@@ -131,7 +131,7 @@ def plot(res, path, plt):
     ax.set_xticks(np.arange(len(labels)))
     ax.set_xticklabels([l.replace(" vs ", "\nvs ") for l in labels], fontsize=7)
     ax.set_ylim(0, 1.35 * top)
-    ax.set_ylabel("max |change| of A's outputs  (last group: ||y||)")
+    ax.set_ylabel("max abs change of A's outputs (last group: norm of y)")
     ax.set_title(res.title)
     ax.legend(fontsize=8, ncol=len(NORMS), loc="upper center")
     fig.tight_layout()
