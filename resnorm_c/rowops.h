@@ -386,6 +386,107 @@ static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, co
 #undef V_
 }
 
+/* ---------------------------------------------------------------- residual connections */
+
+/* Whether out and out2 can both take streaming stores from the same loop: they must sit at
+ * the same offset from a vector boundary (NULL out2: no second output). */
+static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
+{
+    return out2 == NULL || ((uintptr_t)out - (uintptr_t)out2) % RN_VBYTES == 0;
+}
+
+/* m_k = scale if the Philox uniform of flat element start + k is >= threshold, else 0:
+ * the inverted-dropout multipliers of a span (philox.h maps elements to uniforms). */
+static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssize_t n,
+                                  uint32_t threshold, double scale)
+{
+    const RN_T s = (RN_T)scale, zero = 0;
+#define ST_(k, v) m[k] = (v) >= threshold ? s : zero
+    RN_PHILOX_SPAN(seed, start, n, ST_);
+#undef ST_
+}
+
+/* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
+ * the residual stream r.  r may be NULL (0), a and m may be NULL (1).  The product x*m is
+ * formed first, exactly as dropout forms it, so h equals r + a * dropout(x) bitwise.
+ * x and r are prefetched one row ahead; a and m are short rows that stay in cache. */
+static void RN_NAME(residual_add)(RN_T *h, const RN_T *r, const RN_T *x, const RN_T *a,
+                                  const RN_T *m, Py_ssize_t n, int stream)
+{
+#define PF_(k) { RN_NAME(prefetch_next)(x, n, (k), RN_W);                                 \
+                 if (r) { RN_NAME(prefetch_next)(r, n, (k), RN_W); } }
+#define S_(k) { RN_T v = x[k]; if (m) { v *= m[k]; } if (a) { v *= a[k]; }                 \
+                if (r) { v = r[k] + v; } h[k] = v; }
+#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                     \
+                    if (m) { v *= RN_NAME(vload)(m + k); }                                \
+                    if (a) { v *= RN_NAME(vload)(a + k); }                                \
+                    if (r) { v = RN_NAME(vload)(r + k) + v; } ST(h + k, v); }
+    /* The hot cases (alpha = 1 with and without dropout) get their own expansion. */
+    if (r && !a && m) { const RN_T *a = NULL; RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
+    else if (r && !a) { const RN_T *a = NULL, *m = NULL; RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
+    else RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* Backward of h = r + a*(x*m).  With g = gh + dh (dh, a gradient arriving along the
+ * residual stream, may be NULL):
+ *   dr_k = g_k                        (dr NULL: not written)
+ *   dx_k = (g_k * a_k) * m_k          (a, m NULL: 1)
+ *   da_part_k += g_k * (x_k * m_k)    (double partial of a row block; NULL: not wanted)
+ * gh, dh and (when da_part is wanted) x are prefetched one row ahead. */
+static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_T *gh,
+                                  const RN_T *dh, const RN_T *x, const RN_T *a, const RN_T *m,
+                                  Py_ssize_t n, int stream)
+{
+    stream = stream && RN_NAME(same_phase)(dx, dr);
+#define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                                \
+                 if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                    \
+                 if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
+#define S_(k) { RN_T g = gh[k]; if (dh) { g += dh[k]; } if (dr) { dr[k] = g; }             \
+                if (da_part) { RN_T d = x[k]; if (m) { d *= m[k]; }                       \
+                               da_part[k] += (double)(g * d); }                           \
+                RN_T v = g; if (a) { v *= a[k]; } if (m) { v *= m[k]; } dx[k] = v; }
+#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k);                                    \
+                    if (dh) { g += RN_NAME(vload)(dh + k); }                              \
+                    if (dr) { ST(dr + k, g); }                                            \
+                    if (da_part) { RN_VEC d = RN_NAME(vload)(x + k);                      \
+                                   if (m) { d *= RN_NAME(vload)(m + k); }                 \
+                                   RN_NAME(add_widened)(da_part + k, g * d); }            \
+                    RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                  \
+                    if (m) { v *= RN_NAME(vload)(m + k); } ST(dx + k, v); }
+    RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* dst_k = src_k: a row computed in scratch memory, written out (streamed when asked). */
+static void RN_NAME(copy)(RN_T *dst, const RN_T *src, Py_ssize_t n, int stream)
+{
+#define PF_(k)
+#define S_(k) { dst[k] = src[k]; }
+#define V_(k, ST) { ST(dst + k, RN_NAME(vload)(src + k)); }
+    RN_ELEMENTWISE(n, dst, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* s_k = sigmoid(g_k) = 1/(1 + exp(-g_k)) and ds_k = s_k * (1 - s_k), both from
+ * e = exp(-|g_k|) in double: nothing overflows, and ds keeps its precision where s rounds
+ * to 1 (ds = e / (1 + e)^2, not 1 - s).  ds may be NULL.  Scalar: exp has no vector form
+ * here that would give the same bits on every level. */
+static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double v = (double)g[k], e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
+        s[k] = (RN_T)(v >= 0 ? q : e * q);
+        if (ds) ds[k] = (RN_T)(e * q * q);
+    }
+}
+
 /* ---------------------------------------------------------------- partial sums */
 
 /* acc_i += part_i: folds one block's partial row into the running total (fixed order). */
