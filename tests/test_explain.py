@@ -1,5 +1,7 @@
 """Explain mode: the steps, their numbers (kernel outputs and reference intermediates),
 the agreement verdict, the CLI text, and bad input."""
+import re
+
 import numpy as np
 import pytest
 
@@ -208,13 +210,24 @@ def test_cli_negative_first_value(capsys):
     ({"x": []}, ValueError, "non-empty last axis"),
     ({"weight": [1.0, 2.0]}, ValueError, "weight must have shape (4,)"),
     ({"dy": [1.0, 2.0]}, ValueError, "dy must have shape (4,)"),
-    ({"bias": [0.0] * 4}, ValueError, "bias is not part of RMSNorm"),
+    ({"bias": [0.0] * 4}, ValueError, "bias is used only with kind 'layer'"),
+    ({"p": 0.5}, ValueError, "p is used only with kind 'add-rms' or 'dropout'"),
+    ({"residual": X}, ValueError, "residual is used only with kind 'add-rms'"),
+    ({"kind": "add-rms"}, ValueError, "kind='add-rms' needs residual"),
+    ({"kind": "add-rms", "residual": [1.0]}, ValueError, "residual must have shape (4,)"),
+    ({"kind": "add-rms", "residual": X, "dh": X}, ValueError, "dh (the gradient along the "),
+    ({"kind": "add-rms", "residual": X, "alpha": np.ones(4)}, TypeError, "alpha must be a real"),
+    ({"kind": "add-rms", "residual": X, "p": 1.5}, ValueError, "p must be in [0, 1]"),
+    ({"kind": "dropout"}, ValueError, "kind='dropout' needs p"),
+    ({"kind": "dropout", "p": 0.5, "weight": W}, ValueError, "weight is used only with kind"),
+    ({"kind": "dropout", "p": 0.5, "seed": -1}, ValueError, "seed must be in [0, 2**64)"),
+    ({"kind": "dropout", "p": 0.5, "training": 1}, TypeError, "training must be a bool"),
     ({"eps": -1.0}, ValueError, "eps must be finite and > 0"),
     ({"dtype": np.float16}, TypeError, "dtype must be float32 or float64"),
 ])
 def test_bad_input(kwargs, error, words):
     args = {"kind": "rms", "x": X, **kwargs}
-    with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(error, match=re.escape(words)):
         explain(args.pop("kind"), args.pop("x"), **args)
 
 
@@ -229,3 +242,87 @@ def test_cli_bad_input(argv, words, capsys):
         main(argv)
     assert exit_.value.code == 2
     assert words in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- add-rms, dropout
+
+RES = [0.5, -1.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_rms_numbers(dtype):
+    x, res, w, dy, dh = (np.array(v, dtype=dtype) for v in (X, RES, W, DY, [0, 1, 0, 0]))
+    e = explain("add-rms", x, residual=res, weight=w, dy=dy, dh=dh, alpha=0.5, p=0.25, seed=3)
+    assert e.names == ["x", "residual", "w", "alpha", "p", "seed", "training", "eps", "D", "k",
+                       "dy", "dh", "threshold", "u", "keep", "scale", "d", "h", "squares",
+                       "sum_sq", "ms", "rstd", "hn", "y", "g", "g_hn", "m", "gh", "dresidual",
+                       "dx", "dw"]
+    kw = dict(alpha=0.5, p=0.25, seed=3)
+    (y, h), cache = resnorm.add_rms_norm_forward(x, res, w, 1e-6, **kw)
+    dx, dres, dw, _ = resnorm.add_rms_norm_backward(dy, dh, cache)
+    for name, value in (("y", y), ("h", h), ("rstd", cache.rstd), ("dx", dx),
+                        ("dresidual", dres), ("dw", dw)):
+        np.testing.assert_array_equal(e[name].reshape(np.shape(value)), value)
+    keep = reference.dropout_mask((1, 4), 0.25, 3)
+    np.testing.assert_array_equal(e["keep"], keep)
+    np.testing.assert_array_equal(e["u"] >= np.floor(0.25 * 2**32), keep)
+    np.testing.assert_allclose(e["d"], np.float64(X) * keep / 0.75, rtol=1e-15)
+    # the gradient reaching h: along the stream (dh) plus through the norm
+    h64 = np.float64(res) + 0.5 * e["d"][0]
+    rstd = 1 / np.sqrt(np.mean(h64 ** 2) + 1e-6)
+    g = np.float64(dy) * np.float64(w)
+    hn = h64 * rstd
+    np.testing.assert_allclose(e["gh"][0], [0, 1, 0, 0] + rstd * (g - hn * np.mean(g * hn)),
+                               rtol=1e-12)
+    assert e.agree and {c.name for c in e.checks} == {
+        "y", "h", "rstd", "keep", "dx", "dresidual", "dw"}
+
+
+def test_add_rms_without_dropout_or_in_eval():
+    for kwargs in ({}, {"p": 0.5, "training": False}):
+        e = explain("add-rms", X, residual=RES, dy=DY, **kwargs)
+        assert "keep" not in e.names and "u" not in e.names and "k" not in e.names
+        np.testing.assert_array_equal(e["d"][0], X)
+        np.testing.assert_allclose(e["h"][0], np.add(X, RES))
+        assert e.step("dx").formula == "dx_i = gh_i * alpha"
+        assert e.agree
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_numbers(dtype):
+    x = np.arange(1.0, 13.0, dtype=dtype).reshape(2, 6)
+    dy = np.ones_like(x)
+    e = explain("dropout", x, dy=dy, p=0.5, seed=7)
+    y, cache = resnorm.dropout_forward(x, 0.5, seed=7, return_mask=True)
+    np.testing.assert_array_equal(e["y"], y)
+    np.testing.assert_array_equal(e["keep"], cache.mask)
+    np.testing.assert_array_equal(e["dx"], resnorm.dropout_backward(dy, cache))
+    np.testing.assert_array_equal(e["k"], np.arange(12).reshape(2, 6))
+    np.testing.assert_array_equal(e["u"].ravel(), reference.dropout_uniforms(7, 12))
+    assert e["threshold"] == 2**31 and e["scale"] == 2.0
+    assert 0 < cache.mask.sum() < 12
+    assert e.agree and e.eps is None
+
+
+def test_dropout_eval_and_extremes():
+    e = explain("dropout", X, p=0.5, training=False, dy=DY)
+    assert e.names == ["x", "p", "seed", "training", "dy", "y", "dx"]
+    np.testing.assert_array_equal(e["y"][0], X)
+    e = explain("dropout", X, p=1.0)
+    np.testing.assert_array_equal(e["y"][0], 0.0)
+    assert "threshold" not in e.names and e.agree
+
+
+def test_cli_add_rms_and_dropout(capsys):
+    assert main(["explain", "add-rms", "--x", "1,2,3,4", "--residual=-1,0,1,2", "--p", "0.25",
+                 "--seed", "3", "--alpha", "0.5", "--dy", "1,0,0,-1", "--dh", "0,1,0,0"]) == 0
+    out = capsys.readouterr().out
+    assert "Residual add + RMSNorm (Pre-Norm) (float64), 1 row of D = 4, eps = 1e-06" in out
+    for line in ("threshold = floor(0.25 * 2^32) = 1073741824",
+                 "keep_3 = [595191321 >= 1073741824] = 0",
+                 "h_i = residual_i + alpha * d_i", "gh_i = dh_i + rstd * (g_i - hn_i * m)",
+                 "dx_3 = ", "verdict: AGREE"):
+        assert line in out, line
+    assert main(["explain", "dropout", "--x", "1,2", "--p", "0.5", "--eval"]) == 0
+    out = capsys.readouterr().out
+    assert "training = False" in out and "y_1 = 2" in out

@@ -45,7 +45,9 @@ def _explain(args):
 
     try:
         e = explain(args.kind, args.x, weight=args.weight, bias=args.bias, eps=args.eps,
-                    dy=args.dy, dtype=args.dtype)
+                    dy=args.dy, dtype=args.dtype, residual=args.residual, dh=args.dh,
+                    alpha=args.alpha, p=args.p, seed=args.seed,
+                    training=False if args.eval else None)
     except (TypeError, ValueError) as err:
         args.parser.error(str(err))
     print(e.render(digits=args.digits))
@@ -101,12 +103,21 @@ def main(argv=None):
         "kernel-vs-reference verdict (exit status 1 when they disagree).",
         epilog="Values: --x 1,2,3,4 (one row) or --x '1,2;3,4' (two rows). "
         "A list starting with a minus sign needs '=': --x=-1,2,3.")
-    e.add_argument("kind", choices=["rms", "layer"])
+    e.add_argument("kind", choices=["rms", "layer", "add-rms", "dropout"])
     e.add_argument("--x", type=_values, required=True, help="input row(s)")
     e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
     e.add_argument("--bias", type=_values, help="per-channel bias b (D values; layer only)")
-    e.add_argument("--eps", type=float, help="default: rms 1e-6, layer 1e-5")
+    e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
     e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
+    e.add_argument("--residual", type=_values,
+                   help="add-rms: the residual stream (shape of x), h = residual + alpha*dropout(x)")
+    e.add_argument("--alpha", type=float, help="add-rms: residual scale (default 1)")
+    e.add_argument("--dh", type=_values, help="add-rms: gradient along the stream h (default 0)")
+    e.add_argument("--p", type=float, help="add-rms, dropout: drop probability "
+                   "(required for dropout, default 0 for add-rms)")
+    e.add_argument("--seed", type=int, help="add-rms, dropout: mask seed (default 0)")
+    e.add_argument("--eval", action="store_true",
+                   help="add-rms, dropout: eval mode (dropout is the identity)")
     e.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     e.add_argument("--digits", type=int, help="significant digits (default 8 for float32, "
                    "10 for float64)")

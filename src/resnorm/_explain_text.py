@@ -6,13 +6,18 @@ MAX_TERMS = 8
 HEAD_TERMS = 3
 
 KERNELS = {"rms": "resnorm.rms_norm_forward / rms_norm_backward",
-           "layer": "resnorm.layer_norm_forward / layer_norm_backward"}
+           "layer": "resnorm.layer_norm_forward / layer_norm_backward",
+           "add-rms": "resnorm.add_rms_norm_forward / add_rms_norm_backward, "
+                      "mask: resnorm.dropout_forward(return_mask=True)",
+           "dropout": "resnorm.dropout_forward / dropout_backward"}
 PHASES = ("input", "forward", "backward")
 
 
 def _num(v, digits):
     v = float(v)
-    return "0" if v == 0 else format(v, f".{digits}g")
+    if v.is_integer() and abs(v) < 2.0**53:     # counters, uniforms, thresholds: exact
+        return str(int(v))
+    return format(v, f".{digits}g")
 
 
 def _operand(v, digits):
@@ -85,6 +90,8 @@ class _Printer:
         elif s.per == "column":
             for i in range(self.d):
                 self.lines.append(self.instance(s, 0, i))
+        else:
+            self.lines.append(self.instance(s, 0, None))
 
     def input(self, s):
         note = f"  -- {s.note}" if s.note else ""
@@ -92,8 +99,12 @@ class _Printer:
             for r in range(self.n_rows):
                 self.lines.append(f"  {s.name} row {r} = {_vector(s.value[r], self.digits)}")
             return
-        value = (_vector(s.value, self.digits) if np.ndim(s.value) else
-                 _num(s.value, self.digits))
+        if np.ndim(s.value):
+            value = _vector(s.value, self.digits)
+        elif s.value.dtype == bool:
+            value = str(bool(s.value))
+        else:
+            value = _num(s.value, self.digits)
         self.lines.append(f"  {s.name} = {value}{note}")
 
     def checks(self):
@@ -101,7 +112,7 @@ class _Printer:
         self.lines.append("kernel vs reference (resnorm.reference, float64 NumPy)")
         for c in e.checks:
             mark = "ok" if c.agree else "DIFFERENT"
-            self.lines.append(f"  {c.name:<5} max |kernel - reference| = {c.max_abs_diff:.3g}"
+            self.lines.append(f"  {c.name:<9} max |kernel - reference| = {c.max_abs_diff:.3g}"
                               f"   (tolerance {c.tolerance:.3g})  {mark}")
         from .explain import TOLERANCE_ULPS
         self.lines.append(f"  tolerance = {TOLERANCE_ULPS} * eps({e.dtype.name}) * "
@@ -114,8 +125,8 @@ class _Printer:
         from .explain import KIND_TITLES
         e = self.e
         rows = "1 row" if self.n_rows == 1 else f"{self.n_rows} rows"
-        self.lines.append(f"{KIND_TITLES[e.kind]} ({e.dtype.name}), {rows} of D = {self.d}, "
-                          f"eps = {_num(e.eps, self.digits)}")
+        eps = "" if e.eps is None else f", eps = {_num(e.eps, self.digits)}"
+        self.lines.append(f"{KIND_TITLES[e.kind]} ({e.dtype.name}), {rows} of D = {self.d}{eps}")
         self.lines.append(f"outputs from the compiled kernels ({KERNELS[e.kind]}); "
                           "intermediates from float64 NumPy (resnorm.reference)")
         for phase in PHASES:

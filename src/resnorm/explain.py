@@ -1,10 +1,12 @@
 """Explain mode: one kernel on a small input, step by step, as data and as text.
 
 ``resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])`` runs the compiled kernels
-(forward, and backward when ``dy`` is given) and records every step of the computation:
+(forward, and backward when ``dy`` is given) and records every step of the computation.
+Kinds: "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" (h = residual + alpha *
+dropout(x), y = RMSNorm(h): the fused Pre-Norm add) and "dropout" (inverted dropout).
 
-* the outputs (y, rstd, mean, dx, dweight, dbias) are the numbers the compiled kernels
-  returned (``source == "kernel"``);
+* the outputs (y, h, rstd, mean, the keep-mask, dx, dresidual, dweight, dbias) are the
+  numbers the compiled kernels returned (``source == "kernel"``);
 * the intermediate values (squares, centred values, the row reductions of backward...)
   are computed in float64 NumPy exactly as ``resnorm.reference`` computes them, from the
   inputs and the reference's own row statistics, never from kernel outputs
@@ -15,15 +17,17 @@
 ``print(explanation)`` renders the steps element by element (``python -m resnorm explain``
 prints the same text).  The page docs/explain.md walks through an example.
 """
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import _checks, norms, reference
+from . import _checks, _explain_steps
 
-KINDS = ("rms", "layer")
-KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm"}
-DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5}   # the library's defaults for each norm
+KINDS = ("rms", "layer", "add-rms", "dropout")
+KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm",
+               "add-rms": "Residual add + RMSNorm (Pre-Norm)", "dropout": "Inverted dropout"}
+DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5, "add-rms": 1e-6}   # the library's defaults
 
 # Kernel and reference agree when every max |difference| <= TOLERANCE_ULPS * eps(dtype) *
 # max(1, max |reference value|): a few rounding errors per operation on a short row.
@@ -67,7 +71,7 @@ class Check:
 class Explanation:
     kind: str
     dtype: np.dtype
-    eps: float
+    eps: float | None           # None for dropout
     steps: tuple
     checks: tuple
 
@@ -123,6 +127,30 @@ class _Trace:
         return expr.format(**{n: self.SYMBOL[p].format(n) for n, p in self.per.items()})
 
 
+# The arguments each kind takes besides x, dy and dtype (anything else must stay None).
+ARGUMENTS = {"rms": {"weight", "eps"}, "layer": {"weight", "bias", "eps"},
+             "add-rms": {"residual", "weight", "eps", "alpha", "p", "seed", "training", "dh"},
+             "dropout": {"p", "seed", "training"}}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Checked inputs: arrays as 2-D rows (N, D) of one float dtype, scalars resolved."""
+    kind: str
+    dtype: np.dtype
+    x: np.ndarray
+    residual: np.ndarray | None
+    weight: np.ndarray | None
+    bias: np.ndarray | None
+    dy: np.ndarray | None
+    dh: np.ndarray | None
+    eps: float | None
+    alpha: float
+    p: float
+    seed: int
+    training: bool
+
+
 def _as_float(a, name, dtype):
     """a (array-like of real numbers) in the requested dtype; None stays None."""
     if a is None:
@@ -133,12 +161,16 @@ def _as_float(a, name, dtype):
     return arr.astype(dtype, copy=False)
 
 
-def _inputs(kind, x, weight, bias, dy, eps, dtype):
-    """Checked inputs as 2-D rows (N, D) of one float dtype."""
+def _inputs(kind, x, dy, dtype, given):
     if not isinstance(kind, str):
         raise TypeError(f"kind must be a str, one of {KINDS}, got {type(kind).__name__}")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    for name, value in given.items():
+        if value is not None and name not in ARGUMENTS[kind]:
+            users = [k for k in KINDS if name in ARGUMENTS[k]]
+            raise ValueError(f"{name} is used only with kind {' or '.join(map(repr, users))}, "
+                             f"not with kind={kind!r}")
     if dtype is None:
         dtype = x.dtype if isinstance(x, np.ndarray) and x.dtype.kind == "f" else np.float64
     dtype = np.dtype(dtype)
@@ -147,15 +179,36 @@ def _inputs(kind, x, weight, bias, dy, eps, dtype):
     x = _checks.float_array(_as_float(x, "x", dtype), "x")
     if x.ndim > 2:
         raise ValueError(f"x must be one row (D,) or a few rows (N, D), got shape {x.shape}")
-    if kind == "rms" and bias is not None:
-        raise ValueError("bias is not part of RMSNorm; pass bias only with kind='layer'")
-    eps = DEFAULT_EPS[kind] if eps is None else _checks.eps_value(eps)
-    rows = x.reshape(-1, x.shape[-1])
-    w, b = _as_float(weight, "weight", dtype), _as_float(bias, "bias", dtype)
-    dy = _as_float(dy, "dy", dtype)
-    if dy is not None:
-        dy = _checks.like_array(dy, "dy", x.shape, dtype).reshape(rows.shape)
-    return rows, w, b, dy, eps, dtype
+
+    def partner(a, name):
+        """An array of x's shape (residual, dy, dh), as rows."""
+        a = _as_float(a, name, dtype)
+        if a is None:
+            return None
+        return _checks.like_array(a, name, x.shape, dtype).reshape(-1, x.shape[-1])
+
+    if kind == "add-rms" and given["residual"] is None:
+        raise ValueError("kind='add-rms' needs residual (the stream x is added to)")
+    if kind == "dropout" and given["p"] is None:
+        raise ValueError("kind='dropout' needs p (the drop probability)")
+    if given["dh"] is not None and dy is None:
+        raise ValueError("dh (the gradient along the residual stream) needs dy as well")
+    alpha = 1.0 if given["alpha"] is None else given["alpha"]
+    if isinstance(alpha, (bool, np.bool_, np.ndarray)) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a real number (explain shows a fixed alpha), "
+                        f"got {type(alpha).__name__}")
+    return Inputs(
+        kind=kind, dtype=dtype, x=x.reshape(-1, x.shape[-1]),
+        residual=partner(given["residual"], "residual"),
+        weight=_as_float(given["weight"], "weight", dtype),
+        bias=_as_float(given["bias"], "bias", dtype),
+        dy=partner(dy, "dy"), dh=partner(given["dh"], "dh"),
+        eps=None if kind == "dropout" else (DEFAULT_EPS[kind] if given["eps"] is None
+                                            else _checks.eps_value(given["eps"])),
+        alpha=float(alpha),
+        p=0.0 if given["p"] is None else _checks.probability(given["p"]),
+        seed=0 if given["seed"] is None else _checks.seed_value(given["seed"]),
+        training=True if given["training"] is None else _checks.flag(given["training"], "training"))
 
 
 def _check(name, kernel_value, reference_value, dtype):
@@ -165,130 +218,31 @@ def _check(name, kernel_value, reference_value, dtype):
     return Check(name, diff, TOLERANCE_ULPS * float(np.finfo(dtype).eps) * scale)
 
 
-def _add_inputs(t, x, w, b, dy, eps):
-    t.add("x", x, "element", "input", "input")
-    if w is not None:
-        t.add("w", w, "column", "input", "input", note="weight")
-    if b is not None:
-        t.add("b", b, "column", "input", "input", note="bias")
-    t.add("eps", eps, "scalar", "input", "input")
-    t.add("D", x.shape[1], "scalar", "input", "input", note="row length")
-    if dy is not None:
-        t.add("dy", dy, "element", "input", "input", note="gradient arriving at y")
+def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, residual=None,
+            dh=None, alpha=None, p=None, seed=None, training=None):
+    """Runs one kernel on a small input and returns every step of its computation.
 
-
-def _explain_rms(t, x, w, dy, eps, dtype):
-    x64 = x.astype(np.float64)
-    y, cache = norms.rms_norm_forward(x, w, eps)
-    y_ref, rstd_ref = reference.rms_norm_forward(x, w, eps)
-    checks = [_check("y", y, y_ref, dtype), _check("rstd", cache.rstd, rstd_ref, dtype)]
-
-    squares = x64 * x64
-    sum_sq = squares.sum(axis=1)
-    xn = x64 * rstd_ref[:, None]
-    t.add("squares", squares, "element", "reference", "forward", "{x}^2")
-    t.add("sum_sq", sum_sq, "row", "reference", "forward", "{squares}", "sum",
-          note="the one row reduction (the kernel accumulates it in double)")
-    t.add("ms", sum_sq / x.shape[1], "row", "reference", "forward", "{sum_sq} / {D}",
-          note="mean square")
-    t.add("rstd", cache.rstd, "row", "kernel", "forward", "1 / sqrt({ms} + {eps})",
-          note="cached for backward (float64)")
-    t.add("xn", xn, "element", "reference", "forward", "{x} * {rstd}",
-          note="the normalised row: root mean square 1")
-    t.add("y", y, "element", "kernel", "forward",
-          "{x} * {rstd}" if w is None else "{x} * {rstd} * {w}")
-    if dy is None:
-        return checks
-
-    dx, dw = norms.rms_norm_backward(dy, cache)
-    dx_ref, dw_ref = reference.rms_norm_backward(dy, x, w, rstd_ref)
-    checks.append(_check("dx", dx, dx_ref, dtype))
-    dy64 = dy.astype(np.float64)
-    g = dy64 if w is None else dy64 * w
-    t.add("g", g, "element", "reference", "backward", "{dy}" if w is None else "{dy} * {w}",
-          note="the gradient reaching xn")
-    t.add("g_xn", g * xn, "element", "reference", "backward", "{g} * {xn}")
-    m = (g * xn).mean(axis=1)
-    t.add("m", m, "row", "reference", "backward", "{g_xn}", "mean",
-          note="the one row reduction of backward")
-    t.add("dx", dx, "element", "kernel", "backward", "{rstd} * ({g} - {xn} * {m})")
-    if w is not None:
-        checks.append(_check("dw", dw, dw_ref, dtype))
-        t.add("dw", dw, "column", "kernel", "backward", "{dy} * {xn}", "sum",
-              note="summed over rows in fixed row blocks")
-    return checks
-
-
-def _explain_layer(t, x, w, b, dy, eps, dtype):
-    x64 = x.astype(np.float64)
-    d = x.shape[1]
-    y, cache = norms.layer_norm_forward(x, w, b, eps)
-    y_ref, mean_ref, rstd_ref = reference.layer_norm_forward(x, w, b, eps)
-    checks = [_check("y", y, y_ref, dtype), _check("mean", cache.mean, mean_ref, dtype),
-              _check("rstd", cache.rstd, rstd_ref, dtype)]
-
-    t.add("sum_x", x64.sum(axis=1), "row", "reference", "forward", "{x}", "sum",
-          note="reduction 1")
-    t.add("mean", cache.mean, "row", "kernel", "forward", "{sum_x} / {D}",
-          note="cached for backward (float64)")
-    centred = x64 - mean_ref[:, None]
-    t.add("centred", centred, "element", "reference", "forward", "{x} - {mean}")
-    t.add("sq_dev", centred * centred, "element", "reference", "forward", "{centred}^2")
-    var = (centred * centred).mean(axis=1)
-    t.add("var", var, "row", "reference", "forward", "{sq_dev}", "mean",
-          note="reduction 2: biased variance (divide by D), two-pass")
-    t.add("rstd", cache.rstd, "row", "kernel", "forward", "1 / sqrt({var} + {eps})",
-          note="cached for backward (float64)")
-    xhat = centred * rstd_ref[:, None]
-    t.add("xhat", xhat, "element", "reference", "forward", "{centred} * {rstd}",
-          note="mean 0, variance 1 (up to eps)")
-    expr = "{xhat}" + ("" if w is None else " * {w}") + ("" if b is None else " + {b}")
-    t.add("y", y, "element", "kernel", "forward", expr)
-    if dy is None:
-        return checks
-
-    dx, dw, db = norms.layer_norm_backward(dy, cache)
-    dx_ref, dw_ref, db_ref = reference.layer_norm_backward(dy, x, w, mean_ref, rstd_ref)
-    checks.append(_check("dx", dx, dx_ref, dtype))
-    dy64 = dy.astype(np.float64)
-    g = dy64 if w is None else dy64 * w
-    t.add("g", g, "element", "reference", "backward", "{dy}" if w is None else "{dy} * {w}",
-          note="the gradient reaching xhat")
-    t.add("mean_g", g.mean(axis=1), "row", "reference", "backward", "{g}", "mean",
-          note="backward reduction 1")
-    t.add("g_xhat", g * xhat, "element", "reference", "backward", "{g} * {xhat}")
-    t.add("mean_g_xhat", (g * xhat).mean(axis=1), "row", "reference", "backward", "{g_xhat}",
-          "mean", note="backward reduction 2 (computed in the same pass as reduction 1)")
-    t.add("dx", dx, "element", "kernel", "backward",
-          "{rstd} * ({g} - {mean_g} - {xhat} * {mean_g_xhat})")
-    if w is not None:
-        checks.append(_check("dw", dw, dw_ref, dtype))
-        t.add("dw", dw, "column", "kernel", "backward", "{dy} * {xhat}", "sum")
-    if b is not None:
-        checks.append(_check("db", db, db_ref, dtype))
-        t.add("db", db, "column", "kernel", "backward", "{dy}", "sum")
-    return checks
-
-
-def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None):
-    """Runs one norm's compiled kernels on a small input and returns every step.
-
-    kind: "rms" (RMSNorm) or "layer" (LayerNorm).  x: one row (D,) or a few rows (N, D)
-    of real numbers.  weight, bias: (D,) or None (bias only for "layer").  eps: None for
-    the library default (rms 1e-6, layer 1e-5).  dy: gradient of y (same shape as x) to
-    also explain backward.  dtype: float32 or float64 (None: x's float dtype, else float64);
-    every input is converted to it.
+    kind: "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" (h = residual + alpha *
+    dropout(x), y = RMSNorm(h): the fused Pre-Norm add) or "dropout" (inverted dropout).
+    x: one row (D,) or a few rows (N, D) of real numbers.  weight, bias: (D,) or None
+    (bias only for "layer"; neither for "dropout").  eps: None for the library default
+    (1e-6 for RMSNorm, 1e-5 for LayerNorm).  dy: gradient of y (x's shape) to explain
+    backward too.  dtype: float32 or float64 (None: x's float dtype, else float64); every
+    input is converted to it.
+    add-rms only: residual (x's shape, required), alpha (a real number, default 1), dh (the
+    gradient arriving along the stream h; None: 0).  add-rms and dropout: p (drop
+    probability; required for "dropout", default 0 for "add-rms"), seed (default 0),
+    training (default True; False: dropout is the identity).
 
     Returns an Explanation: ``.steps`` (named values: inputs, reference intermediates,
     kernel outputs), ``.checks`` (kernel vs resnorm.reference, max |difference|) and
     ``.agree``; ``e["rstd"]`` gives a step's value; ``print(e)`` renders it.  Values are
     per row: an (N, D) array per element, (N,) per row statistic, even for one row.
     """
-    rows, w, b, dy, eps, dtype = _inputs(kind, x, weight, bias, dy, eps, dtype)
+    given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
+             "alpha": alpha, "p": p, "seed": seed, "training": training}
+    inp = _inputs(kind, x, dy, dtype, given)
     t = _Trace()
-    _add_inputs(t, rows, w, b, dy, eps)
-    if kind == "rms":
-        checks = _explain_rms(t, rows, w, dy, eps, dtype)
-    else:
-        checks = _explain_layer(t, rows, w, b, dy, eps, dtype)
-    return Explanation(kind, dtype, eps, tuple(t.steps), tuple(checks))
+    comparisons = _explain_steps.BUILDERS[kind](t, inp)
+    checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in comparisons)
+    return Explanation(kind, inp.dtype, inp.eps, tuple(t.steps), checks)
