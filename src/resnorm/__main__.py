@@ -110,7 +110,7 @@ def main(argv=None):
     e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
     e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
     e.add_argument("--residual", type=_values,
-                   help="add-rms: the residual stream (shape of x), h = residual + alpha*dropout(x)")
+                   help="add-rms: the stream (shape of x); h = residual + alpha*dropout(x)")
     e.add_argument("--alpha", type=float, help="add-rms: residual scale (default 1)")
     e.add_argument("--dh", type=_values, help="add-rms: gradient along the stream h (default 0)")
     e.add_argument("--p", type=float, help="add-rms, dropout: drop probability "

@@ -113,6 +113,7 @@ class _Trace:
         self.per = {}
 
     def add(self, name, value, per, source, phase, expr="", reduce="", note=""):
+        assert name not in self.per, f"step {name!r} recorded twice"
         self.per[name] = per
         rhs = self.symbolic(expr)
         if reduce:

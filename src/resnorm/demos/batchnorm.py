@@ -92,7 +92,8 @@ def run(size="full", seed=0):
                 + [num(single[w]) for w in NORMS])
     res = DemoResult("batchnorm", "Batch statistics vs per-token statistics", size, seed)
     res.tables.append((
-        f"Largest absolute change of sequence A's {la} normalised tokens (D = {d}) between two batches; "
+        f"Largest absolute change of sequence A's {la} normalised tokens (D = {d}) "
+        f"between two batches; "
         f"last row: the output size for a single token in a batch of one.",
         markdown_table(["scenario"] + list(NORMS), rows)))
     per_token_same = all(changes[l][w][1] for l in changes for w in ("LayerNorm", "RMSNorm"))

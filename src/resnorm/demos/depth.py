@@ -61,7 +61,8 @@ def run(size="full", seed=0):
             + [f"{factors[name]:.3f}", f"{round(exponents[name], 2) + 0.0:.2f}"]
             for name, v in stacks.items()]
     headers = (["stack"] + [f"layer {l}" for l in layers]
-               + ["factor per layer (geometric mean)", f"k: norm ~ l^k fitted on l={fit_from}..{depth}"])
+               + ["factor per layer (geometric mean)",
+                  f"k: norm ~ l^k fitted on l={fit_from}..{depth}"])
 
     res = DemoResult("depth", f"Activation norm through {depth} layers", size, seed)
     res.tables.append((f"Frobenius norm of the activations ({n} tokens x {d} features) "

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from .. import norms
+from .. import bench, norms
 from ..bench import time_interleaved
 from ._common import DemoResult, markdown_table, num
 
@@ -32,30 +32,24 @@ def _same_input(rng, d=8, rows=4):
     x = rng.standard_normal((rows, d))
     centred = x - x.mean(axis=1, keepdims=True)
     out = []
-    for label, inp in (("rows with mean 0", centred),
-                       (f"the same rows + {ROW_SHIFT:g} (mean {ROW_SHIFT:g})", centred + ROW_SHIFT)):
-        diff = np.max(np.abs(norms.layer_norm(inp, None, None, EPS) - norms.rms_norm(inp, None, EPS)))
+    shifted = (f"the same rows + {ROW_SHIFT:g} (mean {ROW_SHIFT:g})", centred + ROW_SHIFT)
+    for label, inp in (("rows with mean 0", centred), shifted):
+        layer, rms = norms.layer_norm(inp, None, None, EPS), norms.rms_norm(inp, None, EPS)
+        diff = np.max(np.abs(layer - rms))
         out.append((label, float(diff)))
     return out
 
 
-def _time_case(rng, shape, threads, repeats):
-    n, d = shape
-    x = rng.standard_normal(shape).astype(DTYPE)
-    dy = rng.standard_normal(shape).astype(DTYPE)
-    w = (1 + 0.1 * rng.standard_normal(d)).astype(DTYPE)
-    b = (0.1 * rng.standard_normal(d)).astype(DTYPE)
-    out = np.empty_like(x)
-    _, rms_cache = norms.rms_norm_forward(x, w, EPS)
-    _, ln_cache = norms.layer_norm_forward(x, w, b, EPS)
-    forward = time_interleaved(
-        [lambda: norms.rms_norm(x, w, EPS, out=out, n_threads=threads),
-         lambda: norms.layer_norm(x, w, b, EPS, out=out, n_threads=threads)], repeats)
-    backward = time_interleaved(
-        [lambda: norms.rms_norm_backward(dy, rms_cache, out=out, n_threads=threads),
-         lambda: norms.layer_norm_backward(dy, ln_cache, out=out, n_threads=threads)], repeats)
-    return {"forward": forward, "backward": backward,
-            "bytes": {"forward": 2 * x.nbytes, "backward": 3 * x.nbytes}}
+def _time_case(shape, threads, repeats):
+    """Both kernels, forward and backward, set up exactly as `python -m resnorm bench` sets
+    them up (the same input for both norms, preallocated outputs)."""
+    cases = {op: bench._setup(op, shape, DTYPE, threads, None) for op in bench.OPS}
+    result = {"bytes": {}}
+    for pass_, (rms_op, ln_op) in (("forward", ("rms_norm", "layer_norm")),
+                                   ("backward", ("rms_norm_backward", "layer_norm_backward"))):
+        result[pass_] = time_interleaved([cases[rms_op][0], cases[ln_op][0]], repeats)
+        result["bytes"][pass_] = (cases[rms_op][4], cases[ln_op][4])    # minimum traffic
+    return result
 
 
 def run(size="full", seed=0):
@@ -71,19 +65,19 @@ def run(size="full", seed=0):
     for shape in cfg["shapes"]:
         size_class = "large" if shape[0] * shape[1] >= 1 << 20 else "small"
         for threads in cfg["threads"]:
-            t = _time_case(rng, shape, threads, cfg["repeats"][size_class])
+            t = _time_case(shape, threads, cfg["repeats"][size_class])
             timings.append((shape, threads, t))
             for pass_ in ("forward", "backward"):
                 t_rms, t_ln = t[pass_]
+                bytes_rms, bytes_ln = t["bytes"][pass_]
                 ratios[pass_].append(t_ln / t_rms)
-                gbps = lambda s: t["bytes"][pass_] / s / 1e9
                 rows.append([f"{shape[0]}x{shape[1]}", threads, pass_,
-                             num(t_rms * 1e6), num(t_ln * 1e6),
-                             num(gbps(t_rms)), num(gbps(t_ln)), f"{t_ln / t_rms:.3f}"])
+                             num(t_rms * 1e6), num(t_ln * 1e6), num(bytes_rms / t_rms / 1e9),
+                             num(bytes_ln / t_ln / 1e9), f"{t_ln / t_rms:.3f}"])
     res.tables.append((
         f"Median time of the compiled kernels, {np.dtype(DTYPE).name}, interleaved repeats "
         f"({os.cpu_count()} cores, shared machine: expect noise). GB/s counts each array "
-        f"read or written once (the same bytes for both norms).",
+        f"read or written once (as python -m resnorm bench does).",
         markdown_table(["shape", "threads", "pass", "RMSNorm us", "LayerNorm us",
                         "RMSNorm GB/s", "LayerNorm GB/s", "LayerNorm / RMSNorm"], rows)))
 
