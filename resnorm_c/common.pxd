@@ -18,6 +18,13 @@ cdef extern from *:
     int omp_get_max_threads() noexcept nogil
 
 cdef extern from "cpu.h" nogil:
+    ctypedef struct rn_dropout:
+        # element k kept when its Philox uniform >= threshold; kept values times scale
+        bint on
+        uint64_t seed
+        uint32_t threshold
+        double scale
+
     ctypedef struct rn_ops_f32:
         double (*sum)(const float *, Py_ssize_t) noexcept nogil
         double (*sumsq)(const float *, Py_ssize_t) noexcept nogil
@@ -26,9 +33,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const float *, const float *, const float *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(float *, const float *, const float *, double, Py_ssize_t,
+        void (*rms_apply)(float *, float *, const float *, const float *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(float *, const float *, const float *, const float *, double, double,
+        void (*ln_apply)(float *, float *, const float *, const float *, const float *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(float *, double *, const float *, const float *, const float *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -43,6 +50,9 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
                              const float *, const float *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_reduce)(float *, float *, const float *, const float *, const float *,
+                                      const rn_dropout *, uint64_t, Py_ssize_t,
+                                      int) noexcept nogil
         void (*copy)(float *, const float *, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
@@ -56,9 +66,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const double *, const double *, const double *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(double *, const double *, const double *, double, Py_ssize_t,
+        void (*rms_apply)(double *, double *, const double *, const double *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(double *, const double *, const double *, const double *, double, double,
+        void (*ln_apply)(double *, double *, const double *, const double *, const double *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(double *, double *, const double *, const double *, const double *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -73,6 +83,9 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
                              const double *, const double *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_reduce)(double *, double *, const double *, const double *, const double *,
+                                      const rn_dropout *, uint64_t, Py_ssize_t,
+                                      int) noexcept nogil
         void (*copy)(double *, const double *, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
@@ -123,17 +136,35 @@ cdef inline void row_ln_bwd_sums(double *sum_g, double *sum_gxhat, const floatin
 cdef inline void row_rms_apply(floating *y, const floating *x, const floating *w, double rstd,
                                Py_ssize_t n, bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.rms_apply(y, x, w, rstd, n, stream)
+        RN_F32.rms_apply(y, NULL, x, w, rstd, n, stream)
     else:
-        RN_F64.rms_apply(y, x, w, rstd, n, stream)
+        RN_F64.rms_apply(y, NULL, x, w, rstd, n, stream)
+
+cdef inline void row_rms_apply_copy(floating *y, floating *copy, const floating *x,
+                                    const floating *w, double rstd, Py_ssize_t n,
+                                    bint stream) noexcept nogil:
+    """row_rms_apply that also writes x itself to copy, in the same pass."""
+    if floating is float:
+        RN_F32.rms_apply(y, copy, x, w, rstd, n, stream)
+    else:
+        RN_F64.rms_apply(y, copy, x, w, rstd, n, stream)
 
 cdef inline void row_ln_apply(floating *y, const floating *x, const floating *w,
                               const floating *b, double mean, double rstd, Py_ssize_t n,
                               bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.ln_apply(y, x, w, b, mean, rstd, n, stream)
+        RN_F32.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
     else:
-        RN_F64.ln_apply(y, x, w, b, mean, rstd, n, stream)
+        RN_F64.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
+
+cdef inline void row_ln_apply_copy(floating *y, floating *copy, const floating *x,
+                                   const floating *w, const floating *b, double mean,
+                                   double rstd, Py_ssize_t n, bint stream) noexcept nogil:
+    """row_ln_apply that also writes x itself to copy, in the same pass."""
+    if floating is float:
+        RN_F32.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
+    else:
+        RN_F64.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
 
 cdef inline void row_rms_bwd_apply(floating *dx, double *dw_part, const floating *dy,
                                    const floating *x, const floating *w, double rstd, double m,
@@ -192,6 +223,15 @@ cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
         RN_F32.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
     else:
         RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
+
+cdef inline double row_residual_add_reduce(floating *h, floating *m, const floating *r,
+                                           const floating *x, const floating *a,
+                                           const rn_dropout *dp, uint64_t start, Py_ssize_t n,
+                                           bint squares) noexcept nogil:
+    if floating is float:
+        return RN_F32.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
+    else:
+        return RN_F64.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
 
 cdef inline void row_copy(floating *dst, const floating *src, Py_ssize_t n,
                           bint stream) noexcept nogil:

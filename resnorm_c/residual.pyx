@@ -21,11 +21,11 @@ from libc.math cimport sqrt
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_sum,
-                     row_sumsq, row_sumsqdev, row_rms_apply, row_ln_apply, row_rms_bwd_dot,
+from common cimport (floating, rn_dropout, rn_cpu_init, opt_ptr, row_blocks, sum_partials,
+                     row_sumsqdev, row_rms_apply_copy, row_ln_apply_copy, row_rms_bwd_dot,
                      row_rms_bwd_apply, row_ln_bwd_sums, row_ln_bwd_apply, row_dropout_mult,
-                     row_residual_add, row_residual_bwd, row_copy, row_sigmoid, span_uniforms,
-                     span_keep)
+                     row_residual_add, row_residual_add_reduce, row_residual_bwd, row_sigmoid,
+                     span_uniforms, span_keep)
 
 rn_cpu_init()
 
@@ -34,23 +34,19 @@ cdef enum:
     DROPOUT_CHUNK = 8192
 
 
-cdef struct Dropout:
-    # on = 0: no dropout (multipliers of 1).  Else element k is kept when its Philox
-    # uniform is >= threshold, and kept values are multiplied by scale = 1/(1-p).
-    bint on
-    uint64_t seed
-    uint32_t threshold
-    double scale
-
-
-cdef inline const floating *row_mult(floating *m, Dropout dp, Py_ssize_t row,
+cdef inline const floating *row_mult(floating *m, const rn_dropout *dp, Py_ssize_t row,
                                      Py_ssize_t d) noexcept nogil:
     """The dropout multipliers of row `row` (flat elements row*d ..), written into m;
-    NULL when dropout is off."""
-    if not dp.on:
+    NULL when there is no dropout (dp NULL)."""
+    if dp == NULL:
         return NULL
     row_dropout_mult(m, dp.seed, <uint64_t>row * <uint64_t>d, d, dp.threshold, dp.scale)
     return m
+
+
+cdef inline const rn_dropout *active(const rn_dropout *dp) noexcept nogil:
+    """dp when it drops anything, else NULL (what the row primitives take)."""
+    return dp if dp.on else NULL
 
 
 def thread_rows(dtype, int n_threads, Py_ssize_t width):
@@ -61,7 +57,7 @@ def thread_rows(dtype, int n_threads, Py_ssize_t width):
 
 # --------------------------------------------------------------------------- dropout
 
-def dropout_forward(floating[::1] out, const floating[::1] x, Dropout dropout, int n_threads,
+def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout, int n_threads,
                     bint stream=False):
     """y := x * m,  m_k = scale if uniform(seed, k) >= threshold else 0  (flat index k).
 
@@ -82,7 +78,7 @@ def dropout_forward(floating[::1] out, const floating[::1] x, Dropout dropout, i
             row_residual_add(&out[k0], NULL, &x[k0], NULL, m, length, stream)
 
 
-def dropout_mask(uint8_t[::1] keep, Dropout dropout, int n_threads):
+def dropout_mask(uint8_t[::1] keep, rn_dropout dropout, int n_threads):
     """keep[k] := uniform(seed, k) >= threshold: the keep-mask dropout applies (bool bytes)."""
     cdef Py_ssize_t n = keep.shape[0], n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK
     cdef Py_ssize_t c, k0
@@ -105,7 +101,7 @@ def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):
 def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rstd,
                          const floating[:, ::1] x, const floating[:, ::1] residual,
                          const floating[::1] weight, const floating[::1] alpha, double eps,
-                         Dropout dropout, int n_threads, bint stream=False):
+                         rn_dropout dropout, int n_threads, bint stream=False):
     """h := residual + alpha * dropout(x);  y := h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
 
     Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
@@ -118,24 +114,26 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, n_threads, 2 * d)
+    cdef const rn_dropout *dp = active(&dropout)
     cdef floating *hs
+    cdef floating *hp
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            # hs: this row of h, assembled in cache; the multipliers go right after it
+            # hs: this row of h, assembled in cache (with its dropout multipliers after it);
+            # one reduction on the way, then y and h leave in one pass
             hs = &scratch[threadid(), 0]
-            row_residual_add(hs, &residual[i, 0], &x[i, 0], a, row_mult(hs + d, dropout, i, d),
-                             d, False)
-            rstd[i] = 1.0 / sqrt(row_sumsq(hs, d) / d + eps)
-            row_rms_apply(&y[i, 0], hs, w, rstd[i], d, stream)
-            if pre:
-                row_copy(&h[i, 0], hs, d, stream)
+            rstd[i] = 1.0 / sqrt(row_residual_add_reduce(hs, hs + d, &residual[i, 0], &x[i, 0],
+                                                         a, dp, <uint64_t>i * d, d, True) / d
+                                 + eps)
+            hp = &h[i, 0] if pre else NULL
+            row_rms_apply_copy(&y[i, 0], hp, hs, w, rstd[i], d, stream)
 
 
 def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                            double[::1] rstd, const floating[:, ::1] x,
                            const floating[:, ::1] residual, const floating[::1] weight,
                            const floating[::1] bias, const floating[::1] alpha, double eps,
-                           Dropout dropout, int n_threads, bint stream=False):
+                           rn_dropout dropout, int n_threads, bint stream=False):
     """h := residual + alpha * dropout(x);  y := (h - mean) * rstd * w + b (two-pass stats).
 
     Pre-Norm when h is given, Post-Norm when h is None.  weight, bias, alpha may be None.
@@ -148,18 +146,19 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     cdef bint pre = h is not None
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, n_threads, 2 * d)
+    cdef const rn_dropout *dp = active(&dropout)
     cdef floating *hs
+    cdef floating *hp
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
             hs = &scratch[threadid(), 0]
-            row_residual_add(hs, &residual[i, 0], &x[i, 0], a, row_mult(hs + d, dropout, i, d),
-                             d, False)
-            # the two LayerNorm reductions, on the cached row
-            mean[i] = row_sum(hs, d) / d
+            # the two LayerNorm reductions: the mean on the way in, then the mean squared
+            # deviation on the cached row
+            mean[i] = row_residual_add_reduce(hs, hs + d, &residual[i, 0], &x[i, 0], a, dp,
+                                              <uint64_t>i * d, d, False) / d
             rstd[i] = 1.0 / sqrt(row_sumsqdev(hs, d, mean[i]) / d + eps)
-            row_ln_apply(&y[i, 0], hs, w, b, mean[i], rstd[i], d, stream)
-            if pre:
-                row_copy(&h[i, 0], hs, d, stream)
+            hp = &h[i, 0] if pre else NULL
+            row_ln_apply_copy(&y[i, 0], hp, hs, w, b, mean[i], rstd[i], d, stream)
 
 
 def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
@@ -167,7 +166,7 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                           const floating[:, ::1] dy, const floating[:, ::1] dh,
                           const floating[:, ::1] h, const floating[:, ::1] x,
                           const floating[:, ::1] residual, const floating[::1] weight,
-                          const floating[::1] alpha, const double[::1] rstd, Dropout dropout,
+                          const floating[::1] alpha, const double[::1] rstd, rn_dropout dropout,
                           int n_threads, bint stream=False):
     """gh := dh + rstd * (g - hn * mean(g*hn)),  g = dy*w,  hn = h*rstd   (gradient reaching h)
     dresidual := gh;  dx := gh * alpha * m;  dweight := sum_rows dy*hn;
@@ -188,6 +187,7 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, n_threads, 2 * d)
+    cdef const rn_dropout *dp = active(&dropout)
     cdef floating *gs
     cdef const floating *hp
     cdef const floating *mp
@@ -208,12 +208,15 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 apart = &da_part[blk, 0]
                 memset(apart, 0, d * sizeof(double))
             for i in range(blk * n // nb, (blk + 1) * n // nb):
-                mp = row_mult(gs + d, dropout, i, d)
                 if pre:
                     hp = &h[i, 0]
+                    mp = row_mult(gs + d, dp, i, d)
                 else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, mp, d, False)
+                    # recompute this row of h (and its multipliers) in scratch
+                    row_residual_add_reduce(gs, gs + d, &residual[i, 0], &x[i, 0], a, dp,
+                                            <uint64_t>i * d, d, True)
                     hp = gs
+                    mp = gs + d if dp != NULL else NULL
                 dhp = &dh[i, 0] if has_dh else NULL
                 xp = &x[i, 0] if has_da else NULL
                 # the norm backward (one reduction) leaves the gradient reaching h in gs
@@ -234,7 +237,7 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                             const floating[:, ::1] h, const floating[:, ::1] x,
                             const floating[:, ::1] residual, const floating[::1] weight,
                             const floating[::1] alpha, const double[::1] mean,
-                            const double[::1] rstd, Dropout dropout, int n_threads,
+                            const double[::1] rstd, rn_dropout dropout, int n_threads,
                             bint stream=False):
     """gh := dh + rstd * (g - mean(g) - hhat * mean(g*hhat)),  g = dy*w,  hhat = (h-mean)*rstd
     dresidual := gh;  dx := gh * alpha * m;  dweight := sum_rows dy*hhat;  dbias := sum_rows dy;
@@ -255,6 +258,7 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, n_threads, 2 * d)
+    cdef const rn_dropout *dp = active(&dropout)
     cdef floating *gs
     cdef const floating *hp
     cdef const floating *mp
@@ -280,12 +284,15 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 apart = &da_part[blk, 0]
                 memset(apart, 0, d * sizeof(double))
             for i in range(blk * n // nb, (blk + 1) * n // nb):
-                mp = row_mult(gs + d, dropout, i, d)
                 if pre:
                     hp = &h[i, 0]
+                    mp = row_mult(gs + d, dp, i, d)
                 else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, mp, d, False)
+                    # recompute this row of h (and its multipliers) in scratch
+                    row_residual_add_reduce(gs, gs + d, &residual[i, 0], &x[i, 0], a, dp,
+                                            <uint64_t>i * d, d, True)
                     hp = gs
+                    mp = gs + d if dp != NULL else NULL
                 dhp = &dh[i, 0] if has_dh else NULL
                 xp = &x[i, 0] if has_da else NULL
                 # two reductions in one pass; assigned here so that they are thread-private

@@ -248,6 +248,13 @@ def sigmoid(g):
     return np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
+def sigmoid_grad(g):
+    """s * (1 - s), s = sigmoid(g), written as e / (1 + e)^2 with e = exp(-|g|): it keeps its
+    precision where s rounds to 1 (1 - s would be 0 for g > 37)."""
+    e = np.exp(-np.abs(_f64(g)))
+    return e / (1.0 + e) ** 2
+
+
 def gated_residual_forward(x, F, g):
     """h = x + sigmoid(g) * F  (g of F's shape, or a (D,) per-channel vector)."""
     return _f64(x) + sigmoid(g) * _f64(F)
@@ -257,7 +264,7 @@ def gated_residual_backward(dh, F, g):
     """dx = dh;  dF = s * dh;  dg = dh * F * s * (1 - s), s = sigmoid(g), summed over rows
     when g is per channel.  Returns (dx, dF, dg)."""
     dh, F, s = _f64(dh), _f64(F), sigmoid(g)
-    dg = dh * F * s * (1.0 - s)
+    dg = dh * F * sigmoid_grad(g)
     if np.shape(g) != dh.shape:
         dg = dg.reshape(-1, dg.shape[-1]).sum(axis=0)
     return dh.copy(), s * dh, dg
