@@ -2,6 +2,7 @@
 from . import reference
 from ._runtime import build_flags, openmp_enabled, simd_level
 from ._runtime import get_max_threads as get_num_threads
+from .explain import explain
 from .inverted_dropout import DropoutCache, dropout, dropout_backward, dropout_forward
 from .norms import (
     LayerNormCache,
@@ -62,6 +63,7 @@ __all__ = [
     "dropout",
     "dropout_backward",
     "dropout_forward",
+    "explain",
     "gated_residual",
     "gated_residual_backward",
     "gated_residual_forward",
