@@ -1,5 +1,7 @@
 """resnorm.torch autograd Functions: gradients, agreement with torch, no copies, errors."""
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -280,3 +282,9 @@ def test_non_cpu_tensor_raises_type_error():
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_core_never_imports_torch():
+    code = ("import sys, resnorm, resnorm.norms, resnorm.reference, resnorm.bench, "
+            "resnorm.__main__; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
