@@ -71,11 +71,14 @@ def _prepare(x, params, eps, out, n_threads, training):
     params = [_vector(_checks.optional_param(p, name, d, x.dtype)) for name, p in params]
     eps = _checks.eps_value(eps)
     n_threads = _checks.n_threads_value(n_threads)
-    if training and out is not None and np.may_share_memory(out, x):
-        raise ValueError("out must not be x in the training form: backward needs x")
+    inputs = {"x": x, **dict(zip(("weight", "bias"), params))}
+    if training and out is not None:
+        for name, a in inputs.items():
+            if a is not None and np.may_share_memory(out, a):
+                raise ValueError(f"out must not share memory with {name} in the training form: "
+                                 "the cache keeps the inputs for backward")
     rows = _rows(x)
-    names = ("weight", "bias")
-    out_rows = _output_rows(out, rows, x.shape, {"x": x, **dict(zip(names, params))})
+    out_rows = _output_rows(out, rows, x.shape, inputs)
     return (x, rows, params, eps, out_rows, threads_for(n_threads, rows.size),
             streams(out_rows.nbytes))
 
