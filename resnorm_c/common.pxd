@@ -1,5 +1,8 @@
-# Shared Cython declarations: the OpenMP stub and the fused row primitives of cpu.h.
+# Shared Cython declarations: the OpenMP stub, the fused row primitives of cpu.h, and the
+# fixed row blocks through which every reduction over rows goes.
 from cython cimport floating
+from cython.parallel cimport prange
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 cdef extern from *:
     """
@@ -15,6 +18,13 @@ cdef extern from *:
     int omp_get_max_threads() noexcept nogil
 
 cdef extern from "cpu.h" nogil:
+    ctypedef struct rn_dropout:
+        # element k kept when its Philox uniform >= threshold; kept values times scale
+        bint on
+        uint64_t seed
+        uint32_t threshold
+        double scale
+
     ctypedef struct rn_ops_f32:
         double (*sum)(const float *, Py_ssize_t) noexcept nogil
         double (*sumsq)(const float *, Py_ssize_t) noexcept nogil
@@ -23,9 +33,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const float *, const float *, const float *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(float *, const float *, const float *, double, Py_ssize_t,
+        void (*rms_apply)(float *, float *, const float *, const float *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(float *, const float *, const float *, const float *, double, double,
+        void (*ln_apply)(float *, float *, const float *, const float *, const float *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(float *, double *, const float *, const float *, const float *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -34,6 +44,19 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(float *, const double *, Py_ssize_t) noexcept nogil
+        void (*dropout_mult)(float *, uint64_t, uint64_t, Py_ssize_t, uint32_t,
+                             double) noexcept nogil
+        void (*residual_add)(float *, const float *, const float *, const float *, const float *,
+                             Py_ssize_t, int) noexcept nogil
+        void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
+                             const float *, const float *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_reduce)(float *, float *, const float *, const float *, const float *,
+                                      const rn_dropout *, uint64_t, Py_ssize_t,
+                                      int) noexcept nogil
+        void (*copy)(float *, const float *, Py_ssize_t, int) noexcept nogil
+        void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
+        void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
+        void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
 
     ctypedef struct rn_ops_f64:
         double (*sum)(const double *, Py_ssize_t) noexcept nogil
@@ -43,9 +66,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const double *, const double *, const double *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(double *, const double *, const double *, double, Py_ssize_t,
+        void (*rms_apply)(double *, double *, const double *, const double *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(double *, const double *, const double *, const double *, double, double,
+        void (*ln_apply)(double *, double *, const double *, const double *, const double *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(double *, double *, const double *, const double *, const double *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -54,6 +77,19 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(double *, const double *, Py_ssize_t) noexcept nogil
+        void (*dropout_mult)(double *, uint64_t, uint64_t, Py_ssize_t, uint32_t,
+                             double) noexcept nogil
+        void (*residual_add)(double *, const double *, const double *, const double *, const double *,
+                             Py_ssize_t, int) noexcept nogil
+        void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
+                             const double *, const double *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_reduce)(double *, double *, const double *, const double *, const double *,
+                                      const rn_dropout *, uint64_t, Py_ssize_t,
+                                      int) noexcept nogil
+        void (*copy)(double *, const double *, Py_ssize_t, int) noexcept nogil
+        void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
+        void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
+        void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
 
     rn_ops_f32 RN_F32
     rn_ops_f64 RN_F64
@@ -100,17 +136,35 @@ cdef inline void row_ln_bwd_sums(double *sum_g, double *sum_gxhat, const floatin
 cdef inline void row_rms_apply(floating *y, const floating *x, const floating *w, double rstd,
                                Py_ssize_t n, bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.rms_apply(y, x, w, rstd, n, stream)
+        RN_F32.rms_apply(y, NULL, x, w, rstd, n, stream)
     else:
-        RN_F64.rms_apply(y, x, w, rstd, n, stream)
+        RN_F64.rms_apply(y, NULL, x, w, rstd, n, stream)
+
+cdef inline void row_rms_apply_copy(floating *y, floating *copy, const floating *x,
+                                    const floating *w, double rstd, Py_ssize_t n,
+                                    bint stream) noexcept nogil:
+    """row_rms_apply that also writes x itself to copy, in the same pass."""
+    if floating is float:
+        RN_F32.rms_apply(y, copy, x, w, rstd, n, stream)
+    else:
+        RN_F64.rms_apply(y, copy, x, w, rstd, n, stream)
 
 cdef inline void row_ln_apply(floating *y, const floating *x, const floating *w,
                               const floating *b, double mean, double rstd, Py_ssize_t n,
                               bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.ln_apply(y, x, w, b, mean, rstd, n, stream)
+        RN_F32.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
     else:
-        RN_F64.ln_apply(y, x, w, b, mean, rstd, n, stream)
+        RN_F64.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
+
+cdef inline void row_ln_apply_copy(floating *y, floating *copy, const floating *x,
+                                   const floating *w, const floating *b, double mean,
+                                   double rstd, Py_ssize_t n, bint stream) noexcept nogil:
+    """row_ln_apply that also writes x itself to copy, in the same pass."""
+    if floating is float:
+        RN_F32.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
+    else:
+        RN_F64.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
 
 cdef inline void row_rms_bwd_apply(floating *dx, double *dw_part, const floating *dy,
                                    const floating *x, const floating *w, double rstd, double m,
@@ -135,6 +189,100 @@ cdef inline void row_narrow(floating *out, const double *acc, Py_ssize_t n) noex
     else:
         RN_F64.narrow(out, acc, n)
 
+cdef inline const floating *opt_ptr(const floating[::1] v) noexcept:
+    """The data of an optional vector (weight, bias, alpha), NULL for None."""
+    if v is None:
+        return NULL
+    return &v[0]
+
 cdef inline void add_partial(double *acc, const double *part, Py_ssize_t n) noexcept nogil:
     """acc += part, elementwise (the same code for either element type)."""
     RN_F64.accumulate(acc, part, n)
+
+
+cdef inline void row_dropout_mult(floating *m, uint64_t seed, uint64_t start, Py_ssize_t n,
+                                  uint32_t threshold, double scale) noexcept nogil:
+    if floating is float:
+        RN_F32.dropout_mult(m, seed, start, n, threshold, scale)
+    else:
+        RN_F64.dropout_mult(m, seed, start, n, threshold, scale)
+
+cdef inline void row_residual_add(floating *h, const floating *r, const floating *x,
+                                  const floating *a, const floating *m, Py_ssize_t n,
+                                  bint stream) noexcept nogil:
+    if floating is float:
+        RN_F32.residual_add(h, r, x, a, m, n, stream)
+    else:
+        RN_F64.residual_add(h, r, x, a, m, n, stream)
+
+cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
+                                  const floating *gh, const floating *dh, const floating *x,
+                                  const floating *a, const floating *m, Py_ssize_t n,
+                                  bint stream) noexcept nogil:
+    if floating is float:
+        RN_F32.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
+    else:
+        RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
+
+cdef inline double row_residual_add_reduce(floating *h, floating *m, const floating *r,
+                                           const floating *x, const floating *a,
+                                           const rn_dropout *dp, uint64_t start, Py_ssize_t n,
+                                           bint squares) noexcept nogil:
+    if floating is float:
+        return RN_F32.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
+    else:
+        return RN_F64.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
+
+cdef inline void row_copy(floating *dst, const floating *src, Py_ssize_t n,
+                          bint stream) noexcept nogil:
+    if floating is float:
+        RN_F32.copy(dst, src, n, stream)
+    else:
+        RN_F64.copy(dst, src, n, stream)
+
+cdef inline void row_sigmoid(floating *s, floating *ds, const floating *g,
+                             Py_ssize_t n) noexcept nogil:
+    if floating is float:
+        RN_F32.sigmoid(s, ds, g, n)
+    else:
+        RN_F64.sigmoid(s, ds, g, n)
+
+cdef inline void span_uniforms(uint32_t *u, uint64_t seed, uint64_t start,
+                               Py_ssize_t n) noexcept nogil:
+    """u[k] := the Philox uniform of flat element start + k (any element type)."""
+    RN_F64.philox_uniforms(u, seed, start, n)
+
+cdef inline void span_keep(uint8_t *keep, uint64_t seed, uint64_t start, Py_ssize_t n,
+                           uint32_t threshold) noexcept nogil:
+    """keep[k] := uniform(start + k) >= threshold (any element type)."""
+    RN_F64.dropout_keep(keep, seed, start, n, threshold)
+
+
+# ---- reductions over rows: fixed row blocks, one float64 partial row per block ----
+
+# At most MAX_ROW_BLOCKS blocks of at least MIN_BLOCK_ROWS rows each (fewer rows than that
+# make one block).  A function of N alone, for reproducibility across thread counts.
+cdef enum:
+    MAX_ROW_BLOCKS = 64
+    MIN_BLOCK_ROWS = 8
+    REDUCE_COLUMNS = 512  # columns per task when the partial rows are summed
+
+
+cdef inline Py_ssize_t row_blocks(Py_ssize_t n_rows) noexcept nogil:
+    """Number of row blocks a reduction over N rows uses (depends on N only)."""
+    cdef Py_ssize_t nb = (n_rows + MIN_BLOCK_ROWS - 1) // MIN_BLOCK_ROWS
+    return max(1, min(MAX_ROW_BLOCKS, nb))
+
+
+cdef inline void sum_partials(floating[::1] out, double[:, ::1] part, int n_threads) noexcept:
+    """out[j] := sum_b part[b, j], added in block order b = 0, 1, ... for every j.
+    (part is overwritten: row 0 accumulates the total.)"""
+    cdef Py_ssize_t nb = part.shape[0], d = part.shape[1]
+    cdef Py_ssize_t n_tasks = (d + REDUCE_COLUMNS - 1) // REDUCE_COLUMNS, t, j0, m, b
+    with nogil:
+        for t in prange(n_tasks, schedule="static", num_threads=n_threads):
+            j0 = t * REDUCE_COLUMNS
+            m = min(REDUCE_COLUMNS, d - j0)
+            for b in range(1, nb):
+                add_partial(&part[0, j0], &part[b, j0], m)
+            row_narrow(&out[j0], &part[0, j0], m)

@@ -270,6 +270,14 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
 
 /* ---------------------------------------------------------------- elementwise passes */
 
+/* Whether out and out2 can both take streaming stores from the same loop: they must sit at
+ * the same offset from a vector boundary (NULL out2: no second output). */
+static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
+{
+    return out2 == NULL || ((uintptr_t)out - (uintptr_t)out2) % RN_VBYTES == 0;
+}
+
+
 /* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
  * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
  * set).  PF(k) prefetches the next row's span of the vector at k. */
@@ -296,33 +304,43 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
 #define RN_PFV_X(k) RN_NAME(prefetch_next)(x, n, (k), RN_W)
 #define RN_PFV_DY_X(k) (RN_NAME(prefetch_next)(dy, n, (k), RN_W), RN_NAME(prefetch_next)(x, n, (k), RN_W))
 
-/* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1) */
-static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rstd,
+/* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1);  copy_i = x_i when copy is not NULL (a
+ * row assembled in scratch memory, written out in the same pass as y). */
+static void RN_NAME(rms_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w, double rstd,
                                Py_ssize_t n, int stream)
 {
     const RN_T r = (RN_T)rstd;
-#define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; }
-#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k) * r;                                 \
-                    if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v); }
-    /* One expansion per case so the compiler drops the dead branch from the loop. */
-    if (w) RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_);
-    else { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+    stream = stream && RN_NAME(same_phase)(y, copy);
+#define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; if (copy) { copy[k] = x[k]; } }
+#define V_(k, ST) { RN_VEC xv = RN_NAME(vload)(x + k), v = xv * r;                        \
+                    if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v);                  \
+                    if (copy) { ST(copy + k, xv); } }
+    /* One expansion per case so the compiler drops the dead branches from the loop. */
+    if (w && copy) RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_);
+    else if (w) { RN_T *copy = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+    else if (copy) { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+    else { const RN_T *w = NULL; RN_T *copy = NULL;
+           RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
 #undef S_
 #undef V_
 }
 
-/* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL) */
-static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T *b,
+/* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL);  copy_i = x_i (copy may be
+ * NULL) */
+static void RN_NAME(ln_apply)(RN_T *y, RN_T *copy, const RN_T *x, const RN_T *w, const RN_T *b,
                               double mean, double rstd, Py_ssize_t n, int stream)
 {
     RN_T mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_T r = (RN_T)rstd;
+    stream = stream && RN_NAME(same_phase)(y, copy);
 #define S_(k) { RN_T v = ((x[k] - mh) - ml) * r;                                          \
-                if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v; }
-#define V_(k, ST) { RN_VEC v = ((RN_NAME(vload)(x + k) - mh) - ml) * r;                   \
+                if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v;                     \
+                if (copy) { copy[k] = x[k]; } }
+#define V_(k, ST) { RN_VEC xv = RN_NAME(vload)(x + k), v = ((xv - mh) - ml) * r;          \
                     if (w) { v *= RN_NAME(vload)(w + k); }                                \
-                    if (b) { v += RN_NAME(vload)(b + k); } ST(y + k, v); }
+                    if (b) { v += RN_NAME(vload)(b + k); } ST(y + k, v);                  \
+                    if (copy) { ST(copy + k, xv); } }
     if (w && b) RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_);
     else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
     else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
@@ -384,6 +402,162 @@ static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, co
     else { const RN_T *w = NULL; RN_ELEMENTWISE(n, dx, stream, RN_PFV_DY_X, S_, V_); }
 #undef S_
 #undef V_
+}
+
+/* ---------------------------------------------------------------- residual connections */
+
+/* m_k = scale if the Philox uniform of flat element start + k is >= threshold, else 0:
+ * the inverted-dropout multipliers of a span (philox.h maps elements to uniforms). */
+static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssize_t n,
+                                  uint32_t threshold, double scale)
+{
+    const RN_T s = (RN_T)scale, zero = 0;
+#define ST_(k, v) m[k] = (v) >= threshold ? s : zero
+    RN_PHILOX_SPAN(seed, start, n, ST_);
+#undef ST_
+}
+
+/* Extends the multipliers m[0 .. made) of a row (flat elements start ..) to cover m[.. need),
+ * one whole Philox group at a time (the row's last group may be partial: n caps it).
+ * Returns the new count. */
+static inline Py_ssize_t RN_NAME(dropout_ahead)(RN_T *m, const rn_dropout *dp, uint64_t start,
+                                                Py_ssize_t made, Py_ssize_t need, Py_ssize_t n)
+{
+    while (made < need) {
+        Py_ssize_t c = RN_PHILOX_GROUP - (Py_ssize_t)((start + made) % RN_PHILOX_GROUP);
+        if (c > n - made) c = n - made;
+        RN_NAME(dropout_mult)(m + made, dp->seed, start + made, c, dp->threshold, dp->scale);
+        made += c;
+    }
+    return made;
+}
+
+/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), and returns the row
+ * reduction of h: sum_k h_k (squares = 0) or sum_k h_k^2 (squares = 1), with RN_REDUCE's
+ * lanes and fold, so the result is bitwise that of sum / sumsq on h.  a may be NULL.
+ * dp NULL: no dropout (m is not touched).  Else the multipliers of flat elements start + k
+ * are generated into m one group ahead of their use, so the Philox arithmetic runs while
+ * the loads of x and r (prefetched one row ahead) are in flight, and m holds the row's
+ * multipliers afterwards, for later passes. */
+static double RN_NAME(residual_add_reduce)(RN_T *h, RN_T *m, const RN_T *r, const RN_T *x,
+                                           const RN_T *a, const rn_dropout *dp, uint64_t start,
+                                           Py_ssize_t n, int squares)
+{
+    const RN_T *mm = dp ? m : NULL;
+    RN_DVEC acc[RN_NACC] = {{0}};
+    double lanes[32];
+    Py_ssize_t i = 0, made = 0;
+#define CHUNK_(SQ)                                                                      \
+    for (; i + 32 <= n; i += 32) {                                                      \
+        if (dp) made = RN_NAME(dropout_ahead)(m, dp, start, made, i + 32, n);           \
+        for (Py_ssize_t k = i; k < i + 32; k += RN_W) {                                 \
+            RN_NAME(prefetch_next)(x, n, k, RN_W);                                      \
+            RN_NAME(prefetch_next)(r, n, k, RN_W);                                      \
+            RN_VEC v = RN_NAME(vload)(x + k);                                           \
+            if (mm) { v *= RN_NAME(vload)(mm + k); }                                    \
+            if (a) { v *= RN_NAME(vload)(a + k); }                                      \
+            RN_NAME(vstore)(h + k, RN_NAME(vload)(r + k) + v);                          \
+        }                                                                               \
+        for (int q = 0; q < RN_NACC; q++) {                                             \
+            RN_DVEC t = RN_NAME(dload)(h + i + q * RN_DW);                              \
+            acc[q] += (SQ) ? t * t : t;                                                 \
+        }                                                                               \
+    }
+    if (squares) { CHUNK_(1) } else { CHUNK_(0) }
+#undef CHUNK_
+    memcpy(lanes, acc, sizeof lanes);
+    if (dp) made = RN_NAME(dropout_ahead)(m, dp, start, made, n, n);
+    for (Py_ssize_t j = 0; i + j < n; j++) {
+        Py_ssize_t k = i + j;
+        RN_T v = x[k];
+        if (mm) v *= mm[k];
+        if (a) v *= a[k];
+        h[k] = r[k] + v;
+        double t = (double)h[k];
+        lanes[j] += squares ? t * t : t;
+    }
+    return RN_NAME(fold32)(lanes);
+}
+
+/* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
+ * the residual stream r.  r may be NULL (0), a and m may be NULL (1).  The product x*m is
+ * formed first, exactly as dropout forms it, so h equals r + a * dropout(x) bitwise.
+ * x and r are prefetched one row ahead; a and m are short rows that stay in cache. */
+static void RN_NAME(residual_add)(RN_T *h, const RN_T *r, const RN_T *x, const RN_T *a,
+                                  const RN_T *m, Py_ssize_t n, int stream)
+{
+#define PF_(k) { RN_NAME(prefetch_next)(x, n, (k), RN_W);                                 \
+                 if (r) { RN_NAME(prefetch_next)(r, n, (k), RN_W); } }
+#define S_(k) { RN_T v = x[k]; if (m) { v *= m[k]; } if (a) { v *= a[k]; }                 \
+                if (r) { v = r[k] + v; } h[k] = v; }
+#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                     \
+                    if (m) { v *= RN_NAME(vload)(m + k); }                                \
+                    if (a) { v *= RN_NAME(vload)(a + k); }                                \
+                    if (r) { v = RN_NAME(vload)(r + k) + v; } ST(h + k, v); }
+    /* The hot cases (alpha = 1 with and without dropout) get their own expansion. */
+    if (r && !a && m) { const RN_T *a = NULL; RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
+    else if (r && !a) { const RN_T *a = NULL, *m = NULL; RN_ELEMENTWISE(n, h, stream, PF_, S_, V_); }
+    else RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* Backward of h = r + a*(x*m).  With g = gh + dh (dh, a gradient arriving along the
+ * residual stream, may be NULL):
+ *   dr_k = g_k                        (dr NULL: not written)
+ *   dx_k = (g_k * a_k) * m_k          (a, m NULL: 1)
+ *   da_part_k += g_k * (x_k * m_k)    (double partial of a row block; NULL: not wanted)
+ * gh, dh and (when da_part is wanted) x are prefetched one row ahead. */
+static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_T *gh,
+                                  const RN_T *dh, const RN_T *x, const RN_T *a, const RN_T *m,
+                                  Py_ssize_t n, int stream)
+{
+    stream = stream && RN_NAME(same_phase)(dx, dr);
+#define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                                \
+                 if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                    \
+                 if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
+#define S_(k) { RN_T g = gh[k]; if (dh) { g += dh[k]; } if (dr) { dr[k] = g; }             \
+                if (da_part) { RN_T d = x[k]; if (m) { d *= m[k]; }                       \
+                               da_part[k] += (double)(g * d); }                           \
+                RN_T v = g; if (a) { v *= a[k]; } if (m) { v *= m[k]; } dx[k] = v; }
+#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k);                                    \
+                    if (dh) { g += RN_NAME(vload)(dh + k); }                              \
+                    if (dr) { ST(dr + k, g); }                                            \
+                    if (da_part) { RN_VEC d = RN_NAME(vload)(x + k);                      \
+                                   if (m) { d *= RN_NAME(vload)(m + k); }                 \
+                                   RN_NAME(add_widened)(da_part + k, g * d); }            \
+                    RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                  \
+                    if (m) { v *= RN_NAME(vload)(m + k); } ST(dx + k, v); }
+    RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* dst_k = src_k: a row computed in scratch memory, written out (streamed when asked). */
+static void RN_NAME(copy)(RN_T *dst, const RN_T *src, Py_ssize_t n, int stream)
+{
+#define PF_(k)
+#define S_(k) { dst[k] = src[k]; }
+#define V_(k, ST) { ST(dst + k, RN_NAME(vload)(src + k)); }
+    RN_ELEMENTWISE(n, dst, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* s_k = sigmoid(g_k) = 1/(1 + exp(-g_k)) and ds_k = s_k * (1 - s_k), both from
+ * e = exp(-|g_k|) in double: nothing overflows, and ds keeps its precision where s rounds
+ * to 1 (ds = e / (1 + e)^2, not 1 - s).  ds may be NULL.  Scalar: exp has no vector form
+ * here that would give the same bits on every level. */
+static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double v = (double)g[k], e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
+        s[k] = (RN_T)(v >= 0 ? q : e * q);
+        if (ds) ds[k] = (RN_T)(e * q * q);
+    }
 }
 
 /* ---------------------------------------------------------------- partial sums */

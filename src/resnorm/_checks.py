@@ -75,24 +75,24 @@ def n_threads_value(n_threads):
     return int(n_threads)
 
 
-def out_array(out, shape, dtype, inputs):
+def out_array(out, shape, dtype, inputs, name="out"):
     """The caller's output buffer: a writeable ndarray of this shape and dtype.
 
     It may be exactly one of the inputs (same memory, same strides: an in-place call), but it
     must not otherwise overlap any of them, as a partial overlap would be read after written.
     """
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype.str!r}")
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype.str!r}")
     if out.shape != tuple(shape):
-        raise ValueError(f"out must have shape {tuple(shape)}, got {out.shape}")
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {out.shape}")
     if not out.flags.writeable:
-        raise ValueError("out must be writeable, got a read-only array")
-    for name, a in inputs.items():
+        raise ValueError(f"{name} must be writeable, got a read-only array")
+    for input_name, a in inputs.items():
         if a is not None and np.may_share_memory(out, a) and not same_memory(out, a):
-            raise ValueError(f"out overlaps {name} without being the same array; "
-                             f"pass out={name} for an in-place call, or a separate buffer")
+            raise ValueError(f"{name} overlaps {input_name} without being the same array; "
+                             f"pass {name}={input_name} for an in-place call, or a separate buffer")
     return out
 
 
@@ -100,3 +100,72 @@ def same_memory(a, b):
     """True when a and b are views of exactly the same elements in the same layout."""
     return (a.shape == b.shape and a.strides == b.strides
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+# --------------------------------------------------------------------------- residual, dropout
+
+def flag(value, name):
+    """A bool (Python or NumPy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def probability(p, name="p"):
+    """A dropout probability: a real number in [0, 1]."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1], got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {p!r}")
+    return p
+
+
+def seed_value(seed):
+    """A dropout seed: an int in [0, 2**64) (the 64-bit Philox key)."""
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def residual_scale(alpha, d, dtype, name="alpha"):
+    """A residual scale: ('fixed', float) for a real number (not learnable), ('scalar', 0-d
+    array) for a learnable scalar, ('channel', (D,) array) for a learnable per-channel
+    vector (LayerScale).  Arrays must have the input's dtype."""
+    expected = f"a real number, or a {dtype} array of shape () or ({d},)"
+    if isinstance(alpha, (bool, np.bool_)):
+        raise TypeError(f"{name} must be {expected}, got bool")
+    if isinstance(alpha, numbers.Real) and not isinstance(alpha, np.ndarray):
+        alpha = float(alpha)
+        if not math.isfinite(alpha):
+            raise ValueError(f"{name} must be finite, got {alpha!r}")
+        return "fixed", alpha
+    if not isinstance(alpha, np.ndarray):
+        raise TypeError(f"{name} must be {expected}, got {type(alpha).__name__}")
+    if alpha.dtype != dtype or not alpha.dtype.isnative:
+        raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
+    if alpha.shape == ():
+        return "scalar", alpha
+    if alpha.shape == (d,):
+        return "channel", alpha
+    raise ValueError(f"{name} must have shape () (learnable scalar) or ({d},) (per channel), "
+                     f"got {alpha.shape}")
+
+
+def gate_array(g, shape, dtype, name="g"):
+    """Gate logits: an array of the branch's shape, or a (D,) per-channel vector."""
+    d = shape[-1]
+    if not isinstance(g, np.ndarray):
+        try:
+            g = np.asarray(g)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a {dtype} array, got {type(g).__name__}") from e
+    if g.dtype != dtype or not g.dtype.isnative:
+        raise TypeError(f"{name} must have dtype {dtype} (native byte order), got {g.dtype.str!r}")
+    if g.shape != tuple(shape) and g.shape != (d,):
+        raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) (per channel), "
+                         f"got {g.shape}")
+    return g

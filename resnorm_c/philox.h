@@ -1,0 +1,136 @@
+/* Philox-4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2,
+ * 3", SC11): the counter-based generator behind dropout masks.  A pure function of a
+ * 128-bit counter and a 64-bit key, so the uniform of an element is a function of
+ * (seed, element index) alone: no state, nothing to advance, the same on every thread
+ * count, ISA level and machine.  Backward regenerates a mask instead of storing it.
+ *
+ * Included by cpu_level.h once per level (RN_LEVEL, RN_ISA, RN_VBYTES defined).
+ *
+ * Element -> uniform map.  Flat element index i (C order) belongs to group G = i / 64.  A
+ * group is sixteen Philox blocks with counters 16G + l (l = 0..15) and key (seed low 32
+ * bits, seed high 32 bits); counter words are (c0, c1, c2, c3) = (low 32 bits of 16G + l,
+ * high 32 bits, 0, 0).  Element i takes output word w = (i % 64) / 16 of block
+ * l = i % 16.  Putting the lane index in the low bits means that one vector of blocks
+ * yields sixteen consecutive elements per output word, with no transpose.
+ *
+ * A round, per block:  (hi0, lo0) = M0 * c0,  (hi1, lo1) = M1 * c2   (32x32 -> 64 bits)
+ *                      c = (hi1 ^ c1 ^ k0,  lo1,  hi0 ^ c3 ^ k1,  lo0)
+ * and the key is bumped by the Weyl constants between rounds.  The blocks of a group are
+ * held one per 64-bit lane; each word sits in the low half of its lane, the high half is
+ * don't-care (the multiply instruction reads only the low halves), so a round costs two
+ * multiplies, two shifts and four xors per vector of blocks.
+ */
+
+#ifndef RN_PHILOX_CONSTANTS
+#define RN_PHILOX_CONSTANTS
+/* level-suffixed name (no element type): rn_<base>_<isa> */
+#define RN_PNAME(base) RN_CAT(RN_CAT(rn_, base), RN_CAT(_, RN_ISA))
+#define RN_PHILOX_M0 0xD2511F53u
+#define RN_PHILOX_M1 0xCD9E8D57u
+#define RN_PHILOX_W0 0x9E3779B9u
+#define RN_PHILOX_W1 0xBB67AE85u
+#define RN_PHILOX_ROUNDS 10
+#define RN_PHILOX_GROUP 64 /* uniforms per group: 16 blocks x 4 words */
+
+/* Runs STORE(k, u) for k in [0, n) with u the uniform of element start + k, one group at a
+ * time (a span may begin and end inside a group). */
+#define RN_PHILOX_SPAN(seed, start, n, STORE)                                           \
+    do {                                                                                \
+        uint32_t buf_[RN_PHILOX_GROUP];                                                 \
+        uint64_t g_ = (start) / RN_PHILOX_GROUP;                                        \
+        Py_ssize_t off_ = (Py_ssize_t)((start) % RN_PHILOX_GROUP), k_ = 0;              \
+        while (k_ < (n)) {                                                              \
+            RN_PNAME(philox_group)(buf_, (seed), g_++);                                 \
+            Py_ssize_t c_ = RN_PHILOX_GROUP - off_;                                     \
+            if (c_ > (n) - k_) c_ = (n) - k_;                                           \
+            const uint32_t *src_ = buf_ + off_;                                         \
+            for (Py_ssize_t j_ = 0; j_ < c_; j_++) { STORE(k_ + j_, src_[j_]); }        \
+            k_ += c_;                                                                   \
+            off_ = 0;                                                                   \
+        }                                                                               \
+    } while (0)
+#endif
+
+#define RN_QL ((int)(RN_VBYTES / 8)) /* blocks per vector */
+#define RN_QN (16 / RN_QL)           /* vectors per group */
+typedef uint64_t RN_PNAME(qvec) __attribute__((vector_size(RN_VBYTES)));
+typedef uint32_t RN_PNAME(wvec) __attribute__((vector_size(RN_VBYTES / 2)));
+#define RN_QVEC RN_PNAME(qvec)
+#define RN_WVEC RN_PNAME(wvec)
+
+/* Low 32 bits of a times low 32 bits of b, as 64-bit products (vpmuludq / pmuludq; GCC
+ * does not find it in the masked vector-extension spelling, which costs three multiplies). */
+static inline RN_QVEC RN_PNAME(mul32)(RN_QVEC a, RN_QVEC b)
+{
+#if RN_LEVEL == 3
+    return (RN_QVEC)_mm512_mul_epu32((__m512i)a, (__m512i)b);
+#elif RN_LEVEL == 2
+    return (RN_QVEC)_mm256_mul_epu32((__m256i)a, (__m256i)b);
+#elif RN_LEVEL == 1
+    return (RN_QVEC)_mm_mul_epu32((__m128i)a, (__m128i)b);
+#else
+    return (a & 0xffffffffu) * (b & 0xffffffffu);
+#endif
+}
+
+/* u[0 .. 64) := the uniforms of elements 64g .. 64g+63 (see the map above). */
+static void RN_PNAME(philox_group)(uint32_t *u, uint64_t seed, uint64_t g)
+{
+    const uint64_t first = g * 16; /* counter of block 0; first + 15 never carries past 32 bits */
+    RN_QVEC c0[RN_QN], c1[RN_QN], c2[RN_QN], c3[RN_QN], lane;
+    for (int l = 0; l < RN_QL; l++)
+        lane[l] = (uint64_t)l;
+    for (int v = 0; v < RN_QN; v++) {
+        c0[v] = lane + (uint64_t)(uint32_t)(first + (uint64_t)(v * RN_QL));
+        c1[v] = (RN_QVEC){0} + (first >> 32);
+        c2[v] = (RN_QVEC){0};
+        c3[v] = (RN_QVEC){0};
+    }
+    const RN_QVEC m0 = (RN_QVEC){0} + RN_PHILOX_M0, m1 = (RN_QVEC){0} + RN_PHILOX_M1;
+    uint64_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+#pragma GCC unroll 10
+    for (int r = 0; r < RN_PHILOX_ROUNDS; r++) {
+        for (int v = 0; v < RN_QN; v++) {
+            RN_QVEC p0 = RN_PNAME(mul32)(c0[v], m0), p1 = RN_PNAME(mul32)(c2[v], m1);
+            RN_QVEC n0 = (p1 >> 32) ^ c1[v] ^ k0, n2 = (p0 >> 32) ^ c3[v] ^ k1;
+            c0[v] = n0;
+            c1[v] = p1; /* lo1 in the low half */
+            c2[v] = n2;
+            c3[v] = p0; /* lo0 */
+        }
+        k0 = (uint32_t)(k0 + RN_PHILOX_W0);
+        k1 = (uint32_t)(k1 + RN_PHILOX_W1);
+    }
+    for (int v = 0; v < RN_QN; v++) {
+        /* the low halves, narrowed: word w of blocks v*RN_QL .. goes to u[16w + v*RN_QL ..] */
+        RN_WVEC w0 = __builtin_convertvector(c0[v], RN_WVEC), w1 = __builtin_convertvector(c1[v], RN_WVEC);
+        RN_WVEC w2 = __builtin_convertvector(c2[v], RN_WVEC), w3 = __builtin_convertvector(c3[v], RN_WVEC);
+        memcpy(u + v * RN_QL, &w0, sizeof w0);
+        memcpy(u + 16 + v * RN_QL, &w1, sizeof w1);
+        memcpy(u + 32 + v * RN_QL, &w2, sizeof w2);
+        memcpy(u + 48 + v * RN_QL, &w3, sizeof w3);
+    }
+}
+
+/* u[k] := the uniform of element start + k, k in [0, n): for tests and teaching. */
+static void RN_PNAME(philox_uniforms)(uint32_t *u, uint64_t seed, uint64_t start, Py_ssize_t n)
+{
+#define ST_(k, v) u[k] = (v)
+    RN_PHILOX_SPAN(seed, start, n, ST_);
+#undef ST_
+}
+
+/* keep[k] := 1 if the uniform of element start + k is >= threshold, else 0 (the mask that
+ * dropout applies; dropout_mult in rowops.h turns it into multipliers directly). */
+static void RN_PNAME(dropout_keep)(uint8_t *keep, uint64_t seed, uint64_t start, Py_ssize_t n,
+                                   uint32_t threshold)
+{
+#define ST_(k, v) keep[k] = (uint8_t)((v) >= threshold)
+    RN_PHILOX_SPAN(seed, start, n, ST_);
+#undef ST_
+}
+
+#undef RN_WVEC
+#undef RN_QVEC
+#undef RN_QN
+#undef RN_QL
