@@ -6,12 +6,16 @@ A CPU tensor and its ``.numpy()`` view share memory, so the kernels read the ten
 storage and write into tensors allocated here with torch.empty: no copies, except one
 ``.contiguous()`` copy of an input that is not contiguous.
 """
+import numbers
+
+import numpy as np
 import torch
 
 from .._parallel import streams, threads_for
 from ..norms import _rows
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
+NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 
 def float_tensor(t, name):
@@ -50,6 +54,36 @@ def optional_param(p, name, like):
         raise ValueError(f"{name} must have shape ({like.shape[-1]},) (the input's last "
                          f"axis), got {tuple(p.shape)}")
     return p.contiguous()
+
+
+def partner(t, name, x):
+    """t checked as a CPU tensor of exactly x's shape and dtype (the residual of an add)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu" or t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense CPU tensor, got {t.layout} on '{t.device}'")
+    if t.dtype != x.dtype:
+        raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {t.dtype}")
+    if t.shape != x.shape:
+        raise ValueError(f"{name} must have the input's shape {tuple(x.shape)}, "
+                         f"got {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def scale(alpha, x):
+    """A residual scale for resnorm.residual: a real number as is (fixed), or a tensor alpha
+    of shape () or (D,) checked and given as a NumPy view (its shape and dtype are then
+    checked by resnorm._checks.residual_scale)."""
+    if not isinstance(alpha, torch.Tensor):
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+            raise TypeError(f"alpha must be a real number or a torch.Tensor of shape () or "
+                            f"({x.shape[-1]},), got {type(alpha).__name__}")
+        return alpha
+    if alpha.device.type != "cpu":
+        raise TypeError(f"alpha must be a CPU tensor, got a tensor on device '{alpha.device}'")
+    if alpha.dtype != x.dtype:
+        raise TypeError(f"alpha must have the input's dtype {x.dtype}, got {alpha.dtype}")
+    return alpha.detach().contiguous().numpy()
 
 
 def last_axis(x, normalized_shape):
