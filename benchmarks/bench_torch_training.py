@@ -117,6 +117,35 @@ def _norm_seconds(log, n_norms):
     return sum(pairs[i + 1][1] - pairs[i][1] for i in range(0, len(pairs), 2))
 
 
+# --------------------------------------------------------------------------- one norm
+
+def norm_op_times(rows, d, threads, repeats=100):
+    """Medians (us) of one norm at the model's activation shape, torch's vs resnorm's:
+    forward alone, and backward alone (torch.autograd.grad on a kept graph)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, d, generator=g, requires_grad=True)
+    dy = torch.randn(rows, d, generator=g)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).requires_grad_()
+    b = (0.1 * torch.randn(d, generator=g)).requires_grad_()
+    F = nn.functional
+    ops = {
+        "layer": ((lambda: F.layer_norm(x, (d,), w, b, 1e-5)),
+                  (lambda: rt.layer_norm(x, w, b, 1e-5)), (x, w, b)),
+        "rms": ((lambda: F.rms_norm(x, (d,), w, 1e-6)), (lambda: rt.rms_norm(x, w, 1e-6)),
+                (x, w)),
+    }
+    table = []
+    for name, (theirs, mine, inputs) in ops.items():
+        for t in threads:
+            torch.set_num_threads(t)
+            yt, ym = theirs(), mine()
+            fns = [theirs, mine,
+                   lambda: torch.autograd.grad(yt, inputs, dy, retain_graph=True),
+                   lambda: torch.autograd.grad(ym, inputs, dy, retain_graph=True)]
+            table.append((name, t, *(1e6 * v for v in time_interleaved(fns, repeats, 5))))
+    return table
+
+
 # --------------------------------------------------------------------------- main
 
 def main():
@@ -130,6 +159,7 @@ def main():
     ap.add_argument("--norms", default="layer,rms")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per configuration")
     ap.add_argument("--share-steps", type=int, default=3, help="clock-stamped steps")
+    ap.add_argument("--ops-only", action="store_true", help="only the one-norm table")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
 
@@ -139,6 +169,16 @@ def main():
     print(f"# d={args.d} heads={args.heads} layers={args.layers} batch={args.batch} "
           f"T={args.tokens} float32, AdamW, {args.repeats} interleaved steps per config "
           f"(medians), {args.share_steps} stamped steps for the norm share")
+    print(f"\nOne norm at the activation shape ({args.batch * args.tokens} x {args.d} float32), "
+          f"medians of 100 interleaved calls, us:\n")
+    print("| norm | threads | torch fwd | resnorm fwd | torch bwd | resnorm bwd |")
+    print("|---|---|---|---|---|---|")
+    for name, t, tf, rf, tb, rb in norm_op_times(args.batch * args.tokens, args.d, threads):
+        print(f"| {name} | {t} | {tf:.0f} | {rf:.0f} | {tb:.0f} | {rb:.0f} |", flush=True)
+    if args.ops_only:
+        return
+
+    print("\nTraining steps:\n")
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, args.tokens, args.d, generator=g)
     target = torch.randn(args.batch, args.tokens, args.d, generator=g)
