@@ -18,13 +18,6 @@ cdef extern from *:
     int omp_get_max_threads() noexcept nogil
 
 cdef extern from "cpu.h" nogil:
-    ctypedef struct rn_dropout:
-        # element k kept when its Philox uniform >= threshold; kept values times scale
-        bint on
-        uint64_t seed
-        uint32_t threshold
-        double scale
-
     ctypedef struct rn_ops_f32:
         double (*sum)(const float *, Py_ssize_t) noexcept nogil
         double (*sumsq)(const float *, Py_ssize_t) noexcept nogil
@@ -50,10 +43,8 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
                              const float *, const float *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_reduce)(float *, float *, const float *, const float *, const float *,
-                                      const rn_dropout *, uint64_t, Py_ssize_t,
-                                      int) noexcept nogil
-        void (*copy)(float *, const float *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_lanes)(double *, float *, const float *, const float *, const float *,
+                                     const float *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -83,10 +74,8 @@ cdef extern from "cpu.h" nogil:
                              Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
                              const double *, const double *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_reduce)(double *, double *, const double *, const double *, const double *,
-                                      const rn_dropout *, uint64_t, Py_ssize_t,
-                                      int) noexcept nogil
-        void (*copy)(double *, const double *, Py_ssize_t, int) noexcept nogil
+        double (*residual_add_lanes)(double *, double *, const double *, const double *, const double *,
+                                     const double *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
@@ -224,21 +213,14 @@ cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
     else:
         RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
 
-cdef inline double row_residual_add_reduce(floating *h, floating *m, const floating *r,
-                                           const floating *x, const floating *a,
-                                           const rn_dropout *dp, uint64_t start, Py_ssize_t n,
-                                           bint squares) noexcept nogil:
+cdef inline double row_residual_add_lanes(double *lanes, floating *h, const floating *r,
+                                          const floating *x, const floating *a,
+                                          const floating *m, Py_ssize_t n, Py_ssize_t ahead,
+                                          bint squares) noexcept nogil:
     if floating is float:
-        return RN_F32.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
+        return RN_F32.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
     else:
-        return RN_F64.residual_add_reduce(h, m, r, x, a, dp, start, n, squares)
-
-cdef inline void row_copy(floating *dst, const floating *src, Py_ssize_t n,
-                          bint stream) noexcept nogil:
-    if floating is float:
-        RN_F32.copy(dst, src, n, stream)
-    else:
-        RN_F64.copy(dst, src, n, stream)
+        return RN_F64.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
 
 cdef inline void row_sigmoid(floating *s, floating *ds, const floating *g,
                              Py_ssize_t n) noexcept nogil:

@@ -41,15 +41,6 @@
 #define RN_CAT3(a, b, c) RN_CAT(RN_CAT(RN_CAT(rn_, a), RN_CAT(_, b)), RN_CAT(_, c))
 
 
-/* A dropout site as the kernels see it: element k is kept when its uniform under seed is
- * >= threshold, and kept elements are multiplied by scale.  on = 0: no dropout. */
-typedef struct {
-    int on;
-    uint64_t seed;
-    uint32_t threshold;
-    double scale;
-} rn_dropout;
-
 /* One table of row primitives per element type; member names match rowops.h. */
 #define RN_OPS_STRUCT(T, TS)                                                                  \
     typedef struct {                                                                          \
@@ -72,9 +63,8 @@ typedef struct {
         void (*residual_add)(T *, const T *, const T *, const T *, const T *, Py_ssize_t, int);\
         void (*residual_bwd)(T *, T *, double *, const T *, const T *, const T *, const T *,   \
                              const T *, Py_ssize_t, int);                                     \
-        double (*residual_add_reduce)(T *, T *, const T *, const T *, const T *,              \
-                                      const rn_dropout *, uint64_t, Py_ssize_t, int);         \
-        void (*copy)(T *, const T *, Py_ssize_t, int);                                        \
+        double (*residual_add_lanes)(double *, T *, const T *, const T *, const T *,          \
+                                     const T *, Py_ssize_t, Py_ssize_t, int);                 \
         void (*sigmoid)(T *, T *, const T *, Py_ssize_t);                                     \
         /* element-type independent (the same function in both tables): philox.h */          \
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t);                  \
@@ -91,9 +81,8 @@ RN_OPS_STRUCT(double, f64)
         RN_CAT3(ln_bwd_apply, TS, ISA), RN_CAT3(accumulate, TS, ISA),                         \
         RN_CAT3(narrow, TS, ISA), RN_CAT3(dropout_mult, TS, ISA),                             \
         RN_CAT3(residual_add, TS, ISA), RN_CAT3(residual_bwd, TS, ISA),                       \
-        RN_CAT3(residual_add_reduce, TS, ISA), RN_CAT3(copy, TS, ISA),                        \
-        RN_CAT3(sigmoid, TS, ISA), RN_CAT(rn_philox_uniforms_, ISA),                          \
-        RN_CAT(rn_dropout_keep_, ISA)                                                         \
+        RN_CAT3(residual_add_lanes, TS, ISA), RN_CAT3(sigmoid, TS, ISA),                      \
+        RN_CAT(rn_philox_uniforms_, ISA), RN_CAT(rn_dropout_keep_, ISA)                       \
     }
 
 #if RN_X86

@@ -32,16 +32,18 @@
 #define RN_PHILOX_ROUNDS 10
 #define RN_PHILOX_GROUP 64 /* uniforms per group: 16 blocks x 4 words */
 
-/* Runs STORE(k, u) for k in [0, n) with u the uniform of element start + k, one group at a
- * time (a span may begin and end inside a group). */
+/* Runs STORE(k, u) for k in [0, n) with u the uniform of element start + k, RN_PGROUPS
+ * groups at a time (a span may begin and end inside a group).  Needs RN_PGROUPS, which
+ * each level defines. */
 #define RN_PHILOX_SPAN(seed, start, n, STORE)                                           \
     do {                                                                                \
-        uint32_t buf_[RN_PHILOX_GROUP];                                                 \
+        uint32_t buf_[RN_PHILOX_GROUP * RN_PGROUPS];                                    \
         uint64_t g_ = (start) / RN_PHILOX_GROUP;                                        \
         Py_ssize_t off_ = (Py_ssize_t)((start) % RN_PHILOX_GROUP), k_ = 0;              \
         while (k_ < (n)) {                                                              \
-            RN_PNAME(philox_group)(buf_, (seed), g_++);                                 \
-            Py_ssize_t c_ = RN_PHILOX_GROUP - off_;                                     \
+            RN_PNAME(philox_groups)(buf_, (seed), g_);                                  \
+            g_ += RN_PGROUPS;                                                           \
+            Py_ssize_t c_ = RN_PHILOX_GROUP * RN_PGROUPS - off_;                        \
             if (c_ > (n) - k_) c_ = (n) - k_;                                           \
             const uint32_t *src_ = buf_ + off_;                                         \
             for (Py_ssize_t j_ = 0; j_ < c_; j_++) { STORE(k_ + j_, src_[j_]); }        \
@@ -52,11 +54,17 @@
 #endif
 
 #define RN_QL ((int)(RN_VBYTES / 8)) /* blocks per vector */
-#define RN_QN (16 / RN_QL)           /* vectors per group */
+/* Groups per call: enough that a round has four independent vector chains to interleave
+ * (a round is a chain of multiply -> shift -> xor; with only two vectors per round the
+ * multiplier latency, not its throughput, would set the pace on avx512). */
+#define RN_PGROUPS (RN_QL >= 8 ? 2 : 1)
+#define RN_QN (16 * RN_PGROUPS / RN_QL) /* vectors per call */
 typedef uint64_t RN_PNAME(qvec) __attribute__((vector_size(RN_VBYTES)));
-typedef uint32_t RN_PNAME(wvec) __attribute__((vector_size(RN_VBYTES / 2)));
+typedef uint64_t RN_PNAME(qpair) __attribute__((vector_size(2 * RN_VBYTES)));
+typedef uint32_t RN_PNAME(wpair) __attribute__((vector_size(RN_VBYTES)));
 #define RN_QVEC RN_PNAME(qvec)
-#define RN_WVEC RN_PNAME(wvec)
+#define RN_QPAIR RN_PNAME(qpair)
+#define RN_WPAIR RN_PNAME(wpair)
 
 /* Low 32 bits of a times low 32 bits of b, as 64-bit products (vpmuludq / pmuludq; GCC
  * does not find it in the masked vector-extension spelling, which costs three multiplies). */
@@ -73,15 +81,17 @@ static inline RN_QVEC RN_PNAME(mul32)(RN_QVEC a, RN_QVEC b)
 #endif
 }
 
-/* u[0 .. 64) := the uniforms of elements 64g .. 64g+63 (see the map above). */
-static void RN_PNAME(philox_group)(uint32_t *u, uint64_t seed, uint64_t g)
+/* u[0 .. 64 * RN_PGROUPS) := the uniforms of groups g, g+1, ..: elements 64g .. (see the
+ * map above).  Their blocks have the consecutive counters 16g, 16g + 1, ... */
+static void RN_PNAME(philox_groups)(uint32_t *u, uint64_t seed, uint64_t g)
 {
-    const uint64_t first = g * 16; /* counter of block 0; first + 15 never carries past 32 bits */
     RN_QVEC c0[RN_QN], c1[RN_QN], c2[RN_QN], c3[RN_QN], lane;
     for (int l = 0; l < RN_QL; l++)
         lane[l] = (uint64_t)l;
     for (int v = 0; v < RN_QN; v++) {
-        c0[v] = lane + (uint64_t)(uint32_t)(first + (uint64_t)(v * RN_QL));
+        /* a multiple of RN_QL: the lanes of one vector never straddle a 2^32 boundary */
+        const uint64_t first = g * 16 + (uint64_t)(v * RN_QL);
+        c0[v] = lane + (uint64_t)(uint32_t)first;
         c1[v] = (RN_QVEC){0} + (first >> 32);
         c2[v] = (RN_QVEC){0};
         c3[v] = (RN_QVEC){0};
@@ -101,14 +111,20 @@ static void RN_PNAME(philox_group)(uint32_t *u, uint64_t seed, uint64_t g)
         k0 = (uint32_t)(k0 + RN_PHILOX_W0);
         k1 = (uint32_t)(k1 + RN_PHILOX_W1);
     }
-    for (int v = 0; v < RN_QN; v++) {
-        /* the low halves, narrowed: word w of blocks v*RN_QL .. goes to u[16w + v*RN_QL ..] */
-        RN_WVEC w0 = __builtin_convertvector(c0[v], RN_WVEC), w1 = __builtin_convertvector(c1[v], RN_WVEC);
-        RN_WVEC w2 = __builtin_convertvector(c2[v], RN_WVEC), w3 = __builtin_convertvector(c3[v], RN_WVEC);
-        memcpy(u + v * RN_QL, &w0, sizeof w0);
-        memcpy(u + 16 + v * RN_QL, &w1, sizeof w1);
-        memcpy(u + 32 + v * RN_QL, &w2, sizeof w2);
-        memcpy(u + 48 + v * RN_QL, &w3, sizeof w3);
+    for (int v = 0; v < RN_QN; v += 2) {
+        /* the low halves, narrowed: word w of block b of group j goes to u[64j + 16w + b].
+         * Two neighbouring vectors are narrowed together into one native-width store: the
+         * readers load native vectors, and a load that spans two narrower stores cannot be
+         * forwarded from the store buffer (it waits for both to reach the cache). */
+        uint32_t *dst = u + 64 * (v * RN_QL / 16) + (v * RN_QL) % 16;
+        RN_QVEC *words[4] = {c0, c1, c2, c3};
+        for (int w = 0; w < 4; w++) {
+            RN_QPAIR q;
+            memcpy(&q, &words[w][v], sizeof words[w][v]);
+            memcpy((char *)&q + sizeof words[w][v], &words[w][v + 1], sizeof words[w][v]);
+            RN_WPAIR narrow = __builtin_convertvector(q, RN_WPAIR);
+            memcpy(dst + 16 * w, &narrow, sizeof narrow);
+        }
     }
 }
 
@@ -130,7 +146,7 @@ static void RN_PNAME(dropout_keep)(uint8_t *keep, uint64_t seed, uint64_t start,
 #undef ST_
 }
 
-#undef RN_WVEC
+#undef RN_WPAIR
+#undef RN_QPAIR
 #undef RN_QVEC
 #undef RN_QN
-#undef RN_QL

@@ -417,44 +417,28 @@ static void RN_NAME(dropout_mult)(RN_T *m, uint64_t seed, uint64_t start, Py_ssi
 #undef ST_
 }
 
-/* Extends the multipliers m[0 .. made) of a row (flat elements start ..) to cover m[.. need),
- * one whole Philox group at a time (the row's last group may be partial: n caps it).
- * Returns the new count. */
-static inline Py_ssize_t RN_NAME(dropout_ahead)(RN_T *m, const rn_dropout *dp, uint64_t start,
-                                                Py_ssize_t made, Py_ssize_t need, Py_ssize_t n)
+/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), for a span of a row,
+ * reducing on the way: each h_k (squares = 0) or h_k^2 (squares = 1) is added into lane
+ * k % 32 of lanes[32] (double), as RN_REDUCE does.  A row may be done in consecutive spans
+ * (every span but the last a multiple of 32 long): the lanes then see the same additions in
+ * the same order, and the return value, the fold of the lanes so far, is after the last span
+ * bitwise sum / sumsq of the row.  a and m may be NULL.  x and r are prefetched `ahead`
+ * elements on (the row length: the same span of the next row). */
+static double RN_NAME(residual_add_lanes)(double *lanes, RN_T *h, const RN_T *r, const RN_T *x,
+                                          const RN_T *a, const RN_T *m, Py_ssize_t n,
+                                          Py_ssize_t ahead, int squares)
 {
-    while (made < need) {
-        Py_ssize_t c = RN_PHILOX_GROUP - (Py_ssize_t)((start + made) % RN_PHILOX_GROUP);
-        if (c > n - made) c = n - made;
-        RN_NAME(dropout_mult)(m + made, dp->seed, start + made, c, dp->threshold, dp->scale);
-        made += c;
-    }
-    return made;
-}
-
-/* h_k = r_k + a_k * (x_k * m_k), as residual_add (h is a scratch row), and returns the row
- * reduction of h: sum_k h_k (squares = 0) or sum_k h_k^2 (squares = 1), with RN_REDUCE's
- * lanes and fold, so the result is bitwise that of sum / sumsq on h.  a may be NULL.
- * dp NULL: no dropout (m is not touched).  Else the multipliers of flat elements start + k
- * are generated into m one group ahead of their use, so the Philox arithmetic runs while
- * the loads of x and r (prefetched one row ahead) are in flight, and m holds the row's
- * multipliers afterwards, for later passes. */
-static double RN_NAME(residual_add_reduce)(RN_T *h, RN_T *m, const RN_T *r, const RN_T *x,
-                                           const RN_T *a, const rn_dropout *dp, uint64_t start,
-                                           Py_ssize_t n, int squares)
-{
-    const RN_T *mm = dp ? m : NULL;
-    RN_DVEC acc[RN_NACC] = {{0}};
-    double lanes[32];
-    Py_ssize_t i = 0, made = 0;
+    RN_DVEC acc[RN_NACC];
+    double folded[32];
+    Py_ssize_t i = 0;
+    memcpy(acc, lanes, sizeof acc);
 #define CHUNK_(SQ)                                                                      \
     for (; i + 32 <= n; i += 32) {                                                      \
-        if (dp) made = RN_NAME(dropout_ahead)(m, dp, start, made, i + 32, n);           \
         for (Py_ssize_t k = i; k < i + 32; k += RN_W) {                                 \
-            RN_NAME(prefetch_next)(x, n, k, RN_W);                                      \
-            RN_NAME(prefetch_next)(r, n, k, RN_W);                                      \
+            RN_NAME(prefetch_next)(x, ahead, k, RN_W);                                  \
+            RN_NAME(prefetch_next)(r, ahead, k, RN_W);                                  \
             RN_VEC v = RN_NAME(vload)(x + k);                                           \
-            if (mm) { v *= RN_NAME(vload)(mm + k); }                                    \
+            if (m) { v *= RN_NAME(vload)(m + k); }                                      \
             if (a) { v *= RN_NAME(vload)(a + k); }                                      \
             RN_NAME(vstore)(h + k, RN_NAME(vload)(r + k) + v);                          \
         }                                                                               \
@@ -465,18 +449,18 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, RN_T *m, const RN_T *r, cons
     }
     if (squares) { CHUNK_(1) } else { CHUNK_(0) }
 #undef CHUNK_
-    memcpy(lanes, acc, sizeof lanes);
-    if (dp) made = RN_NAME(dropout_ahead)(m, dp, start, made, n, n);
+    memcpy(lanes, acc, sizeof acc);
     for (Py_ssize_t j = 0; i + j < n; j++) {
         Py_ssize_t k = i + j;
         RN_T v = x[k];
-        if (mm) v *= mm[k];
+        if (m) v *= m[k];
         if (a) v *= a[k];
         h[k] = r[k] + v;
         double t = (double)h[k];
         lanes[j] += squares ? t * t : t;
     }
-    return RN_NAME(fold32)(lanes);
+    memcpy(folded, lanes, sizeof folded);
+    return RN_NAME(fold32)(folded);
 }
 
 /* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m and scale a, added onto
@@ -530,18 +514,6 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_
                     RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                  \
                     if (m) { v *= RN_NAME(vload)(m + k); } ST(dx + k, v); }
     RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
-#undef PF_
-#undef S_
-#undef V_
-}
-
-/* dst_k = src_k: a row computed in scratch memory, written out (streamed when asked). */
-static void RN_NAME(copy)(RN_T *dst, const RN_T *src, Py_ssize_t n, int stream)
-{
-#define PF_(k)
-#define S_(k) { dst[k] = src[k]; }
-#define V_(k, ST) { ST(dst + k, RN_NAME(vload)(src + k)); }
-    RN_ELEMENTWISE(n, dst, stream, PF_, S_, V_);
 #undef PF_
 #undef S_
 #undef V_

@@ -2,7 +2,7 @@
 from . import reference
 from ._runtime import build_flags, openmp_enabled, simd_level
 from ._runtime import get_max_threads as get_num_threads
-from .dropout import DropoutCache, dropout, dropout_backward, dropout_forward
+from .inverted_dropout import DropoutCache, dropout, dropout_backward, dropout_forward
 from .norms import (
     LayerNormCache,
     RMSNormCache,

@@ -106,14 +106,15 @@ def same_memory(a, b):
 
 def flag(value, name):
     """A bool (Python or NumPy)."""
-    if not isinstance(value, (bool, np.bool_)):
+    if type(value) is not bool and not isinstance(value, np.bool_):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return bool(value)
 
 
 def probability(p, name="p"):
     """A dropout probability: a real number in [0, 1]."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real):
+    if type(p) is not float and (isinstance(p, (bool, np.bool_))
+                                 or not isinstance(p, numbers.Real)):
         raise TypeError(f"{name} must be a real number in [0, 1], got {type(p).__name__}")
     p = float(p)
     if not 0.0 <= p <= 1.0:  # also rejects NaN
@@ -123,7 +124,8 @@ def probability(p, name="p"):
 
 def seed_value(seed):
     """A dropout seed: an int in [0, 2**64) (the 64-bit Philox key)."""
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+    if type(seed) is not int and (isinstance(seed, (bool, np.bool_))
+                                  or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
     seed = int(seed)
     if not 0 <= seed < 1 << 64:
@@ -135,16 +137,15 @@ def residual_scale(alpha, d, dtype, name="alpha"):
     """A residual scale: ('fixed', float) for a real number (not learnable), ('scalar', 0-d
     array) for a learnable scalar, ('channel', (D,) array) for a learnable per-channel
     vector (LayerScale).  Arrays must have the input's dtype."""
-    expected = f"a real number, or a {dtype} array of shape () or ({d},)"
-    if isinstance(alpha, (bool, np.bool_)):
-        raise TypeError(f"{name} must be {expected}, got bool")
-    if isinstance(alpha, numbers.Real) and not isinstance(alpha, np.ndarray):
+    if type(alpha) is float or (isinstance(alpha, numbers.Real) and not isinstance(
+            alpha, (bool, np.bool_, np.ndarray))):
         alpha = float(alpha)
         if not math.isfinite(alpha):
             raise ValueError(f"{name} must be finite, got {alpha!r}")
         return "fixed", alpha
     if not isinstance(alpha, np.ndarray):
-        raise TypeError(f"{name} must be {expected}, got {type(alpha).__name__}")
+        raise TypeError(f"{name} must be a real number, or a {dtype} array of shape () or "
+                        f"({d},), got {type(alpha).__name__}")
     if alpha.dtype != dtype or not alpha.dtype.isnative:
         raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
     if alpha.shape == ():

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _checks, _residual
 from ._parallel import streams, threads_for
-from .dropout import DropoutSpec, dropout_spec
+from .inverted_dropout import DropoutSpec, dropout_spec
 from .norms import _finish, _output_rows, _rows, _vector
 
 
