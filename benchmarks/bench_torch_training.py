@@ -14,8 +14,9 @@ Norm share: extra steps in which every norm is wrapped by two identity autograd 
 that read the clock.  Forward norm time runs from the input stamp to the output stamp;
 backward from the output stamp's backward to the input stamp's backward: the CPU autograd
 engine runs nodes in decreasing creation order, so exactly the norm's own nodes (and the
-accumulation of its weight gradients) run in between.  The share is the sum over norms of
-forward + backward time, divided by that step's time.
+accumulation of its weight gradients) run in between.  Each interval's median over the
+stamped steps, summed over the norms, is the norm time per step; the share is that over
+the median step time.
 
   PYTHONPATH=src python benchmarks/bench_torch_training.py [--repeats 5] [--threads 1,2]
 """
@@ -80,8 +81,12 @@ class _Stamp(torch.autograd.Function):
         return grad, None, None
 
 
-def norm_share(trainer, steps):
-    """Median over steps of (norm seconds, step seconds) with every norm clock-stamped."""
+def norm_seconds(trainer, steps):
+    """Seconds per step inside the norms: every norm's forward and backward interval is
+    timed in each of `steps` clock-stamped steps; the median of each interval over the
+    steps is taken, then they are summed.  (Per interval, because on a loaded machine a
+    parallel region now and then waits a whole scheduler time slice for a descheduled
+    thread: a median per interval drops those, a median of per-step sums would not.)"""
     log = []
     norms = [m for m in trainer.model.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))]
     handles = []
@@ -89,22 +94,20 @@ def norm_share(trainer, steps):
         handles.append(m.register_forward_pre_hook(
             lambda m, args: (_Stamp.apply(args[0], log, "in"),)))
         handles.append(m.register_forward_hook(lambda m, args, y: _Stamp.apply(y, log, "out")))
-    results = []
+    intervals = []
     try:
         for _ in range(steps):
             log.clear()
-            t0 = time.perf_counter()
             trainer.step(log)
-            total = time.perf_counter() - t0
-            results.append((_norm_seconds(log, len(norms)), total))
+            intervals.append(_norm_intervals(log, len(norms)))
     finally:
         for h in handles:
             h.remove()
-    return tuple(float(np.median(c)) for c in zip(*results))
+    return float(np.median(intervals, axis=0).sum())
 
 
-def _norm_seconds(log, n_norms):
-    """Sum of the stamped intervals: forward in->out, backward out->in.
+def _norm_intervals(log, n_norms):
+    """The stamped intervals of one step: forward in->out, backward out->in.
 
     The first norm reads the model input, which needs no gradient, so its input stamp has
     no backward: its backward ends when loss.backward() returns ("done").
@@ -114,7 +117,7 @@ def _norm_seconds(log, n_norms):
     assert [k for k, _ in fwd] == ["in.fwd", "out.fwd"] * n_norms, fwd
     assert [k for k, _ in bwd] == ["out.bwd", "in.bwd"] * (n_norms - 1) + ["out.bwd", "done.bwd"], bwd
     pairs = fwd + bwd
-    return sum(pairs[i + 1][1] - pairs[i][1] for i in range(0, len(pairs), 2))
+    return [pairs[i + 1][1] - pairs[i][1] for i in range(0, len(pairs), 2)]
 
 
 # --------------------------------------------------------------------------- one norm
@@ -158,7 +161,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--norms", default="layer,rms")
     ap.add_argument("--repeats", type=int, default=5, help="timed steps per configuration")
-    ap.add_argument("--share-steps", type=int, default=3, help="clock-stamped steps")
+    ap.add_argument("--share-steps", type=int, default=5, help="clock-stamped steps")
     ap.add_argument("--ops-only", action="store_true", help="only the one-norm table")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -199,10 +202,10 @@ def main():
         times = time_interleaved([tr.step for tr in trainers], args.repeats, warmup=1)
         for i, t in enumerate(threads):
             tt, tr_ = times[2 * i], times[2 * i + 1]
-            n_t, s_t = norm_share(trainers[2 * i], args.share_steps)
-            n_r, s_r = norm_share(trainers[2 * i + 1], args.share_steps)
+            n_t = norm_seconds(trainers[2 * i], args.share_steps)
+            n_r = norm_seconds(trainers[2 * i + 1], args.share_steps)
             print(f"| {norm} | {t} | {tt * 1e3:.0f} | {tr_ * 1e3:.0f} | {tt / tr_:.3f}x | "
-                  f"{n_t / s_t:.1%} | {n_r / s_r:.1%} | {n_t * 1e3:.1f} | {n_r * 1e3:.1f} |",
+                  f"{n_t / tt:.1%} | {n_r / tr_:.1%} | {n_t * 1e3:.1f} | {n_r * 1e3:.1f} |",
                   flush=True)
 
 

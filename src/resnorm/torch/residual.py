@@ -17,7 +17,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import _residual
 from .._checks import eps_value
-from ..dropout import dropout_spec
+from ..inverted_dropout import dropout_spec
 from ..residual import _residual_scale
 from . import _tensors as T
 
