@@ -10,15 +10,17 @@ Step times: all configurations (torch/resnorm x thread counts) are timed round-r
 run (resnorm.bench.time_interleaved) and reported as medians; the thread count is set with
 torch.set_num_threads, which resnorm.torch follows.
 
-Norm share: extra steps in which every norm is wrapped by two identity autograd Functions
-that read the clock.  Forward norm time runs from the input stamp to the output stamp;
-backward from the output stamp's backward to the input stamp's backward: the CPU autograd
-engine runs nodes in decreasing creation order, so exactly the norm's own nodes (and the
-accumulation of its weight gradients) run in between.  Each interval's median over the
-stamped steps, summed over the norms, is the norm time per step; the share is that over
-the median step time.
+Norm time, in the same steps: every norm is wrapped by two identity autograd Functions that
+read the clock (36 Python calls per step, well under 1 ms of a step of a second or more).
+Forward norm time runs from the input stamp to the output stamp; backward from the output
+stamp's backward to the input stamp's backward: the CPU autograd engine runs nodes in
+decreasing creation order, so exactly the norm's own nodes (and the accumulation of its
+weight gradients) run in between.  Each interval's median over the timed steps, summed over
+the norms, is the norm time per step; the share is that over the median step time.
 
-  PYTHONPATH=src python benchmarks/bench_torch_training.py [--repeats 5] [--threads 1,2]
+A one-norm table first: forward and backward of a single norm at the activation shape.
+
+  PYTHONPATH=src python benchmarks/bench_torch_training.py [--repeats 7] [--threads 1,2]
 """
 import argparse
 import copy
@@ -47,24 +49,42 @@ def build_model(norm, d, heads, layers):
 
 
 class Trainer:
-    """One model, its optimizer and a fixed batch; step() is one training step."""
+    """One model, its optimizer and a fixed batch; step() is one training step.
+
+    Every norm is wrapped by two clock stamps (_Stamp), so each step also records the
+    time spent inside each norm, forward and backward (self.intervals, one list per step).
+    """
 
     def __init__(self, model, x, target, threads):
         self.model, self.x, self.target, self.threads = model, x, target, threads
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        self.log, self.intervals = [], []
+        self.norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))]
+        for m in self.norms:
+            m.register_forward_pre_hook(lambda m, args: (_Stamp.apply(args[0], self.log, "in"),))
+            m.register_forward_hook(lambda m, args, y: _Stamp.apply(y, self.log, "out"))
 
-    def step(self, log=None):
+    def step(self):
         torch.set_num_threads(self.threads)
+        self.log.clear()
         self.opt.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(self.model(self.x), self.target)
         loss.backward()
-        if log is not None:
-            log.append(("done.bwd", time.perf_counter()))
+        self.log.append(("done.bwd", time.perf_counter()))
         self.opt.step()
+        self.intervals.append(_norm_intervals(self.log, len(self.norms)))
         return loss.item()
 
+    def norm_seconds(self, skip):
+        """Seconds per step inside the norms: the median of each norm interval over the
+        steps after the first `skip`, summed.  (Per interval, because on a loaded machine
+        a parallel region now and then waits a whole scheduler time slice for a
+        descheduled thread: a median per interval drops those, a median of per-step sums
+        would not.)"""
+        return float(np.median(self.intervals[skip:], axis=0).sum())
 
-# --------------------------------------------------------------------------- norm share
+
+# --------------------------------------------------------------------------- norm time
 
 class _Stamp(torch.autograd.Function):
     """Identity that appends (key, perf_counter()) to a log in forward and in backward."""
@@ -79,31 +99,6 @@ class _Stamp(torch.autograd.Function):
     def backward(ctx, grad):
         ctx.log.append((ctx.key + ".bwd", time.perf_counter()))
         return grad, None, None
-
-
-def norm_seconds(trainer, steps):
-    """Seconds per step inside the norms: every norm's forward and backward interval is
-    timed in each of `steps` clock-stamped steps; the median of each interval over the
-    steps is taken, then they are summed.  (Per interval, because on a loaded machine a
-    parallel region now and then waits a whole scheduler time slice for a descheduled
-    thread: a median per interval drops those, a median of per-step sums would not.)"""
-    log = []
-    norms = [m for m in trainer.model.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))]
-    handles = []
-    for m in norms:
-        handles.append(m.register_forward_pre_hook(
-            lambda m, args: (_Stamp.apply(args[0], log, "in"),)))
-        handles.append(m.register_forward_hook(lambda m, args, y: _Stamp.apply(y, log, "out")))
-    intervals = []
-    try:
-        for _ in range(steps):
-            log.clear()
-            trainer.step(log)
-            intervals.append(_norm_intervals(log, len(norms)))
-    finally:
-        for h in handles:
-            h.remove()
-    return float(np.median(intervals, axis=0).sum())
 
 
 def _norm_intervals(log, n_norms):
@@ -160,8 +155,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--norms", default="layer,rms")
-    ap.add_argument("--repeats", type=int, default=5, help="timed steps per configuration")
-    ap.add_argument("--share-steps", type=int, default=5, help="clock-stamped steps")
+    ap.add_argument("--repeats", type=int, default=7, help="timed steps per configuration")
     ap.add_argument("--ops-only", action="store_true", help="only the one-norm table")
     args = ap.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -171,7 +165,7 @@ def main():
           f"resnorm simd {info['simd_level']}, openmp {info['openmp']}")
     print(f"# d={args.d} heads={args.heads} layers={args.layers} batch={args.batch} "
           f"T={args.tokens} float32, AdamW, {args.repeats} interleaved steps per config "
-          f"(medians), {args.share_steps} stamped steps for the norm share")
+          f"(medians)")
     print(f"\nOne norm at the activation shape ({args.batch * args.tokens} x {args.d} float32), "
           f"medians of 100 interleaved calls, us:\n")
     print("| norm | threads | torch fwd | resnorm fwd | torch bwd | resnorm bwd |")
@@ -202,8 +196,9 @@ def main():
         times = time_interleaved([tr.step for tr in trainers], args.repeats, warmup=1)
         for i, t in enumerate(threads):
             tt, tr_ = times[2 * i], times[2 * i + 1]
-            n_t = norm_seconds(trainers[2 * i], args.share_steps)
-            n_r = norm_seconds(trainers[2 * i + 1], args.share_steps)
+            # skip the steps before the timed ones (the check above and the warm-up)
+            n_t = trainers[2 * i].norm_seconds(skip=2 if i == 0 else 1)
+            n_r = trainers[2 * i + 1].norm_seconds(skip=2 if i == 0 else 1)
             print(f"| {norm} | {t} | {tt * 1e3:.0f} | {tr_ * 1e3:.0f} | {tt / tr_:.3f}x | "
                   f"{n_t / tt:.1%} | {n_r / tr_:.1%} | {n_t * 1e3:.1f} | {n_r * 1e3:.1f} |",
                   flush=True)
