@@ -26,9 +26,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const float *, const float *, const float *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(float *, float *, const float *, const float *, double, Py_ssize_t,
+        void (*rms_apply)(float *, const float *, const float *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(float *, float *, const float *, const float *, const float *, double, double,
+        void (*ln_apply)(float *, const float *, const float *, const float *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(float *, double *, const float *, const float *, const float *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -37,17 +37,20 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(float *, const double *, Py_ssize_t) noexcept nogil
-        void (*dropout_mult)(float *, uint64_t, uint64_t, Py_ssize_t, uint32_t,
-                             double) noexcept nogil
-        void (*residual_add)(float *, const float *, const float *, const float *, const float *,
-                             Py_ssize_t, int) noexcept nogil
+        void (*residual_add)(float *, const float *, const float *, const float *, const uint8_t *,
+                             Py_ssize_t, double, Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(float *, float *, double *, const float *, const float *, const float *,
-                             const float *, const float *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, float *, const float *, const float *, const float *,
-                                     const float *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
+                             const float *, const uint8_t *, Py_ssize_t, double, Py_ssize_t,
+                             int) noexcept nogil
+        double (*residual_reduce)(const float *, const float *, const float *, const uint8_t *,
+                                  Py_ssize_t, double, Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(float *, float *, const float *, const float *, const float *,
+                                    const uint8_t *, Py_ssize_t, double, const float *,
+                                    const float *, double, double, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(float *, float *, const float *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
+        void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
 
     ctypedef struct rn_ops_f64:
         double (*sum)(const double *, Py_ssize_t) noexcept nogil
@@ -57,9 +60,9 @@ cdef extern from "cpu.h" nogil:
                               Py_ssize_t) noexcept nogil
         void (*ln_bwd_sums)(double *, double *, const double *, const double *, const double *,
                             double, double, Py_ssize_t) noexcept nogil
-        void (*rms_apply)(double *, double *, const double *, const double *, double, Py_ssize_t,
+        void (*rms_apply)(double *, const double *, const double *, double, Py_ssize_t,
                           int) noexcept nogil
-        void (*ln_apply)(double *, double *, const double *, const double *, const double *, double, double,
+        void (*ln_apply)(double *, const double *, const double *, const double *, double, double,
                          Py_ssize_t, int) noexcept nogil
         void (*rms_bwd_apply)(double *, double *, const double *, const double *, const double *,
                               double, double, Py_ssize_t, int) noexcept nogil
@@ -68,20 +71,25 @@ cdef extern from "cpu.h" nogil:
                              int) noexcept nogil
         void (*accumulate)(double *, const double *, Py_ssize_t) noexcept nogil
         void (*narrow)(double *, const double *, Py_ssize_t) noexcept nogil
-        void (*dropout_mult)(double *, uint64_t, uint64_t, Py_ssize_t, uint32_t,
-                             double) noexcept nogil
-        void (*residual_add)(double *, const double *, const double *, const double *, const double *,
-                             Py_ssize_t, int) noexcept nogil
+        void (*residual_add)(double *, const double *, const double *, const double *, const uint8_t *,
+                             Py_ssize_t, double, Py_ssize_t, int) noexcept nogil
         void (*residual_bwd)(double *, double *, double *, const double *, const double *, const double *,
-                             const double *, const double *, Py_ssize_t, int) noexcept nogil
-        double (*residual_add_lanes)(double *, double *, const double *, const double *, const double *,
-                                     const double *, Py_ssize_t, Py_ssize_t, int) noexcept nogil
+                             const double *, const uint8_t *, Py_ssize_t, double, Py_ssize_t,
+                             int) noexcept nogil
+        double (*residual_reduce)(const double *, const double *, const double *, const uint8_t *,
+                                  Py_ssize_t, double, Py_ssize_t, int, double) noexcept nogil
+        void (*residual_norm_apply)(double *, double *, const double *, const double *, const double *,
+                                    const uint8_t *, Py_ssize_t, double, const double *,
+                                    const double *, double, double, Py_ssize_t, int) noexcept nogil
         void (*sigmoid)(double *, double *, const double *, Py_ssize_t) noexcept nogil
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
+        void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
 
     rn_ops_f32 RN_F32
     rn_ops_f64 RN_F64
+    int RN_STREAM_UNFENCED
+    void rn_sfence()
     int rn_cpu_init()
     const char *rn_level_name()
     const char *rn_build_flags()
@@ -125,35 +133,17 @@ cdef inline void row_ln_bwd_sums(double *sum_g, double *sum_gxhat, const floatin
 cdef inline void row_rms_apply(floating *y, const floating *x, const floating *w, double rstd,
                                Py_ssize_t n, bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.rms_apply(y, NULL, x, w, rstd, n, stream)
+        RN_F32.rms_apply(y, x, w, rstd, n, stream)
     else:
-        RN_F64.rms_apply(y, NULL, x, w, rstd, n, stream)
-
-cdef inline void row_rms_apply_copy(floating *y, floating *copy, const floating *x,
-                                    const floating *w, double rstd, Py_ssize_t n,
-                                    bint stream) noexcept nogil:
-    """row_rms_apply that also writes x itself to copy, in the same pass."""
-    if floating is float:
-        RN_F32.rms_apply(y, copy, x, w, rstd, n, stream)
-    else:
-        RN_F64.rms_apply(y, copy, x, w, rstd, n, stream)
+        RN_F64.rms_apply(y, x, w, rstd, n, stream)
 
 cdef inline void row_ln_apply(floating *y, const floating *x, const floating *w,
                               const floating *b, double mean, double rstd, Py_ssize_t n,
                               bint stream) noexcept nogil:
     if floating is float:
-        RN_F32.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
+        RN_F32.ln_apply(y, x, w, b, mean, rstd, n, stream)
     else:
-        RN_F64.ln_apply(y, NULL, x, w, b, mean, rstd, n, stream)
-
-cdef inline void row_ln_apply_copy(floating *y, floating *copy, const floating *x,
-                                   const floating *w, const floating *b, double mean,
-                                   double rstd, Py_ssize_t n, bint stream) noexcept nogil:
-    """row_ln_apply that also writes x itself to copy, in the same pass."""
-    if floating is float:
-        RN_F32.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
-    else:
-        RN_F64.ln_apply(y, copy, x, w, b, mean, rstd, n, stream)
+        RN_F64.ln_apply(y, x, w, b, mean, rstd, n, stream)
 
 cdef inline void row_rms_bwd_apply(floating *dx, double *dw_part, const floating *dy,
                                    const floating *x, const floating *w, double rstd, double m,
@@ -189,38 +179,47 @@ cdef inline void add_partial(double *acc, const double *part, Py_ssize_t n) noex
     RN_F64.accumulate(acc, part, n)
 
 
-cdef inline void row_dropout_mult(floating *m, uint64_t seed, uint64_t start, Py_ssize_t n,
-                                  uint32_t threshold, double scale) noexcept nogil:
-    if floating is float:
-        RN_F32.dropout_mult(m, seed, start, n, threshold, scale)
-    else:
-        RN_F64.dropout_mult(m, seed, start, n, threshold, scale)
+# ---- residual connections.  The dropout mask is a bit string (1 bit per element, from
+# span_bits); element k of a span uses bit kpos + k of keep (keep NULL: no dropout), and
+# its multiplier is scale if the bit is set, 0 if not. ----
 
 cdef inline void row_residual_add(floating *h, const floating *r, const floating *x,
-                                  const floating *a, const floating *m, Py_ssize_t n,
-                                  bint stream) noexcept nogil:
+                                  const floating *a, const uint8_t *keep, Py_ssize_t kpos,
+                                  double scale, Py_ssize_t n, int stream) noexcept nogil:
     if floating is float:
-        RN_F32.residual_add(h, r, x, a, m, n, stream)
+        RN_F32.residual_add(h, r, x, a, keep, kpos, scale, n, stream)
     else:
-        RN_F64.residual_add(h, r, x, a, m, n, stream)
+        RN_F64.residual_add(h, r, x, a, keep, kpos, scale, n, stream)
 
 cdef inline void row_residual_bwd(floating *dx, floating *dr, double *da_part,
                                   const floating *gh, const floating *dh, const floating *x,
-                                  const floating *a, const floating *m, Py_ssize_t n,
-                                  bint stream) noexcept nogil:
+                                  const floating *a, const uint8_t *keep, Py_ssize_t kpos,
+                                  double scale, Py_ssize_t n, int stream) noexcept nogil:
     if floating is float:
-        RN_F32.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
+        RN_F32.residual_bwd(dx, dr, da_part, gh, dh, x, a, keep, kpos, scale, n, stream)
     else:
-        RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, m, n, stream)
+        RN_F64.residual_bwd(dx, dr, da_part, gh, dh, x, a, keep, kpos, scale, n, stream)
 
-cdef inline double row_residual_add_lanes(double *lanes, floating *h, const floating *r,
-                                          const floating *x, const floating *a,
-                                          const floating *m, Py_ssize_t n, Py_ssize_t ahead,
-                                          bint squares) noexcept nogil:
+cdef inline double row_residual_reduce(const floating *r, const floating *x,
+                                       const floating *a, const uint8_t *keep, Py_ssize_t kpos,
+                                       double scale, Py_ssize_t n, bint squares,
+                                       double shift) noexcept nogil:
     if floating is float:
-        return RN_F32.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
+        return RN_F32.residual_reduce(r, x, a, keep, kpos, scale, n, squares, shift)
     else:
-        return RN_F64.residual_add_lanes(lanes, h, r, x, a, m, n, ahead, squares)
+        return RN_F64.residual_reduce(r, x, a, keep, kpos, scale, n, squares, shift)
+
+cdef inline void row_residual_norm_apply(floating *y, floating *hout, const floating *r,
+                                         const floating *x, const floating *a,
+                                         const uint8_t *keep, Py_ssize_t kpos, double scale,
+                                         const floating *w, const floating *b, double mean,
+                                         double rstd, Py_ssize_t n, int stream) noexcept nogil:
+    if floating is float:
+        RN_F32.residual_norm_apply(y, hout, r, x, a, keep, kpos, scale, w, b, mean, rstd, n,
+                                   stream)
+    else:
+        RN_F64.residual_norm_apply(y, hout, r, x, a, keep, kpos, scale, w, b, mean, rstd, n,
+                                   stream)
 
 cdef inline void row_sigmoid(floating *s, floating *ds, const floating *g,
                              Py_ssize_t n) noexcept nogil:
@@ -236,8 +235,13 @@ cdef inline void span_uniforms(uint32_t *u, uint64_t seed, uint64_t start,
 
 cdef inline void span_keep(uint8_t *keep, uint64_t seed, uint64_t start, Py_ssize_t n,
                            uint32_t threshold) noexcept nogil:
-    """keep[k] := uniform(start + k) >= threshold (any element type)."""
+    """keep[k] := uniform(start + k) >= threshold, one byte each (any element type)."""
     RN_F64.dropout_keep(keep, seed, start, n, threshold)
+
+cdef inline void span_bits(uint64_t *words, uint64_t seed, uint64_t group, Py_ssize_t count,
+                           uint32_t threshold) noexcept nogil:
+    """words[j] := the keep bits of elements 64 (group + j) .. + 63 (any element type)."""
+    RN_F64.dropout_bits(words, seed, group, count, threshold)
 
 
 # ---- reductions over rows: fixed row blocks, one float64 partial row per block ----

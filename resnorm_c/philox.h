@@ -81,49 +81,101 @@ static inline RN_QVEC RN_PNAME(mul32)(RN_QVEC a, RN_QVEC b)
 #endif
 }
 
-/* u[0 .. 64 * RN_PGROUPS) := the uniforms of groups g, g+1, ..: elements 64g .. (see the
- * map above).  Their blocks have the consecutive counters 16g, 16g + 1, ... */
-static void RN_PNAME(philox_groups)(uint32_t *u, uint64_t seed, uint64_t g)
+/* The ten rounds for the blocks of groups g, g+1, .. (RN_PGROUPS of them), whose counters
+ * are the consecutive 16g, 16g + 1, ...  On return c[w][v] holds output word w of the
+ * blocks of vector v, each in the low half of its 64-bit lane. */
+static inline __attribute__((always_inline)) void RN_PNAME(philox_rounds)(
+    RN_QVEC c[4][RN_QN], uint64_t seed, uint64_t g)
 {
-    RN_QVEC c0[RN_QN], c1[RN_QN], c2[RN_QN], c3[RN_QN], lane;
+    RN_QVEC lane;
     for (int l = 0; l < RN_QL; l++)
         lane[l] = (uint64_t)l;
     for (int v = 0; v < RN_QN; v++) {
         /* a multiple of RN_QL: the lanes of one vector never straddle a 2^32 boundary */
         const uint64_t first = g * 16 + (uint64_t)(v * RN_QL);
-        c0[v] = lane + (uint64_t)(uint32_t)first;
-        c1[v] = (RN_QVEC){0} + (first >> 32);
-        c2[v] = (RN_QVEC){0};
-        c3[v] = (RN_QVEC){0};
+        c[0][v] = lane + (uint64_t)(uint32_t)first;
+        c[1][v] = (RN_QVEC){0} + (first >> 32);
+        c[2][v] = (RN_QVEC){0};
+        c[3][v] = (RN_QVEC){0};
     }
     const RN_QVEC m0 = (RN_QVEC){0} + RN_PHILOX_M0, m1 = (RN_QVEC){0} + RN_PHILOX_M1;
     uint64_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
 #pragma GCC unroll 10
     for (int r = 0; r < RN_PHILOX_ROUNDS; r++) {
         for (int v = 0; v < RN_QN; v++) {
-            RN_QVEC p0 = RN_PNAME(mul32)(c0[v], m0), p1 = RN_PNAME(mul32)(c2[v], m1);
-            RN_QVEC n0 = (p1 >> 32) ^ c1[v] ^ k0, n2 = (p0 >> 32) ^ c3[v] ^ k1;
-            c0[v] = n0;
-            c1[v] = p1; /* lo1 in the low half */
-            c2[v] = n2;
-            c3[v] = p0; /* lo0 */
+            RN_QVEC p0 = RN_PNAME(mul32)(c[0][v], m0), p1 = RN_PNAME(mul32)(c[2][v], m1);
+            RN_QVEC n0 = (p1 >> 32) ^ c[1][v] ^ k0, n2 = (p0 >> 32) ^ c[3][v] ^ k1;
+            c[0][v] = n0;
+            c[1][v] = p1; /* lo1 in the low half */
+            c[2][v] = n2;
+            c[3][v] = p0; /* lo0 */
         }
         k0 = (uint32_t)(k0 + RN_PHILOX_W0);
         k1 = (uint32_t)(k1 + RN_PHILOX_W1);
     }
+}
+
+/* u[0 .. 64 * RN_PGROUPS) := the uniforms of groups g, g+1, ..: elements 64g .. (see the
+ * map above). */
+static void RN_PNAME(philox_groups)(uint32_t *u, uint64_t seed, uint64_t g)
+{
+    RN_QVEC c[4][RN_QN];
+    RN_PNAME(philox_rounds)(c, seed, g);
     for (int v = 0; v < RN_QN; v += 2) {
         /* the low halves, narrowed: word w of block b of group j goes to u[64j + 16w + b].
          * Two neighbouring vectors are narrowed together into one native-width store: the
          * readers load native vectors, and a load that spans two narrower stores cannot be
          * forwarded from the store buffer (it waits for both to reach the cache). */
         uint32_t *dst = u + 64 * (v * RN_QL / 16) + (v * RN_QL) % 16;
-        RN_QVEC *words[4] = {c0, c1, c2, c3};
         for (int w = 0; w < 4; w++) {
             RN_QPAIR q;
-            memcpy(&q, &words[w][v], sizeof words[w][v]);
-            memcpy((char *)&q + sizeof words[w][v], &words[w][v + 1], sizeof words[w][v]);
+            memcpy(&q, &c[w][v], sizeof c[w][v]);
+            memcpy((char *)&q + sizeof c[w][v], &c[w][v + 1], sizeof c[w][v]);
             RN_WPAIR narrow = __builtin_convertvector(q, RN_WPAIR);
             memcpy(dst + 16 * w, &narrow, sizeof narrow);
+        }
+    }
+}
+
+/* Bit l set when the low half of lane l of c is >= t: an unsigned compare of the 32-bit
+ * words straight into a bit mask (a mask register on avx512, movemask on avx2). */
+static inline unsigned RN_PNAME(lanes_at_least)(RN_QVEC c, uint64_t t)
+{
+    const RN_QVEC low = c & 0xffffffffu;
+#if RN_LEVEL == 3
+    return _mm512_cmp_epu64_mask((__m512i)low, _mm512_set1_epi64((long long)t), _MM_CMPINT_NLT);
+#elif RN_LEVEL == 2
+    /* both sides are below 2^32, so the signed 64-bit compare is exact: below = t > low */
+    __m256i below = _mm256_cmpgt_epi64(_mm256_set1_epi64x((long long)t), (__m256i)low);
+    return ~(unsigned)_mm256_movemask_pd(_mm256_castsi256_pd(below)) & 0xFu;
+#else
+    unsigned bits = 0;
+    for (int l = 0; l < RN_QL; l++)
+        bits |= (unsigned)(low[l] >= t) << l;
+    return bits;
+#endif
+}
+
+/* words[j] := the keep bits of group g + j, j < count: bit b of word j is set when element
+ * 64(g + j) + b is kept (its uniform >= threshold).  The dropout mask as the kernels hold
+ * it, 1 bit per element.  The uniforms never leave the registers: one store per 64
+ * elements, so the generator can run while streamed stores drain without queueing its own
+ * stores behind them. */
+static void RN_PNAME(dropout_bits)(uint64_t *words, uint64_t seed, uint64_t g, Py_ssize_t count,
+                                   uint32_t threshold)
+{
+    const int per_group = 16 / RN_QL; /* vectors per group */
+    RN_QVEC c[4][RN_QN];
+    for (Py_ssize_t j = 0; j < count; j += RN_PGROUPS) {
+        RN_PNAME(philox_rounds)(c, seed, g + (uint64_t)j);
+        for (int q = 0; q < RN_PGROUPS && j + q < count; q++) {
+            /* element 16w + b of the group is word w of block b = RN_QL * vv + lane */
+            uint64_t bits = 0;
+            for (int w = 0; w < 4; w++)
+                for (int vv = 0; vv < per_group; vv++)
+                    bits |= (uint64_t)RN_PNAME(lanes_at_least)(c[w][q * per_group + vv], threshold)
+                            << (16 * w + RN_QL * vv);
+            words[j + q] = bits;
         }
     }
 }

@@ -3,18 +3,17 @@ add + RMSNorm / LayerNorm (Pre-Norm and Post-Norm), scaled and gated residuals, 
 and backward.
 
 Outputs come first, then inputs, then sizes.  The kernels do not validate (resnorm.residual
-and resnorm.dropout do that).  Besides the partial-sum rows of backward they allocate a few
-scratch rows per thread: a row is assembled there (h = residual + alpha*dropout(x), or the
-gradient reaching h), reduced and applied while it sits in L1/L2, and written to memory
-once.  So the fused Pre-Norm forward moves four streams (read x and residual, write h and
-y), each once.
+and resnorm.inverted_dropout do that).  Besides the partial-sum rows of backward they
+allocate a few scratch rows per thread (keep masks, the gradient reaching h).  The fused
+Pre-Norm forward moves four streams, each once: it reads x and residual, and writes h and y.
 
-Dropout multipliers come from Philox-4x32-10 (resnorm_c/philox.h) as a function of
-(seed, flat element index): regenerated in backward, never stored, and identical for any
-thread count.  The forward kernels generate them slice by slice just before use, inside a
-loop that also reads and writes memory (see add_rms_norm_forward); backward generates the
-next row's multipliers during the current row's write pass.  Either way the Philox
-arithmetic runs while memory traffic is in flight, not in a phase of its own.
+Dropout keeps element k when its Philox-4x32-10 uniform (resnorm_c/philox.h), a function
+of (seed, flat element index), passes the threshold; the mask is regenerated in backward,
+never stored between the passes, and identical for any thread count.  Inside a kernel it is
+a bit string, 1 bit per element (a row's mask stays in L1 beside the row), made one row
+ahead: a thread generates the mask of its next row slice by slice during the current row's
+write pass, which waits on streamed stores draining to memory and leaves the core time to
+spare.
 
 Reductions over rows (dweight, dbias, dalpha) go through fixed row blocks
 (common.row_blocks) and float64 partial rows added in block order: bitwise reproducible.
@@ -27,17 +26,16 @@ from libc.math cimport sqrt
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_sumsqdev,
-                     row_rms_apply_copy, row_ln_apply_copy, row_rms_bwd_dot, row_rms_bwd_apply,
-                     row_ln_bwd_sums, row_ln_bwd_apply, row_dropout_mult, row_residual_add,
-                     row_residual_add_lanes, row_residual_bwd, row_sigmoid, span_uniforms,
-                     span_keep)
+from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_rms_bwd_dot,
+                     row_rms_bwd_apply, row_ln_bwd_sums, row_ln_bwd_apply, row_residual_add,
+                     row_residual_reduce, row_residual_norm_apply, row_residual_bwd, row_sigmoid,
+                     span_uniforms, span_keep, span_bits, RN_STREAM_UNFENCED, rn_sfence)
 
 rn_cpu_init()
 
 cdef enum:
     DROPOUT_CHUNK = 8192  # elements per task of the flat dropout kernels
-    SEGMENT = 512         # elements per slice of a write pass (see the module docstring)
+    SEGMENT = 1024        # elements per slice of a write pass (see the module docstring)
 
 
 cdef struct rn_dropout:
@@ -54,10 +52,20 @@ cdef inline const rn_dropout *active(const rn_dropout *dp) noexcept nogil:
     return dp if dp.on else NULL
 
 
-cdef inline void multipliers(floating *m, const rn_dropout *dp, uint64_t start,
-                             Py_ssize_t n) noexcept nogil:
-    """m[k] := the dropout multiplier of flat element start + k, k < n."""
-    row_dropout_mult(m, dp.seed, start, n, dp.threshold, dp.scale)
+cdef inline Py_ssize_t mask_words(Py_ssize_t d) noexcept nogil:
+    """64-bit words that hold the keep bits of d consecutive elements starting anywhere in
+    a group, plus a word of padding for the readers' 8-byte loads."""
+    return (d + 63) // 64 + 2
+
+
+cdef inline uint64_t extend_bits(uint64_t *words, const rn_dropout *dp, uint64_t first_group,
+                                 uint64_t made, uint64_t end) noexcept nogil:
+    """Makes the keep bits of the groups from `made` up to the one holding flat element
+    end - 1, into words (word j: group first_group + j); returns the new `made`."""
+    cdef uint64_t need = (end + 63) // 64
+    if need > made:
+        span_bits(words + (made - first_group), dp.seed, made, need - made, dp.threshold)
+    return need if need > made else made
 
 
 cdef inline const floating *at(const floating *p, Py_ssize_t k) noexcept nogil:
@@ -84,20 +92,24 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
     """
     cdef Py_ssize_t n = x.shape[0], n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK
     cdef Py_ssize_t c, k, end, length
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, SEGMENT)
-    cdef floating *m
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
+    cdef uint64_t[:, ::1] masks = np.zeros((max(1, n_threads), mask_words(SEGMENT)), np.uint64)
+    cdef uint64_t *words
     with nogil:
         for c in prange(n_chunks, schedule="static", num_threads=n_threads):
-            m = &scratch[threadid(), 0]
+            words = &masks[threadid(), 0]
             end = min(n, (c + 1) * DROPOUT_CHUNK)
             k = c * DROPOUT_CHUNK
             while k < end:
-                # slice by slice, so that Philox and memory traffic interleave finely
+                # slice by slice (slices start on a group), so that Philox and memory traffic
+                # interleave finely
                 length = min(<Py_ssize_t>SEGMENT, end - k)
-                multipliers(m, &dropout, k, length)
-                row_residual_add(&out[k], NULL, &x[k], NULL, m, length, stream)
+                extend_bits(words, &dropout, k // 64, k // 64, k + length)
+                row_residual_add(&out[k], NULL, &x[k], NULL, <uint8_t *>words, 0, dropout.scale,
+                                 length, unfenced)
                 k = k + length
+            if stream:
+                rn_sfence()
 
 
 def dropout_mask(uint8_t[::1] keep, rn_dropout dropout, int n_threads):
@@ -120,6 +132,27 @@ def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):
 
 # --------------------------------------------------------------------------- fused add + norm
 
+cdef inline void apply_row(floating *y, floating *hout, const floating *residual,
+                           const floating *x, const floating *a, const floating *w,
+                           const floating *b, double mean, double rstd, const uint8_t *keep,
+                           Py_ssize_t kpos, uint64_t *next_words, const rn_dropout *dp,
+                           uint64_t next_start, Py_ssize_t d, int stream) noexcept nogil:
+    """y (and hout) of one row from its cached x and residual, slice by slice; between
+    slices the keep bits of the next row (flat elements from next_start) go into next_words
+    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k."""
+    cdef Py_ssize_t k = 0, length
+    cdef double scale = dp.scale if dp != NULL else 1.0
+    cdef uint64_t first = next_start // 64, made = next_start // 64
+    while k < d:
+        length = min(<Py_ssize_t>SEGMENT, d - k)
+        row_residual_norm_apply(y + k, hout + k if hout != NULL else NULL, residual + k, x + k,
+                                at(a, k), keep, kpos + k, scale, at(w, k), at(b, k), mean, rstd,
+                                length, stream)
+        if next_words != NULL:
+            made = extend_bits(next_words, dp, first, made, next_start + k + length)
+        k += length
+
+
 def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rstd,
                          const floating[:, ::1] x, const floating[:, ::1] residual,
                          const floating[::1] weight, const floating[::1] alpha, double eps,
@@ -130,55 +163,46 @@ def add_rms_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] rst
     None (only y is written).  weight, alpha (D,) may be None (1).
     Backward: add_rms_norm_backward.  NumPy reference: resnorm.reference.add_rms_norm_forward.
 
-    Each thread walks its rows as a two-stage pipeline, slice by slice: it reads row i (x
-    and residual, into a cached row of h, reducing on the way) while it writes row i-1 (y,
-    and h in Pre-Norm), whose statistic is known.  Reads and streamed writes then share
-    every moment, instead of alternating row by row; so does the Philox arithmetic.
+    A thread takes a contiguous range of rows.  Per row: one reduction pass over x and
+    residual that only loads (h is not stored: a plain store would queue behind the
+    streamed stores still draining), then one pass that recomputes h from the cached rows
+    and writes y and h (apply_row).  Memory sees x and residual read once, y and h written
+    once.
     """
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
-    cdef int nt = max(1, n_threads)
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, lo, hi
+    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
+    cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef bint pre = h is not None
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
-    cdef floating *h_in
-    cdef floating *h_out
-    cdef floating *swap
-    cdef floating *m
-    cdef double *lanes
-    cdef double ss
+    cdef Py_ssize_t nw = mask_words(d)
+    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
+    cdef uint64_t *keep
+    cdef uint64_t *keep_next
+    cdef uint64_t *swap
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
-            # h_in: the row being read; h_out: the row being written; m: multipliers of a slice
-            h_in = &scratch[t, 0]
-            h_out = h_in + d
-            m = h_in + 2 * d
-            lanes = &lane_rows[t, 0]
+            # keep, keep_next: the bits of this row and of the next (from their first group)
+            keep = &masks[t, 0] if dp != NULL else NULL
+            keep_next = keep + nw if dp != NULL else NULL
             lo = t * n // nt
             hi = (t + 1) * n // nt
-            for i in range(lo, hi + 1):
-                memset(lanes, 0, 32 * sizeof(double))
-                k = 0
-                while k < d:
-                    length = min(<Py_ssize_t>SEGMENT, d - k)
-                    if i < hi:
-                        if dp != NULL:
-                            multipliers(m, dp, i * d + k, length)
-                        ss = row_residual_add_lanes(lanes, h_in + k, &residual[i, k], &x[i, k],
-                                                    at(a, k), m if dp != NULL else NULL,
-                                                    length, d, True)
-                    if i > lo:
-                        row_rms_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
-                                           h_out + k, at(w, k), rstd[i - 1], length, stream)
-                    k = k + length
-                if i < hi:
-                    rstd[i] = 1.0 / sqrt(ss / d + eps)
-                swap = h_in
-                h_in = h_out
-                h_out = swap
+            if dp != NULL and lo < hi:
+                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
+            for i in range(lo, hi):
+                # one reduction, the mean of h^2
+                rstd[i] = 1.0 / sqrt(row_residual_reduce(
+                    &residual[i, 0], &x[i, 0], a, <uint8_t *>keep, i * d % 64, scale, d, True,
+                    0.0) / d + eps)
+                apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0], a, w,
+                          NULL, 0.0, rstd[i], <uint8_t *>keep, i * d % 64,
+                          keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+                swap = keep
+                keep = keep_next
+                keep_next = swap
+            if stream:
+                rn_sfence()
 
 
 def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
@@ -189,74 +213,65 @@ def add_layer_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] m
     """h := residual + alpha * dropout(x);  y := (h - mean) * rstd * w + b (two-pass stats).
 
     Pre-Norm when h is given, Post-Norm when h is None.  weight, bias, alpha may be None.
-    The same pipeline as add_rms_norm_forward; the variance pass runs on the cached row.
+    As add_rms_norm_forward, with the two LayerNorm reductions (the second from cache).
     Backward: add_layer_norm_backward.  NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
-    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, k, lo, hi, length
-    cdef int nt = max(1, n_threads)
+    cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, lo, hi
+    cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *b = opt_ptr(bias)
     cdef const floating *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
+    cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef bint pre = h is not None
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 2 * d + SEGMENT)
-    cdef double[:, ::1] lane_rows = thread_rows(np.float64, 8, nt, 32)
-    cdef floating *h_in
-    cdef floating *h_out
-    cdef floating *swap
-    cdef floating *m
-    cdef double *lanes
-    cdef double total
+    cdef Py_ssize_t nw = mask_words(d)
+    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
+    cdef uint64_t *keep
+    cdef uint64_t *keep_next
+    cdef uint64_t *swap
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
-            h_in = &scratch[t, 0]
-            h_out = h_in + d
-            m = h_in + 2 * d
-            lanes = &lane_rows[t, 0]
+            # keep, keep_next: the bits of this row and of the next (from their first group)
+            keep = &masks[t, 0] if dp != NULL else NULL
+            keep_next = keep + nw if dp != NULL else NULL
             lo = t * n // nt
             hi = (t + 1) * n // nt
-            for i in range(lo, hi + 1):
-                memset(lanes, 0, 32 * sizeof(double))
-                k = 0
-                while k < d:
-                    length = min(<Py_ssize_t>SEGMENT, d - k)
-                    if i < hi:
-                        if dp != NULL:
-                            multipliers(m, dp, i * d + k, length)
-                        total = row_residual_add_lanes(lanes, h_in + k, &residual[i, k],
-                                                       &x[i, k], at(a, k),
-                                                       m if dp != NULL else NULL, length, d,
-                                                       False)
-                    if i > lo:
-                        row_ln_apply_copy(&y[i - 1, k], &h[i - 1, k] if pre else NULL,
-                                          h_out + k, at(w, k), at(b, k), mean[i - 1],
-                                          rstd[i - 1], length, stream)
-                    k = k + length
-                if i < hi:
-                    # the second LayerNorm reduction, on the cached row
-                    mean[i] = total / d
-                    rstd[i] = 1.0 / sqrt(row_sumsqdev(h_in, d, mean[i]) / d + eps)
-                swap = h_in
-                h_in = h_out
-                h_out = swap
+            if dp != NULL and lo < hi:
+                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
+            for i in range(lo, hi):
+                # two reductions: the mean, then the mean squared deviation from it
+                mean[i] = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                                              i * d % 64, scale, d, False, 0.0) / d
+                rstd[i] = 1.0 / sqrt(row_residual_reduce(
+                    &residual[i, 0], &x[i, 0], a, <uint8_t *>keep, i * d % 64, scale, d, True,
+                    mean[i]) / d + eps)
+                apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0], a, w,
+                          b, mean[i], rstd[i], <uint8_t *>keep, i * d % 64,
+                          keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+                swap = keep
+                keep = keep_next
+                keep_next = swap
+            if stream:
+                rn_sfence()
 
 
 cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
                              const floating *gh, const floating *dh, const floating *x,
-                             const floating *a, const floating *m, floating *m_next,
-                             const rn_dropout *dp, uint64_t next_start, Py_ssize_t d,
-                             bint stream) noexcept nogil:
+                             const floating *a, const uint8_t *keep, Py_ssize_t kpos,
+                             uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
+                             Py_ssize_t d, int stream) noexcept nogil:
     """Backward of one row of h = residual + a*(x*m), given the gradient gh reaching h from
     the norm (+ dh along the stream): dresidual, dx and the dalpha partial, slice by slice;
-    between slices the next row's multipliers go into m_next (when it is not NULL)."""
+    between slices the next row's keep bits go into next_words (when it is not NULL)."""
     cdef Py_ssize_t k = 0, length
+    cdef double scale = dp.scale if dp != NULL else 1.0
+    cdef uint64_t first = next_start // 64, made = next_start // 64
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
         row_residual_bwd(dx + k, dresidual + k, apart + k if apart != NULL else NULL, gh + k,
-                         at(dh, k), at(x, k), at(a, k), at(m, k), length, stream)
-        if m_next != NULL:
-            multipliers(m_next + k, dp, next_start + k, length)
+                         at(dh, k), at(x, k), at(a, k), keep, kpos + k, scale, length, stream)
+        if next_words != NULL:
+            made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
 
 
@@ -286,12 +301,15 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef bint has_dw = dweight is not None, has_da = dalpha is not None
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
+    cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 3 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
+    cdef Py_ssize_t nw = mask_words(d)
+    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
     cdef floating *gs
-    cdef floating *mc
-    cdef floating *mn
-    cdef floating *swap
+    cdef uint64_t *keep
+    cdef uint64_t *keep_next
+    cdef uint64_t *swap
     cdef const floating *hp
     cdef double *wpart
     cdef double *apart
@@ -299,10 +317,10 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     with nogil:
         for blk in prange(nb, schedule="static", num_threads=nt):
             # gs: the gradient reaching this row of h (in Post-Norm first h itself);
-            # mc, mn: the dropout multipliers of this row and of the next
+            # keep, keep_next: the masks of this row and of the next
             gs = &scratch[threadid(), 0]
-            mc = gs + d
-            mn = gs + 2 * d
+            keep = &masks[threadid(), 0] if dp != NULL else NULL
+            keep_next = keep + nw if dp != NULL else NULL
             wpart = NULL
             apart = NULL
             if has_dw:
@@ -314,23 +332,26 @@ def add_rms_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
             lo = blk * n // nb
             hi = (blk + 1) * n // nb
             if dp != NULL and lo < hi:
-                multipliers(mc, dp, lo * d, d)
+                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
             for i in range(lo, hi):
                 if pre:
                     hp = &h[i, 0]
                 else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a,
-                                     mc if dp != NULL else NULL, d, False)
+                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                                     i * d % 64, scale, d, False)
                     hp = gs
                 # the norm backward (one reduction) leaves the gradient reaching h in gs
                 m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
                 row_rms_bwd_apply(gs, wpart, &dy[i, 0], hp, w, rstd[i], m, d, False)
                 through_add(&dx[i, 0], &dresidual[i, 0], apart, gs, &dh[i, 0] if has_dh else NULL,
-                            &x[i, 0] if has_da else NULL, a, mc if dp != NULL else NULL,
-                            mn if dp != NULL and i + 1 < hi else NULL, dp, (i + 1) * d, d, stream)
-                swap = mc
-                mc = mn
-                mn = swap
+                            &x[i, 0] if has_da else NULL, a, <uint8_t *>keep, i * d % 64,
+                            keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d,
+                            RN_STREAM_UNFENCED if stream else 0)
+                swap = keep
+                keep = keep_next
+                keep_next = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_da:
@@ -364,12 +385,15 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
     cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
+    cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, 3 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
+    cdef Py_ssize_t nw = mask_words(d)
+    cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
     cdef floating *gs
-    cdef floating *mc
-    cdef floating *mn
-    cdef floating *swap
+    cdef uint64_t *keep
+    cdef uint64_t *keep_next
+    cdef uint64_t *swap
     cdef const floating *hp
     cdef double *wpart
     cdef double *bpart
@@ -378,8 +402,8 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
     with nogil:
         for blk in prange(nb, schedule="static", num_threads=nt):
             gs = &scratch[threadid(), 0]
-            mc = gs + d
-            mn = gs + 2 * d
+            keep = &masks[threadid(), 0] if dp != NULL else NULL
+            keep_next = keep + nw if dp != NULL else NULL
             wpart = NULL
             bpart = NULL
             apart = NULL
@@ -395,13 +419,13 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
             lo = blk * n // nb
             hi = (blk + 1) * n // nb
             if dp != NULL and lo < hi:
-                multipliers(mc, dp, lo * d, d)
+                extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
             for i in range(lo, hi):
                 if pre:
                     hp = &h[i, 0]
                 else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a,
-                                     mc if dp != NULL else NULL, d, False)
+                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                                     i * d % 64, scale, d, False)
                     hp = gs
                 # two reductions in one pass; assigned here so that they are thread-private
                 # (Cython shares a variable written only through a pointer)
@@ -411,11 +435,14 @@ def add_layer_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual,
                 row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
                                  sum_g / d, sum_ghhat / d, d, False)
                 through_add(&dx[i, 0], &dresidual[i, 0], apart, gs, &dh[i, 0] if has_dh else NULL,
-                            &x[i, 0] if has_da else NULL, a, mc if dp != NULL else NULL,
-                            mn if dp != NULL and i + 1 < hi else NULL, dp, (i + 1) * d, d, stream)
-                swap = mc
-                mc = mn
-                mn = swap
+                            &x[i, 0] if has_da else NULL, a, <uint8_t *>keep, i * d % 64,
+                            keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d,
+                            RN_STREAM_UNFENCED if stream else 0)
+                swap = keep
+                keep = keep_next
+                keep_next = swap
+            if stream:
+                rn_sfence()
     if has_dw:
         sum_partials(dweight, dw_part, nt)
     if has_db:
@@ -438,7 +465,7 @@ def scaled_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
     cdef const floating *a = opt_ptr(alpha)
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], a, NULL, d, stream)
+            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], a, NULL, 0, 1.0, d, stream)
 
 
 def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, double[::1] dalpha,
@@ -465,7 +492,7 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
             for i in range(blk * n // nb, (blk + 1) * n // nb):
                 fp = &branch[i, 0] if has_da else NULL
                 row_residual_bwd(&dbranch[i, 0], &dx[i, 0], apart, &dh[i, 0], NULL, fp, a,
-                                 NULL, d, stream)
+                                 NULL, 0, 1.0, d, stream)
     if has_da:
         sum_partials(dalpha, da_part, n_threads)
 
@@ -494,24 +521,26 @@ def gated_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
         for i in prange(n, schedule="static", num_threads=n_threads):
             s = &scratch[threadid(), 0]
             row_sigmoid(s, NULL, &gate[i, 0], d)
-            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], s, NULL, d, stream)
+            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], s, NULL, 0, 1.0, d, stream)
 
 
 def gated_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch,
                             floating[:, ::1] dgate, const floating[:, ::1] dh,
                             const floating[:, ::1] branch, const floating[:, ::1] gate,
                             int n_threads, bint stream=False):
-    """dx := dh;  dF := dh * s;  dg := (dh * F) * s*(1-s),  s = sigmoid(g) recomputed.
+    """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
     NumPy reference: resnorm.reference.gated_residual_backward."""
     cdef Py_ssize_t i, n = dh.shape[0], d = dh.shape[1]
     cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, 2 * d)
+        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, 3 * d)
     cdef floating *s
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
+            # s, s + d, s + 2d: sigmoid(g), its derivative s(1-s), and dh * s(1-s)
             s = &scratch[threadid(), 0]
             row_sigmoid(s, s + d, &gate[i, 0], d)
-            row_residual_bwd(&dbranch[i, 0], &dx[i, 0], NULL, &dh[i, 0], NULL, NULL, s, NULL,
-                             d, stream)
-            # dg = ds * (F * dh): residual_add's product chain with no residual stream
-            row_residual_add(&dgate[i, 0], NULL, &branch[i, 0], s + d, &dh[i, 0], d, stream)
+            row_residual_bwd(&dbranch[i, 0], &dx[i, 0], NULL, &dh[i, 0], NULL, NULL, s, NULL, 0,
+                             1.0, d, stream)
+            row_residual_add(s + 2 * d, NULL, &dh[i, 0], s + d, NULL, 0, 1.0, d, False)
+            row_residual_add(&dgate[i, 0], NULL, &branch[i, 0], s + 2 * d, NULL, 0, 1.0, d,
+                             stream)
