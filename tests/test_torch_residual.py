@@ -134,7 +134,7 @@ def _ptr(a):
 
 def test_add_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
     seen = {}
-    for name in ("add_rms_norm_forward", "add_rms_norm_backward"):
+    for name in ("add_norm_forward", "add_norm_backward"):
         kernel = getattr(resnorm._residual, name)
 
         def spy(*args, kernel=kernel, name=name):
@@ -145,13 +145,14 @@ def test_add_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
     dy, dh = torch.randn(8, 32), torch.randn(8, 32)
     y, h = rt.add_rms_norm(x, r, w, p=0.1, seed=2)
     dx, dr, dw = torch.autograd.grad((y, h), (x, r, w), (dy, dh))
-    fy, fh, frstd, fx, fr, fw = seen["add_rms_norm_forward"][:6]
+    fy, fh, fmean, frstd, fx, fr, fw = seen["add_norm_forward"][:7]
     assert (fy, fh, fx, fr, fw) == (y.data_ptr(), h.data_ptr(), x.data_ptr(), r.data_ptr(),
                                     w.data_ptr())
-    bdx, bdr, bdw, bda, bdy, bdh, bh, bx = seen["add_rms_norm_backward"][:8]
+    assert fmean is None                       # RMSNorm: the kernel gets no mean buffer
+    bdx, bdr, bdw, bdb, bda, bdy, bdh, bh, bx = seen["add_norm_backward"][:9]
     assert (bdx, bdr, bdw, bdy, bdh, bh) == (dx.data_ptr(), dr.data_ptr(), dw.data_ptr(),
                                              dy.data_ptr(), dh.data_ptr(), h.data_ptr())
-    assert bda is None and bx is None          # fixed alpha: no dalpha, x not kept
+    assert bdb is None and bda is None and bx is None  # no bias, fixed alpha: x not kept
 
 
 def test_x_is_kept_only_for_a_learnable_alpha():
@@ -166,8 +167,8 @@ def test_x_is_kept_only_for_a_learnable_alpha():
 
 def test_unused_h_gradient_reaches_the_kernel_as_none(monkeypatch):
     seen = []
-    kernel = resnorm._residual.add_layer_norm_backward
-    monkeypatch.setattr(resnorm._residual, "add_layer_norm_backward",
+    kernel = resnorm._residual.add_norm_backward
+    monkeypatch.setattr(resnorm._residual, "add_norm_backward",
                         lambda *a: seen.append(a[6]) or kernel(*a))
     x, r, w, b, _ = _inputs((4, 8), torch.float32)
     y, h = rt.add_layer_norm(x, r, w, b)

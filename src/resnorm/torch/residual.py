@@ -68,9 +68,9 @@ class AddRMSNormFunction(torch.autograd.Function):
         x, residual, weight, _, scale, eps, spec = _forward_common(
             ctx, x, residual, weight, None, alpha, eps, p, seed, training)
         y, h, rstd = T.new_like(x), T.new_like(x), T.row_stat(x)
-        _residual.add_rms_norm_forward(T.rows(y), T.rows(h), rstd.numpy(), T.rows(x),
-                                       T.rows(residual), T.vector(weight), scale.vector, eps,
-                                       spec.kernel_arg(), *T.launch(y))
+        _residual.add_norm_forward(T.rows(y), T.rows(h), None, rstd.numpy(), T.rows(x),
+                                   T.rows(residual), T.vector(weight), None, scale.vector, eps,
+                                   spec.kernel_arg(), *T.launch(y))
         if any(ctx.needs_input_grad):
             keep_x = ctx.needs_input_grad[3] and scale.learnable
             ctx.save_for_backward(h, weight, rstd, x if keep_x else None)
@@ -83,10 +83,10 @@ class AddRMSNormFunction(torch.autograd.Function):
         dy, dh, dx, dres, dalpha = _backward_buffers(ctx, h, dy, dh)
         want = ctx.needs_input_grad
         dw = T.new_like(weight) if want[2] else None
-        _residual.add_rms_norm_backward(
-            T.rows(dx), T.rows(dres), T.vector(dw), T.vector(dalpha), T.rows(dy), T.rows(dh),
-            T.rows(h), T.rows(x), None, T.vector(weight), ctx.scale.vector, rstd.numpy(),
-            ctx.spec.kernel_arg(), *T.launch(dx))
+        _residual.add_norm_backward(
+            T.rows(dx), T.rows(dres), T.vector(dw), None, T.vector(dalpha), T.rows(dy),
+            T.rows(dh), T.rows(h), T.rows(x), None, T.vector(weight), ctx.scale.vector, None,
+            rstd.numpy(), ctx.spec.kernel_arg(), *T.launch(dx))
         return ((dx if want[0] else None), (dres if want[1] else None), dw,
                 _alpha_grad(ctx, dalpha, h.dtype), None, None, None, None)
 
@@ -107,10 +107,10 @@ class AddLayerNormFunction(torch.autograd.Function):
         x, residual, weight, bias, scale, eps, spec = _forward_common(
             ctx, x, residual, weight, bias, alpha, eps, p, seed, training)
         y, h, mean, rstd = T.new_like(x), T.new_like(x), T.row_stat(x), T.row_stat(x)
-        _residual.add_layer_norm_forward(T.rows(y), T.rows(h), mean.numpy(), rstd.numpy(),
-                                         T.rows(x), T.rows(residual), T.vector(weight),
-                                         T.vector(bias), scale.vector, eps, spec.kernel_arg(),
-                                         *T.launch(y))
+        _residual.add_norm_forward(T.rows(y), T.rows(h), mean.numpy(), rstd.numpy(),
+                                   T.rows(x), T.rows(residual), T.vector(weight),
+                                   T.vector(bias), scale.vector, eps, spec.kernel_arg(),
+                                   *T.launch(y))
         if any(ctx.needs_input_grad):
             keep_x = ctx.needs_input_grad[3] and scale.learnable
             ctx.save_for_backward(h, weight, mean, rstd, x if keep_x else None)
@@ -124,7 +124,7 @@ class AddLayerNormFunction(torch.autograd.Function):
         want = ctx.needs_input_grad
         dw = T.new_like(weight) if want[2] else None
         db = torch.empty(h.shape[-1], dtype=h.dtype) if want[4] else None
-        _residual.add_layer_norm_backward(
+        _residual.add_norm_backward(
             T.rows(dx), T.rows(dres), T.vector(dw), T.vector(db), T.vector(dalpha), T.rows(dy),
             T.rows(dh), T.rows(h), T.rows(x), None, T.vector(weight), ctx.scale.vector,
             mean.numpy(), rstd.numpy(), ctx.spec.kernel_arg(), *T.launch(dx))
