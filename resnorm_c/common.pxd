@@ -53,6 +53,12 @@ cdef extern from "cpu.h" nogil:
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
         void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
+        void (*rms_bwd_apply_rows)(float *, double *, const float *, const float *, const float *,
+                                   const double *, const double *, int, Py_ssize_t,
+                                   int) noexcept nogil
+        void (*ln_bwd_apply_rows)(float *, double *, double *, const float *, const float *,
+                                  const float *, const double *, const double *, const double *,
+                                  const double *, int, Py_ssize_t, int) noexcept nogil
 
     ctypedef struct rn_ops_f64:
         double (*sum)(const double *, Py_ssize_t) noexcept nogil
@@ -89,7 +95,14 @@ cdef extern from "cpu.h" nogil:
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t) noexcept nogil
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
         void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t) noexcept nogil
+        void (*rms_bwd_apply_rows)(double *, double *, const double *, const double *, const double *,
+                                   const double *, const double *, int, Py_ssize_t,
+                                   int) noexcept nogil
+        void (*ln_bwd_apply_rows)(double *, double *, double *, const double *, const double *,
+                                  const double *, const double *, const double *, const double *,
+                                  const double *, int, Py_ssize_t, int) noexcept nogil
 
+    enum: RN_GROUP
     rn_ops_f32 RN_F32
     rn_ops_f64 RN_F64
     int RN_STREAM_UNFENCED
@@ -276,3 +289,25 @@ cdef inline void sum_partials(floating[::1] out, double[:, ::1] part, int n_thre
             for b in range(1, nb):
                 add_partial(&part[0, j0], &part[b, j0], m)
             row_narrow(&out[j0], &part[0, j0], m)
+
+
+cdef inline void row_rms_bwd_apply_rows(floating *dx, double *dw_part, const floating *dy,
+                                        const floating *x, const floating *w,
+                                        const double *rstd, const double *m, int rows,
+                                        Py_ssize_t n, int stream) noexcept nogil:
+    if floating is float:
+        RN_F32.rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, rows, n, stream)
+    else:
+        RN_F64.rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, rows, n, stream)
+
+cdef inline void row_ln_bwd_apply_rows(floating *dx, double *dw_part, double *db_part,
+                                       const floating *dy, const floating *x, const floating *w,
+                                       const double *mean, const double *rstd, const double *mg,
+                                       const double *mgx, int rows, Py_ssize_t n,
+                                       int stream) noexcept nogil:
+    if floating is float:
+        RN_F32.ln_bwd_apply_rows(dx, dw_part, db_part, dy, x, w, mean, rstd, mg, mgx, rows, n,
+                                 stream)
+    else:
+        RN_F64.ln_bwd_apply_rows(dx, dw_part, db_part, dy, x, w, mean, rstd, mg, mgx, rows, n,
+                                 stream)

@@ -31,6 +31,9 @@
  * stores then a store fence, RN_STREAM_UNFENCED = non-temporal stores, the caller fences. */
 #define RN_STREAM_UNFENCED 2
 
+/* Rows per call of the multi-row backward passes (rowops.h, "backward, several rows"). */
+#define RN_GROUP 4
+
 /* Prefetch hint for the next row: 2 = into L2 (measured best here), 3 = into L1. */
 #ifndef RN_PF_LOCALITY
 #define RN_PF_LOCALITY 2
@@ -77,6 +80,12 @@
         void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t);                  \
         void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t);            \
         void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t);           \
+        /* backward elementwise passes over up to RN_GROUP rows at once */                   \
+        void (*rms_bwd_apply_rows)(T *, double *, const T *, const T *, const T *,             \
+                                   const double *, const double *, int, Py_ssize_t, int);     \
+        void (*ln_bwd_apply_rows)(T *, double *, double *, const T *, const T *, const T *,    \
+                                  const double *, const double *, const double *,             \
+                                  const double *, int, Py_ssize_t, int);                      \
     } rn_ops_##TS;
 RN_OPS_STRUCT(float, f32)
 RN_OPS_STRUCT(double, f64)
@@ -92,7 +101,8 @@ RN_OPS_STRUCT(double, f64)
         RN_CAT3(residual_reduce, TS, ISA), RN_CAT3(residual_norm_apply, TS, ISA),             \
         RN_CAT3(sigmoid, TS, ISA),                                                            \
         RN_CAT(rn_philox_uniforms_, ISA), RN_CAT(rn_dropout_keep_, ISA),                      \
-        RN_CAT(rn_dropout_bits_, ISA)                                                         \
+        RN_CAT(rn_dropout_bits_, ISA),                                                        \
+        RN_CAT3(rms_bwd_apply_rows, TS, ISA), RN_CAT3(ln_bwd_apply_rows, TS, ISA)             \
     }
 
 #if RN_X86

@@ -117,16 +117,42 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_T s
     RN_MULT_BODY(RN_HVEC, RN_NAME(hivec), RN_DW)
 #undef RN_MULT_BODY
 
+/* The RN_NHALF double vectors of one native vector of T, widened in registers (a float
+ * vector has two halves; a double vector is already one).  Going through memory instead
+ * (store, then two half loads) stalls on store forwarding in every partial-sum update. */
+#define RN_NHALF (RN_W / RN_DW)
+static inline void RN_NAME(widen_vec)(RN_VEC v, RN_DVEC out[RN_NHALF])
+{
+#if !RN_TFLOAT
+    out[0] = (RN_DVEC)v;
+#elif RN_LEVEL == 3
+    out[0] = (RN_DVEC)_mm512_cvtps_pd(_mm512_castps512_ps256((__m512)v));
+    out[1] = (RN_DVEC)_mm512_cvtps_pd(
+        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd((__m512)v), 1)));
+#elif RN_LEVEL == 2
+    out[0] = (RN_DVEC)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)v));
+    out[1] = (RN_DVEC)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)v, 1));
+#elif RN_LEVEL == 1
+    out[0] = (RN_DVEC)_mm_cvtps_pd((__m128)v);
+    out[1] = (RN_DVEC)_mm_cvtps_pd(_mm_movehl_ps((__m128)v, (__m128)v));
+#else
+    RN_T t[RN_W];
+    memcpy(t, &v, sizeof t);
+    for (Py_ssize_t h = 0; h < RN_NHALF; h++)
+        out[h] = RN_NAME(widen)(RN_NAME(hload)(t + h * RN_DW));
+#endif
+}
+
 /* part[0 .. RN_W) += v, widened to double: the per-block dweight/dbias partial sums. */
 static inline void RN_NAME(add_widened)(double *part, RN_VEC v)
 {
-    RN_T t[RN_W];
-    memcpy(t, &v, sizeof t);
-    for (Py_ssize_t h = 0; h < RN_W; h += RN_DW) {
+    RN_DVEC w[RN_NHALF];
+    RN_NAME(widen_vec)(v, w);
+    for (Py_ssize_t h = 0; h < RN_NHALF; h++) {
         RN_DVEC p;
-        memcpy(&p, part + h, sizeof p);
-        p += RN_NAME(widen)(RN_NAME(hload)(t + h));
-        memcpy(part + h, &p, sizeof p);
+        memcpy(&p, part + h * RN_DW, sizeof p);
+        p += w[h];
+        memcpy(part + h * RN_DW, &p, sizeof p);
     }
 }
 
@@ -200,6 +226,42 @@ static inline double RN_NAME(fold32)(double *lanes)
         (result) = RN_NAME(fold32)(lanes_);                                             \
     } while (0)
 
+/* As RN_REDUCE, for terms formed in the input precision (the backward products): VTERM(i)
+ * gives the terms of elements i .. i+RN_W-1 as a native vector.  In each block of 64
+ * elements, lane j first adds the terms of elements j and 32+j in the input precision,
+ * then widens that pair sum once: widening float to double is a lane-crossing conversion
+ * and was the limit of these passes.  The pairing is defined on the 32 lanes, not on the
+ * vector width, so every level still computes the same bits.  A last block of 32 and the
+ * scalar tail add their terms unpaired. */
+#define RN_REDUCE_NATIVE(n, PF, VTERM, STERM, result)                                   \
+    do {                                                                                \
+        RN_DVEC acc_[RN_NACC] = {{0}}, t_[RN_NHALF];                                    \
+        double lanes_[32];                                                              \
+        Py_ssize_t i_ = 0;                                                              \
+        for (; i_ + 64 <= (n); i_ += 64) {                                              \
+            PF(i_);                                                                     \
+            PF(i_ + 32);                                                                \
+            for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                    \
+                RN_NAME(widen_vec)(VTERM(i_ + c_ * RN_W) + VTERM(i_ + 32 + c_ * RN_W), t_); \
+                for (int h_ = 0; h_ < RN_NHALF; h_++)                                   \
+                    acc_[c_ * RN_NHALF + h_] += t_[h_];                                 \
+            }                                                                           \
+        }                                                                               \
+        if (i_ + 32 <= (n)) {                                                           \
+            PF(i_);                                                                     \
+            for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                    \
+                RN_NAME(widen_vec)(VTERM(i_ + c_ * RN_W), t_);                          \
+                for (int h_ = 0; h_ < RN_NHALF; h_++)                                   \
+                    acc_[c_ * RN_NHALF + h_] += t_[h_];                                 \
+            }                                                                           \
+            i_ += 32;                                                                   \
+        }                                                                               \
+        memcpy(lanes_, acc_, sizeof lanes_);                                            \
+        for (Py_ssize_t j_ = 0; i_ + j_ < (n); j_++)                                    \
+            lanes_[j_] += STERM(i_ + j_);                                               \
+        (result) = RN_NAME(fold32)(lanes_);                                             \
+    } while (0)
+
 #define RN_PF_X(i) RN_NAME(prefetch_next)(x, n, (i), 32)
 #define RN_PF_DY_X(i) (RN_NAME(prefetch_next)(dy, n, (i), 32), RN_NAME(prefetch_next)(x, n, (i), 32))
 
@@ -247,15 +309,14 @@ static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w,
 {
     const RN_T r = (RN_T)rstd;
     double s;
-#define V_(i) RN_NAME(widen)(RN_NAME(hload)(dy + (i)) * RN_NAME(hload)(w + (i)) *         \
-                             (RN_NAME(hload)(x + (i)) * r))
+#define V_(i) (RN_NAME(vload)(dy + (i)) * RN_NAME(vload)(w + (i)) * (RN_NAME(vload)(x + (i)) * r))
 #define S_(i) ((double)(dy[i] * w[i] * (x[i] * r)))
-    if (w) RN_REDUCE(n, RN_PF_DY_X, V_, S_, s);
+    if (w) RN_REDUCE_NATIVE(n, RN_PF_DY_X, V_, S_, s);
 #undef V_
 #undef S_
-#define V_(i) RN_NAME(widen)(RN_NAME(hload)(dy + (i)) * (RN_NAME(hload)(x + (i)) * r))
+#define V_(i) (RN_NAME(vload)(dy + (i)) * (RN_NAME(vload)(x + (i)) * r))
 #define S_(i) ((double)(dy[i] * (x[i] * r)))
-    else RN_REDUCE(n, RN_PF_DY_X, V_, S_, s);
+    else RN_REDUCE_NATIVE(n, RN_PF_DY_X, V_, S_, s);
 #undef V_
 #undef S_
     return s;
@@ -306,7 +367,7 @@ static inline void RN_NAME(split_mean)(double mean, RN_T *hi, RN_T *lo)
 
 /* The two LayerNorm-backward reductions in one pass, with g = dy*w and
  * xhat = (x - mean)*rstd:  *sum_g = sum g,  *sum_gxhat = sum g*xhat.
- * Same lanes and fold as RN_REDUCE, with two sets of accumulators. */
+ * Same lanes, pairing and fold as RN_REDUCE_NATIVE, with two sets of accumulators. */
 static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *dy,
                                  const RN_T *x, const RN_T *w, double mean, double rstd,
                                  Py_ssize_t n)
@@ -314,20 +375,47 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
     RN_T mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_T r = (RN_T)rstd;
-    RN_DVEC ag[RN_NACC] = {{0}}, aq[RN_NACC] = {{0}};
+    RN_DVEC ag[RN_NACC] = {{0}}, aq[RN_NACC] = {{0}}, tg[RN_NHALF], tq[RN_NHALF];
     double lg[32], lq[32];
     Py_ssize_t i = 0;
-    for (; i + 32 <= n; i += 32) {
+    /* g and g*xhat of the elements at k, and (when pair) plus those at k + 32 */
+#define TERMS_(k, pair)                                                                 \
+    {                                                                                   \
+        RN_VEC g = RN_NAME(vload)(dy + (k));                                            \
+        if (w) g *= RN_NAME(vload)(w + (k));                                            \
+        RN_VEC gx = g * (((RN_NAME(vload)(x + (k)) - mh) - ml) * r);                    \
+        if (pair) {                                                                     \
+            RN_VEC g2 = RN_NAME(vload)(dy + (k) + 32);                                  \
+            if (w) g2 *= RN_NAME(vload)(w + (k) + 32);                                  \
+            gx = gx + g2 * (((RN_NAME(vload)(x + (k) + 32) - mh) - ml) * r);            \
+            g = g + g2;                                                                 \
+        }                                                                               \
+        RN_NAME(widen_vec)(g, tg);                                                      \
+        RN_NAME(widen_vec)(gx, tq);                                                     \
+    }
+    for (; i + 64 <= n; i += 64) {
         RN_PF_DY_X(i);
-        for (int q = 0; q < RN_NACC; q++) {
-            Py_ssize_t k = i + q * RN_DW;
-            RN_HVEC g = RN_NAME(hload)(dy + k);
-            if (w) g *= RN_NAME(hload)(w + k);
-            RN_HVEC xhat = ((RN_NAME(hload)(x + k) - mh) - ml) * r;
-            ag[q] += RN_NAME(widen)(g);
-            aq[q] += RN_NAME(widen)(g * xhat);
+        RN_PF_DY_X(i + 32);
+        for (int c = 0; c < 32 / RN_W; c++) {
+            TERMS_(i + c * RN_W, 1)
+            for (int h = 0; h < RN_NHALF; h++) {
+                ag[c * RN_NHALF + h] += tg[h];
+                aq[c * RN_NHALF + h] += tq[h];
+            }
         }
     }
+    if (i + 32 <= n) {
+        RN_PF_DY_X(i);
+        for (int c = 0; c < 32 / RN_W; c++) {
+            TERMS_(i + c * RN_W, 0)
+            for (int h = 0; h < RN_NHALF; h++) {
+                ag[c * RN_NHALF + h] += tg[h];
+                aq[c * RN_NHALF + h] += tq[h];
+            }
+        }
+        i += 32;
+    }
+#undef TERMS_
     memcpy(lg, ag, sizeof lg);
     memcpy(lq, aq, sizeof lq);
     for (Py_ssize_t j = 0; i + j < n; j++) {
@@ -514,6 +602,161 @@ static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, co
 #undef V_
 }
 
+/* ---------------------------------------------------------------- backward, several rows
+ *
+ * The elementwise backward passes for up to RN_GROUP consecutive rows of one row block
+ * (row stride n), column by column.  A column's terms for dweight (and dbias) are first
+ * summed over the group's rows in the input precision, in row order, and only that group
+ * sum is widened and added to the float64 partial.  Widening float to double is a
+ * lane-crossing conversion that limited this pass when done once per term; once per group
+ * it costs a quarter.  The group sum adds at most three roundings of the input precision
+ * to each group's contribution; the groups are fixed (RN_GROUP rows from the start of a
+ * row block, and row blocks depend on N only), so the result is still bitwise identical
+ * for any thread count.  Rows are streamed only when they share their alignment.
+ */
+static inline int RN_NAME(rows_share_phase)(Py_ssize_t n)
+{
+    return (n * (Py_ssize_t)sizeof(RN_T)) % RN_VBYTES == 0;
+}
+
+/* Prefetch of the next group's first row: what the next reduction pass reads first. */
+#define RN_PF_GROUP(k) (RN_NAME(prefetch_next)(dy, rows * n, (k), RN_W),                  \
+                        RN_NAME(prefetch_next)(x, rows * n, (k), RN_W))
+
+/* part[0 .. RN_W) += v widened, for a partial that may be NULL. */
+#define RN_ADD_GROUP(part, k, v)                                                        \
+    do { if (part) RN_NAME(add_widened)((part) + (k), (v)); } while (0)
+
+static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
+    RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
+    const RN_T *rs, const RN_T *mt, int rows, Py_ssize_t n, int stream)
+{
+    int phase = rows == 1 || RN_NAME(rows_share_phase)(n);
+    Py_ssize_t k = 0, head = stream && phase ? RN_NAME(stream_head)(dx, n) : 0;
+    int nt = stream && phase && head < n;
+#define COLUMN_(k)                                                                      \
+    {                                                                                   \
+        RN_T tw = 0;                                                                    \
+        for (int r = 0; r < rows; r++) {                                                \
+            const RN_T *dyr = dy + r * n, *xr = x + r * n;                              \
+            RN_T xn = xr[k] * rs[r], g = dyr[k];                                        \
+            if (w) { g *= w[k]; }                                                       \
+            tw = r ? tw + dyr[k] * xn : dyr[k] * xn;                                    \
+            dx[r * n + k] = rs[r] * (g - xn * mt[r]);                                   \
+        }                                                                               \
+        if (dw_part) { dw_part[k] += (double)tw; }                                      \
+    }
+    for (; k < head; k++) COLUMN_(k)
+    for (; k + RN_W <= n; k += RN_W) {
+        RN_VEC tw = {0};
+        RN_PF_GROUP(k);
+        for (int r = 0; r < rows; r++) {
+            RN_VEC xn = RN_NAME(vload)(x + r * n + k) * rs[r];
+            RN_VEC d = RN_NAME(vload)(dy + r * n + k), g = d;
+            if (w) g *= RN_NAME(vload)(w + k);
+            RN_VEC v = rs[r] * (g - xn * mt[r]);
+            if (nt) RN_NAME(vstream)(dx + r * n + k, v);
+            else RN_NAME(vstore)(dx + r * n + k, v);
+            tw = r ? tw + d * xn : d * xn;
+        }
+        RN_ADD_GROUP(dw_part, k, tw);
+    }
+    for (; k < n; k++) COLUMN_(k)
+#undef COLUMN_
+    if (nt && stream != RN_STREAM_UNFENCED) rn_sfence();
+}
+
+/* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
+ * each row's reduction m[r] = mean(g * xn):
+ *   dx = rstd * (g - xn * m),   dw_part += sum over the rows of dy * xn
+ * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted). */
+static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *dy,
+                                        const RN_T *x, const RN_T *w, const double *rstd,
+                                        const double *m, int rows, Py_ssize_t n, int stream)
+{
+    RN_T rs[RN_GROUP], mt[RN_GROUP];
+    for (int r = 0; r < rows; r++) {
+        rs[r] = (RN_T)rstd[r];
+        mt[r] = (RN_T)m[r];
+    }
+    /* One inlined copy per case so the dead branches leave the loops. */
+    if (w && dw_part) RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, rows, n, stream);
+    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, rows, n, stream);
+    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, rows, n, stream);
+}
+
+static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
+    RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
+    const RN_T *mh, const RN_T *ml, const RN_T *rs, const RN_T *a, const RN_T *q, int rows,
+    Py_ssize_t n, int stream)
+{
+    int phase = rows == 1 || RN_NAME(rows_share_phase)(n);
+    Py_ssize_t k = 0, head = stream && phase ? RN_NAME(stream_head)(dx, n) : 0;
+    int nt = stream && phase && head < n;
+#define COLUMN_(k)                                                                      \
+    {                                                                                   \
+        RN_T tw = 0, tb = 0;                                                            \
+        for (int r = 0; r < rows; r++) {                                                \
+            const RN_T *dyr = dy + r * n, *xr = x + r * n;                              \
+            RN_T xhat = ((xr[k] - mh[r]) - ml[r]) * rs[r], g = dyr[k];                  \
+            if (w) { g *= w[k]; }                                                       \
+            tw = r ? tw + dyr[k] * xhat : dyr[k] * xhat;                                \
+            tb = r ? tb + dyr[k] : dyr[k];                                              \
+            dx[r * n + k] = rs[r] * ((g - a[r]) - xhat * q[r]);                         \
+        }                                                                               \
+        if (dw_part) { dw_part[k] += (double)tw; }                                      \
+        if (db_part) { db_part[k] += (double)tb; }                                      \
+    }
+    for (; k < head; k++) COLUMN_(k)
+    for (; k + RN_W <= n; k += RN_W) {
+        RN_VEC tw = {0}, tb = {0};
+        RN_PF_GROUP(k);
+        for (int r = 0; r < rows; r++) {
+            RN_VEC xhat = ((RN_NAME(vload)(x + r * n + k) - mh[r]) - ml[r]) * rs[r];
+            RN_VEC d = RN_NAME(vload)(dy + r * n + k), g = d;
+            if (w) g *= RN_NAME(vload)(w + k);
+            RN_VEC v = rs[r] * ((g - a[r]) - xhat * q[r]);
+            if (nt) RN_NAME(vstream)(dx + r * n + k, v);
+            else RN_NAME(vstore)(dx + r * n + k, v);
+            tw = r ? tw + d * xhat : d * xhat;
+            tb = r ? tb + d : d;
+        }
+        RN_ADD_GROUP(dw_part, k, tw);
+        RN_ADD_GROUP(db_part, k, tb);
+    }
+    for (; k < n; k++) COLUMN_(k)
+#undef COLUMN_
+    if (nt && stream != RN_STREAM_UNFENCED) rn_sfence();
+}
+
+/* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
+ * each row's two reductions mg[r] = mean(g) and mgx[r] = mean(g * xhat):
+ *   dx = rstd * ((g - mg) - xhat * mgx),
+ *   dw_part += sum over the rows of dy * xhat,   db_part += sum over the rows of dy
+ * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL). */
+static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_part,
+                                       const RN_T *dy, const RN_T *x, const RN_T *w,
+                                       const double *mean, const double *rstd,
+                                       const double *mg, const double *mgx, int rows,
+                                       Py_ssize_t n, int stream)
+{
+    RN_T mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], a[RN_GROUP], q[RN_GROUP];
+    for (int r = 0; r < rows; r++) {
+        RN_NAME(split_mean)(mean[r], &mh[r], &ml[r]);
+        rs[r] = (RN_T)rstd[r];
+        a[r] = (RN_T)mg[r];
+        q[r] = (RN_T)mgx[r];
+    }
+    if (w && dw_part && db_part)
+        RN_NAME(ln_bwd_rows_body)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, a, q, rows, n, stream);
+    else if (w && dw_part)
+        RN_NAME(ln_bwd_rows_body)(dx, dw_part, NULL, dy, x, w, mh, ml, rs, a, q, rows, n, stream);
+    else if (w)
+        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, w, mh, ml, rs, a, q, rows, n, stream);
+    else
+        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, a, q, rows, n, stream);
+}
+
 /* ---------------------------------------------------------------- residual connections */
 
 /* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m_k = RN_KEEP(k) ? scale : 0
@@ -620,7 +863,11 @@ static void RN_NAME(narrow)(RN_T *out, const double *acc, Py_ssize_t n)
 #undef RN_PFV_X
 #undef RN_PFV_DY_X
 #undef RN_REDUCE
+#undef RN_REDUCE_NATIVE
 #undef RN_ELEMENTWISE
+#undef RN_PF_GROUP
+#undef RN_ADD_GROUP
+#undef RN_NHALF
 #undef RN_HVEC
 #undef RN_DVEC
 #undef RN_VEC
