@@ -120,13 +120,9 @@ class Op:
 
     def reference(self, inp):
         """name -> (float64 expected value, tolerance) for every output of run()."""
-        want = _REFERENCES[self.norm](inp, self.default_eps() if inp.eps is None else inp.eps)
-        rtol = RTOL[inp.dtype]
-        got = {}
-        for name in self.outputs_names(inp):
-            value, scale = want[name]
-            got[name] = (value, None if value is None else rtol * scale)
-        return got
+        eps = self.default_eps() if inp.eps is None else inp.eps
+        want = _REFERENCES[self.norm](inp, eps)
+        return {name: want[name] for name in self.outputs_names(inp)}
 
     def outputs_names(self, inp):
         if self.form == "inference":
@@ -137,24 +133,15 @@ class Op:
 
 
 def _rms_reference(inp, eps):
-    x, dy = _f64(inp.x), _f64(inp.dy)
-    w = _f64(inp.weight)
+    x, dy, w = _f64(inp.x), _f64(inp.dy), _f64(inp.weight)
     y, rstd = ref.rms_norm_forward(x, w, eps)
-    r = rstd[..., None]
-    xn = np.abs(x * r)
-    w1 = np.ones(x.shape[-1]) if w is None else np.abs(w)
-    out = {"y": (y, _rowmax(xn * w1)), "rstd": (rstd, rstd)}
-    if dy is not None:
-        dx, dw = ref.rms_norm_backward(dy, x, w, rstd)
-        # dx = rstd * (g - xn * mean(g*xn)), g = dy*w: terms up to rstd*|g|*(1 + xn^2)
-        out["dx"] = (dx, r * _rowmax(dy * w1) * (1.0 + _rowmax(xn) ** 2))
-        out["dweight"] = (dw, None if w is None else _colsum(np.abs(dy) * xn))
-    return out
+    xn = np.abs(x * rstd[..., None])
+    return _with_tolerances(inp, {"y": y, "rstd": rstd}, xn, rstd, lambda: dict(zip(
+        ("dx", "dweight"), ref.rms_norm_backward(dy, x, w, rstd))))
 
 
 def _ln_reference(inp, eps):
-    x, dy = _f64(inp.x), _f64(inp.dy)
-    w, b = _f64(inp.weight), _f64(inp.bias)
+    x, dy, w, b = _f64(inp.x), _f64(inp.dy), _f64(inp.weight), _f64(inp.bias)
     y, mean, rstd = ref.layer_norm_forward(x, w, b, eps)
     r = rstd[..., None]
     d = x.shape[-1]
@@ -162,15 +149,47 @@ def _ln_reference(inp, eps):
     # of max|x| (32-lane sum / pairwise sum); every xhat then shifts by that times rstd.
     slack = (d / 32 + math.log2(d) + 10) * np.finfo(np.float64).eps * _rowmax(x) * r
     xhat = np.abs((x - mean[..., None]) * r) + slack / RTOL[inp.dtype]
-    w1 = np.ones(d) if w is None else np.abs(w)
-    ymag = _rowmax(xhat * w1) + (0.0 if b is None else np.max(np.abs(b)))
-    out = {"y": (y, ymag), "mean": (mean, _rowmax(x)[..., 0]), "rstd": (rstd, rstd)}
-    if dy is not None:
+
+    def backward():
         dx, dw, db = ref.layer_norm_backward(dy, x, w, mean, rstd)
-        # dx = rstd * (g - mean(g) - xhat * mean(g*xhat)): terms up to rstd*|g|*(1 + xhat^2)
-        out["dx"] = (dx, r * _rowmax(dy * w1) * (1.0 + _rowmax(xhat) ** 2))
-        out["dweight"] = (dw, None if w is None else _colsum(np.abs(dy) * xhat))
-        out["dbias"] = (None, None) if b is None else (db, _colsum(np.abs(dy)))
+        return {"dx": dx, "dweight": dw, "dbias": None if b is None else db}
+
+    return _with_tolerances(inp, {"y": y, "mean": mean, "rstd": rstd}, xhat, rstd, backward)
+
+
+def _with_tolerances(inp, forward, xhat, rstd, backward):
+    """name -> (value, tolerance) for the outputs of a norm whose normalised values have
+    magnitude xhat (|x * rstd| for RMSNorm, |(x - mean) * rstd| for LayerNorm).
+
+    Tolerance: RTOL times the size of the terms the output is made of, plus a floor for
+    results on the subnormal grid, where every rounding is off by up to one step sub of
+    the element type: x - mean (amplified by rstd), the products, the sums over rows."""
+    x, dy = _f64(inp.x), _f64(inp.dy)
+    d = x.shape[-1]
+    rtol = RTOL[inp.dtype]
+    sub = float(np.finfo(inp.dtype).smallest_subnormal)
+    r = rstd[..., None]
+    w1 = np.ones(d) if inp.weight is None else np.abs(_f64(inp.weight))
+    b_max = 0.0 if inp.bias is None else np.max(np.abs(_f64(inp.bias)))
+    n_rows = x.size // d if d else 0
+    out = {"y": (forward["y"], rtol * (_rowmax(xhat * w1) + b_max)
+                 + 4 * sub * (1 + r) * (1 + np.max(w1))),
+           "rstd": (forward["rstd"], rtol * rstd)}
+    if "mean" in forward:
+        out["mean"] = (forward["mean"], rtol * _rowmax(x)[..., 0])
+    if dy is None:
+        return out
+    grads = backward()
+    g = _rowmax(dy * w1)
+    # dx = rstd * (g - [mean(g)] - xhat * mean(g*xhat)): terms up to rstd*|g|*(1 + xhat^2)
+    out["dx"] = (grads["dx"], rtol * r * g * (1 + _rowmax(xhat) ** 2)
+                 + 4 * sub * (1 + r) ** 2 * (1 + g) * (1 + _rowmax(xhat)))
+    row_floor = 4 * sub * n_rows * (1 + np.max(rstd, initial=0.0)) * (1 + np.max(np.abs(dy), initial=0.0))
+    dw = grads["dweight"]
+    out["dweight"] = (dw, None if dw is None else rtol * _colsum(np.abs(dy) * xhat) + row_floor)
+    if "dbias" in grads:
+        db = grads["dbias"]
+        out["dbias"] = (db, None if db is None else rtol * _colsum(np.abs(dy)) + row_floor)
     return out
 
 
