@@ -332,7 +332,7 @@ def test_out_in_place(op, arg, shape):
         assert_same_bits(got[name], value, f"{op.name} {name} with out={arg}")
 
 
-@each(TRAINING, args_of=lambda op: ("x", "weight"))
+@each(TRAINING, args_of=lambda op: ("x",) + op.params)
 def test_out_training(op, arg):
     inp = good(np.float64, (D,))
     target = getattr(inp, arg)

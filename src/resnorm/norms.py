@@ -73,10 +73,10 @@ def _prepare(x, params, eps, out, n_threads, training):
     n_threads = _checks.n_threads_value(n_threads)
     inputs = {"x": x, **dict(zip(("weight", "bias"), params))}
     if training and out is not None:
-        for name in ("x", "weight"):  # backward reads them again: they must survive
-            if inputs[name] is not None and np.may_share_memory(out, inputs[name]):
-                raise ValueError(f"out must not be {name} in the training form: "
-                                 f"backward needs {name}")
+        for name, a in inputs.items():
+            if a is not None and np.may_share_memory(out, a):
+                raise ValueError(f"out must not share memory with {name} in the training form: "
+                                 "the cache keeps the inputs for backward")
     rows = _rows(x)
     out_rows = _output_rows(out, rows, x.shape, inputs)
     return (x, rows, params, eps, out_rows, threads_for(n_threads, rows.size),
@@ -120,7 +120,7 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     NumPy reference: resnorm.reference.rms_norm_forward.
 
     x: (..., D) float32/float64.  weight: (D,) of the same dtype, or None (w = 1).
-    out: optional preallocated output (not x or weight: backward needs them).
+    out: optional preallocated output, sharing no memory with x, weight or bias.
     n_threads: None = OpenMP default.  Every check and its error: docs/input-checks.md.
     """
     x, rows, (w,), eps, out_rows, nt, stream = _prepare(

@@ -1,0 +1,150 @@
+"""Shared helpers of the resnorm test suite: seeded inputs, kernel/reference runners and
+tolerance checks scaled by the size of the terms (never by the result itself)."""
+import numpy as np
+import pytest
+
+import resnorm
+from resnorm import reference as ref
+
+DTYPES = [np.float32, np.float64]
+
+# Relative to the scale of the terms.  float64: the kernels and the reference both work in
+# double, differing only in summation order.  float32: a few units in the last place of
+# the largest term of a row (float32 eps = 1.19e-7).
+RTOL = {np.dtype(np.float32): 4e-6, np.dtype(np.float64): 1e-12}
+# Row statistics (mean, rstd) are float64 for both input dtypes, computed in double from
+# the same values as the reference: only the summation order differs.
+STAT_RTOL = 1e-12
+
+RMS_EPS = 1e-6  # documented defaults
+LN_EPS = 1e-5
+
+
+def rtol_for(dtype):
+    return RTOL[np.dtype(dtype)]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20240611)
+
+
+def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0):
+    """x, weight (or None), bias (or None), dy, all of dtype, for an input of shape."""
+    d = shape[-1]
+    x = (offset + scale * rng.standard_normal(shape)).astype(dtype)
+    w = (1.0 + 0.5 * rng.standard_normal(d)).astype(dtype) if weight else None
+    b = rng.standard_normal(d).astype(dtype) if bias else None
+    dy = rng.standard_normal(shape).astype(dtype)
+    return x, w, b, dy
+
+
+# --------------------------------------------------------------------------- runners
+
+def run_rms(x, w, dy, eps=RMS_EPS, n_threads=None):
+    """Kernel RMSNorm forward + backward: dict of y, rstd (shape x.shape[:-1]), dx, dw."""
+    y, cache = resnorm.rms_norm_forward(x, w, eps, n_threads=n_threads)
+    dx, dw = resnorm.rms_norm_backward(dy, cache, n_threads=n_threads)
+    return {"y": y, "rstd": cache.rstd.reshape(np.shape(x)[:-1]), "dx": dx, "dw": dw}
+
+
+def run_ln(x, w, b, dy, eps=LN_EPS, n_threads=None):
+    """Kernel LayerNorm forward + backward: dict of y, mean, rstd, dx, dw, db."""
+    y, cache = resnorm.layer_norm_forward(x, w, b, eps, n_threads=n_threads)
+    dx, dw, db = resnorm.layer_norm_backward(dy, cache, n_threads=n_threads)
+    stat_shape = np.shape(x)[:-1]
+    return {"y": y, "mean": cache.mean.reshape(stat_shape),
+            "rstd": cache.rstd.reshape(stat_shape), "dx": dx, "dw": dw, "db": db}
+
+
+def ref_rms(x, w, dy, eps=RMS_EPS):
+    """float64 reference of run_rms, plus the scales of the terms of every output."""
+    y, rstd = ref.rms_norm_forward(x, w, eps)
+    dx, dw = ref.rms_norm_backward(dy, x, w, rstd)
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    w64 = np.ones(x64.shape[-1]) if w is None else np.asarray(w, np.float64)
+    xn = x64 * rstd[..., None]
+    return {"y": y, "rstd": rstd, "dx": dx, "dw": dw,
+            "scales": _scales(np.abs(xn), w64, None, dy64, rstd)}
+
+
+def ref_ln(x, w, b, dy, eps=LN_EPS):
+    """float64 reference of run_ln, plus the scales of the terms of every output."""
+    y, mean, rstd = ref.layer_norm_forward(x, w, b, eps)
+    dx, dw, db = ref.layer_norm_backward(dy, x, w, mean, rstd)
+    x64, dy64 = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    w64 = np.ones(x64.shape[-1]) if w is None else np.asarray(w, np.float64)
+    xhat = (x64 - mean[..., None]) * rstd[..., None]
+    # The mean is a double sum, known to a few double ulps of mean|x| (summation order
+    # differs from the reference): every xhat may shift by ~1e-15*rstd*mean|x|, which is
+    # 1e-3*rstd*mean|x| at the float64 rtol of 1e-12 (and negligible at float32's).
+    mean_abs = np.mean(np.abs(x64), axis=-1, keepdims=True) if x64.size else 0.0
+    xmag = np.abs(xhat) + 1e-3 * rstd[..., None] * mean_abs
+    return {"y": y, "mean": mean, "rstd": rstd, "dx": dx, "dw": dw,
+            "db": db if b is not None else None,
+            "scales": _scales(xmag, w64, b, dy64, rstd)}
+
+
+def _rowmax(a):
+    """max |a| over the last axis, kept as a broadcastable axis (0 for empty rows)."""
+    if a.size == 0:
+        return np.zeros(a.shape[:-1] + (1,))
+    return np.max(np.abs(a), axis=-1, keepdims=True)
+
+
+def _scales(xmag, w, b, dy, rstd):
+    """Size of the terms each output is built from, per row (y, dx) or per column (dw, db).
+
+    xmag: |xhat| (RMSNorm: |x*rstd|), widened by the uncertainty of the mean for LayerNorm.
+
+    y:  xhat*w (+ b); x - mean is rounded relative to itself, so |xhat*w| bounds it.
+    dx: rstd*g, rstd*mean(g) and rstd*xhat*mean(g*xhat) with g = dy*w: bounded by
+        rstd*max|g|*(1 + max xhat^2).  Not |dx| itself: dx may be a cancellation to ~0.
+    dw: sum_rows |dy*xhat|.   db: sum_rows |dy|.
+    """
+    d = xmag.shape[-1]
+    sy = _rowmax(xmag * w)
+    if b is not None:
+        sy = sy + np.max(np.abs(np.asarray(b, np.float64)))
+    g = dy * w
+    sdx = rstd[..., None] * _rowmax(g) * (1.0 + _rowmax(xmag) ** 2)
+    sdw = np.abs(dy * xmag).reshape(-1, d).sum(axis=0)
+    sdb = np.abs(dy).reshape(-1, d).sum(axis=0)
+    return {"y": sy, "dx": sdx, "dw": sdw, "db": sdb}
+
+
+# --------------------------------------------------------------------------- checks
+
+def assert_scaled_close(actual, expected, scale, rtol, what=""):
+    """|actual - expected| <= rtol * scale everywhere (scale broadcasts); NaN fails."""
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    err = np.abs(actual - expected)
+    bound = rtol * np.broadcast_to(np.asarray(scale, np.float64), err.shape)
+    ok = err <= bound
+    if not np.all(ok):
+        idx = np.unravel_index(np.argmin(np.where(ok, np.inf, bound - err)), err.shape)
+        ratio = np.max(np.where(bound > 0, err / np.where(bound > 0, bound, 1), np.inf))
+        raise AssertionError(
+            f"{what}: max |err|/(rtol*scale) = {ratio:.3g} > 1; first bad index {idx}: "
+            f"actual {actual[idx]!r}, expected {expected[idx]!r}, bound {bound[idx]!r}")
+
+
+def assert_stats_close(actual, expected, what, scale=None):
+    """Row statistics: float64, STAT_RTOL relative (to scale when given, e.g. for a mean)."""
+    actual = np.asarray(actual)
+    assert actual.dtype == np.float64, f"{what} must be float64, got {actual.dtype}"
+    s = np.abs(expected) if scale is None else scale
+    assert_scaled_close(actual, expected, s, STAT_RTOL, what)
+
+
+def assert_bitwise_equal(a, b, what=""):
+    """Same dtype, shape and bytes (None only equals None)."""
+    if a is None or b is None:
+        assert a is None and b is None, f"{what}: {a!r} vs {b!r}"
+        return
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+    assert np.array_equal(a, b, equal_nan=True), f"{what}: values differ"
+    assert a.tobytes() == b.tobytes(), f"{what}: bytes differ"

@@ -1,0 +1,151 @@
+"""Bitwise reproducibility: any thread count, repeated calls, and every SIMD dispatch level."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import resnorm
+from resnorm import _parallel
+from conftest import DTYPES, assert_bitwise_equal, make_inputs, run_ln, run_rms
+
+# More than 2**15 elements (so calls really go parallel) and N >= 520 rows (so backward
+# splits into the maximum 64 row blocks); (2048, 1024) float32 is >= 8 MiB: streamed stores.
+SHAPES = [(1000, 97), (600, 1024), (2048, 1024)]
+THREADS = [1, 2, 4]
+
+
+def _all_outputs(x, w, b, dy, n_threads):
+    out = {f"rms_{k}": v for k, v in run_rms(x, w, dy, n_threads=n_threads).items()}
+    out.update({f"ln_{k}": v for k, v in run_ln(x, w, b, dy, n_threads=n_threads).items()})
+    out["rms_infer"] = resnorm.rms_norm(x, w, n_threads=n_threads)
+    out["ln_infer"] = resnorm.layer_norm(x, w, b, n_threads=n_threads)
+    return out
+
+
+def test_shapes_are_large_enough_to_go_parallel():
+    for shape in SHAPES:
+        assert np.prod(shape) > _parallel.PARALLEL_MIN_ELEMENTS
+        assert shape[0] >= 520
+        assert _parallel.threads_for(4, int(np.prod(shape))) == 4
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_results_identical_for_any_thread_count(rng, dtype, shape):
+    x, w, b, dy = make_inputs(rng, shape, dtype)
+    base = _all_outputs(x, w, b, dy, 1)
+    assert all(np.all(np.isfinite(v)) for v in base.values())
+    for nt in THREADS[1:] + [None, 1]:
+        got = _all_outputs(x, w, b, dy, nt)
+        for key, v in base.items():
+            assert_bitwise_equal(got[key], v, f"{key} with n_threads={nt}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 40000), (3, 20000)], ids=str)
+def test_fewer_rows_than_threads_identical(rng, dtype, shape):
+    # parallel-sized, but fewer rows than threads (and a single backward row block)
+    x, w, b, dy = make_inputs(rng, shape, dtype)
+    base = _all_outputs(x, w, b, dy, 1)
+    for nt in (2, 4):
+        got = _all_outputs(x, w, b, dy, nt)
+        for key, v in base.items():
+            assert_bitwise_equal(got[key], v, f"{key} with n_threads={nt}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repeated_calls_identical(rng, dtype):
+    x, w, b, dy = make_inputs(rng, (1000, 97), dtype)
+    first = _all_outputs(x, w, b, dy, 2)
+    for _ in range(3):
+        again = _all_outputs(x, w, b, dy, 2)
+        for key, v in first.items():
+            assert_bitwise_equal(again[key], v, f"{key}, repeated")
+
+
+@pytest.mark.parametrize("nt", THREADS)
+def test_without_weight_or_bias_identical_for_any_thread_count(rng, nt):
+    x, _, _, dy = make_inputs(rng, (600, 1024), np.float32, weight=False, bias=False)
+    a = (run_rms(x, None, dy, n_threads=1), run_ln(x, None, None, dy, n_threads=1))
+    b = (run_rms(x, None, dy, n_threads=nt), run_ln(x, None, None, dy, n_threads=nt))
+    for ra, rb in zip(a, b):
+        for key in ra:
+            assert_bitwise_equal(rb[key], ra[key], f"{key} n_threads={nt}")
+
+
+# --------------------------------------------------------------------------- SIMD levels
+
+_SIMD_SCRIPT = r"""
+import json, sys
+import numpy as np
+import resnorm
+
+out = {}
+rng = np.random.default_rng(7)
+for dtype in (np.float32, np.float64):
+    for shape in [(3, 7), (5, 33), (40, 97), (600, 1024), (1100, 2047)]:
+        if shape == (1100, 2047) and dtype == np.float64:
+            continue
+        d = shape[-1]
+        x = rng.standard_normal(shape).astype(dtype)
+        w = (1 + 0.5 * rng.standard_normal(d)).astype(dtype)
+        b = rng.standard_normal(d).astype(dtype)
+        dy = rng.standard_normal(shape).astype(dtype)
+        tag = f"{np.dtype(dtype).name}_{shape[0]}x{d}"
+        y, c = resnorm.rms_norm_forward(x, w)
+        dx, dw = resnorm.rms_norm_backward(dy, c)
+        out.update({tag + "_rms_y": y, tag + "_rms_rstd": c.rstd, tag + "_rms_dx": dx,
+                    tag + "_rms_dw": dw})
+        y, c = resnorm.layer_norm_forward(x, w, b)
+        dx, dw, db = resnorm.layer_norm_backward(dy, c)
+        out.update({tag + "_ln_y": y, tag + "_ln_mean": c.mean, tag + "_ln_rstd": c.rstd,
+                    tag + "_ln_dx": dx, tag + "_ln_dw": dw, tag + "_ln_db": db})
+        y, c = resnorm.layer_norm_forward(x)
+        dx, _, _ = resnorm.layer_norm_backward(dy, c)
+        out.update({tag + "_ln0_y": y, tag + "_ln0_dx": dx})
+np.savez(sys.argv[1], **out)
+print(json.dumps({"simd_level": resnorm.simd_level()}))
+"""
+
+
+def _run_level(tmp_path, level):
+    env = dict(os.environ)
+    env.pop("RESNORM_CPU", None)
+    if level is not None:
+        env["RESNORM_CPU"] = level
+    src = os.path.dirname(os.path.dirname(resnorm.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH")] if p)
+    path = tmp_path / f"{level or 'default'}.npz"
+    proc = subprocess.run([sys.executable, "-c", _SIMD_SCRIPT, str(path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    reported = json.loads(proc.stdout.strip().splitlines()[-1])["simd_level"]
+    with np.load(path) as f:
+        return reported, {k: f[k] for k in f.files}
+
+
+def test_every_simd_level_gives_identical_results(tmp_path):
+    levels = {}
+    for cap in [None, "sse2", "avx2", "avx512", "bogus"]:
+        levels[cap] = _run_level(tmp_path, cap)
+    default_level = levels[None][0]
+    assert default_level == resnorm.simd_level()
+    order = ["portable", "sse2", "avx2", "avx512"]
+    if default_level != "portable":
+        # RESNORM_CPU caps the level: it never goes above the cap nor above the default
+        assert levels["sse2"][0] == "sse2"
+        assert levels["avx2"][0] in ("sse2", "avx2")
+        assert order.index(levels["avx2"][0]) <= order.index(default_level)
+        assert levels["avx512"][0] == default_level
+    assert levels["bogus"][0] == default_level  # an unknown name caps nothing
+    reported = {cap: lv for cap, (lv, _) in levels.items()}
+    print("SIMD levels run:", reported)
+    _, base = levels["sse2"]
+    assert len(base) > 50
+    for cap, (lv, res) in levels.items():
+        assert res.keys() == base.keys()
+        for key in base:
+            assert_bitwise_equal(res[key], base[key], f"{key} at {lv} (RESNORM_CPU={cap})")
