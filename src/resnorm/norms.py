@@ -120,7 +120,7 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     NumPy reference: resnorm.reference.rms_norm_forward.
 
     x: (..., D) float32/float64.  weight: (D,) of the same dtype, or None (w = 1).
-    out: optional preallocated output, sharing no memory with x, weight or bias.
+    out: optional preallocated output, sharing no memory with x or weight.
     n_threads: None = OpenMP default.  Every check and its error: docs/input-checks.md.
     """
     x, rows, (w,), eps, out_rows, nt, stream = _prepare(
