@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from resnorm import _parallel
 from api_table import (DTYPES, OPS, Inputs, assert_close, assert_matches_reference,
                        assert_same_bits, layouts, make_inputs)
+from test_norms_gradients import central_diff
 
 # RESNORM_HYPOTHESIS_EXAMPLES=5000 for a deep run; 100 keeps the suite at a few seconds.
 SETTINGS = settings(max_examples=int(os.environ.get("RESNORM_HYPOTHESIS_EXAMPLES", 100)),
@@ -109,19 +110,6 @@ def test_results_do_not_depend_on_layout_threads_or_streaming(case):
 
 # --------------------------------------------------------------------------- gradients
 
-def _central_difference(loss, a, h):
-    grad = np.empty_like(a)
-    for i in np.ndindex(a.shape):
-        old = a[i]
-        a[i] = old + h
-        up = loss()
-        a[i] = old - h
-        down = loss()
-        a[i] = old
-        grad[i] = (up - down) / (2 * h)
-    return grad
-
-
 @SETTINGS
 @given(name=st.sampled_from([n for n, op in OPS.items() if op.form == "backward"]),
        n=st.integers(1, 3), d=st.integers(1, 6), has_w=st.booleans(), has_b=st.booleans(),
@@ -154,5 +142,5 @@ def test_backward_matches_finite_differences(name, n, d, has_w, has_b, scale, of
         def loss():
             return float(np.sum(fwd.run(probe)["y"] * inp.dy))
 
-        numeric = _central_difference(loss, getattr(probe, arg), steps[arg])
+        numeric = central_diff(loss, getattr(probe, arg), steps[arg])
         assert_close(got[grad], numeric, 1e-6 * bounds[arg], f"{name} {grad}")
