@@ -19,7 +19,7 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNEL_MODULES = ["runtime", "norms"]
+KERNEL_MODULES = ["runtime", "norms", "residual", "layers"]
 
 CYTHON_DIRECTIVES = {
     "language_level": 3,

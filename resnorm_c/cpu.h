@@ -27,6 +27,10 @@
 #define rn_sfence() ((void)0)
 #endif
 
+/* `stream` argument of the elementwise primitives: 0 = ordinary stores, 1 = non-temporal
+ * stores then a store fence, RN_STREAM_UNFENCED = non-temporal stores, the caller fences. */
+#define RN_STREAM_UNFENCED 2
+
 /* Prefetch hint for the next row: 2 = into L2 (measured best here), 3 = into L1. */
 #ifndef RN_PF_LOCALITY
 #define RN_PF_LOCALITY 2
@@ -59,6 +63,20 @@
                              double, double, double, Py_ssize_t, int);                        \
         void (*accumulate)(double *, const double *, Py_ssize_t);                             \
         void (*narrow)(T *, const double *, Py_ssize_t);                                      \
+        void (*residual_add)(T *, const T *, const T *, const T *, const uint8_t *, Py_ssize_t, \
+                             double, Py_ssize_t, int);                                        \
+        void (*residual_bwd)(T *, T *, double *, const T *, const T *, const T *, const T *,   \
+                             const uint8_t *, Py_ssize_t, double, Py_ssize_t, int);           \
+        double (*residual_reduce)(const T *, const T *, const T *, const uint8_t *, Py_ssize_t,\
+                                  double, Py_ssize_t, int, double);                           \
+        void (*residual_norm_apply)(T *, T *, const T *, const T *, const T *, const uint8_t *,\
+                                    Py_ssize_t, double, const T *, const T *, double, double, \
+                                    Py_ssize_t, int);                                         \
+        void (*sigmoid)(T *, T *, const T *, Py_ssize_t);                                     \
+        /* element-type independent (the same function in both tables): philox.h */          \
+        void (*philox_uniforms)(uint32_t *, uint64_t, uint64_t, Py_ssize_t);                  \
+        void (*dropout_keep)(uint8_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t);            \
+        void (*dropout_bits)(uint64_t *, uint64_t, uint64_t, Py_ssize_t, uint32_t);           \
     } rn_ops_##TS;
 RN_OPS_STRUCT(float, f32)
 RN_OPS_STRUCT(double, f64)
@@ -69,7 +87,12 @@ RN_OPS_STRUCT(double, f64)
         RN_CAT3(rms_bwd_dot, TS, ISA), RN_CAT3(ln_bwd_sums, TS, ISA), RN_CAT3(rms_apply, TS, ISA),   \
         RN_CAT3(ln_apply, TS, ISA), RN_CAT3(rms_bwd_apply, TS, ISA),                          \
         RN_CAT3(ln_bwd_apply, TS, ISA), RN_CAT3(accumulate, TS, ISA),                         \
-        RN_CAT3(narrow, TS, ISA)                                                              \
+        RN_CAT3(narrow, TS, ISA),                                                             \
+        RN_CAT3(residual_add, TS, ISA), RN_CAT3(residual_bwd, TS, ISA),                       \
+        RN_CAT3(residual_reduce, TS, ISA), RN_CAT3(residual_norm_apply, TS, ISA),             \
+        RN_CAT3(sigmoid, TS, ISA),                                                            \
+        RN_CAT(rn_philox_uniforms_, ISA), RN_CAT(rn_dropout_keep_, ISA),                      \
+        RN_CAT(rn_dropout_bits_, ISA)                                                         \
     }
 
 #if RN_X86

@@ -18,29 +18,14 @@ from libc.string cimport memset
 
 from common cimport (floating, rn_cpu_init, row_sum, row_sumsq, row_sumsqdev, row_rms_bwd_dot,
                      row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply,
-                     row_ln_bwd_apply, row_narrow, add_partial)
+                     row_ln_bwd_apply, row_blocks, sum_partials, opt_ptr)
 
 rn_cpu_init()
 
-# Row blocks of the backward passes: at most MAX_BLOCKS, at least MIN_BLOCK_ROWS rows each
-# (fewer rows than that make one block).  A function of N alone, for reproducibility.
-cdef enum:
-    MAX_BLOCKS = 64
-    MIN_BLOCK_ROWS = 8
-    REDUCE_COLUMNS = 512  # columns per task when the partial rows are summed
-
 
 cpdef Py_ssize_t n_row_blocks(Py_ssize_t n_rows) noexcept:
-    """Number of row blocks backward uses for N rows (depends on N only)."""
-    cdef Py_ssize_t nb = (n_rows + MIN_BLOCK_ROWS - 1) // MIN_BLOCK_ROWS
-    return max(1, min(MAX_BLOCKS, nb))
-
-
-cdef inline const floating *opt_ptr(const floating[::1] v) noexcept:
-    """The data of an optional vector (weight, bias), NULL for None."""
-    if v is None:
-        return NULL
-    return &v[0]
+    """Number of row blocks backward uses for N rows (depends on N only; common.row_blocks)."""
+    return row_blocks(n_rows)
 
 
 # --------------------------------------------------------------------------- RMSNorm
@@ -101,7 +86,7 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
                 row_rms_bwd_apply(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, rstd[i], m, d,
                                   stream)
     if has_dw:
-        _sum_partials(dweight, dw_part, n_threads)
+        sum_partials(dweight, dw_part, n_threads)
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -181,9 +166,9 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
                     _ln_backward_careful(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w,
                                          mean[i], rstd[i], d)
     if has_dw:
-        _sum_partials(dweight, dw_part, n_threads)
+        sum_partials(dweight, dw_part, n_threads)
     if has_db:
-        _sum_partials(dbias, db_part, n_threads)
+        sum_partials(dbias, db_part, n_threads)
 
 
 # --------------------------------------------------------------------------- rare rows
@@ -334,18 +319,3 @@ cdef void _ln_backward_careful(floating *dx, double *dw_part, double *db_part,
         if db_part != NULL:
             db_part[k] += dy[k]
         dx[k] = <floating>(rstd * ((g - mg) - xhat * mgx))
-
-
-# --------------------------------------------------------------------------- partial sums
-
-cdef void _sum_partials(floating[::1] out, double[:, ::1] part, int n_threads) noexcept:
-    """out[j] := sum_b part[b, j], added in block order b = 0, 1, ... for every j."""
-    cdef Py_ssize_t nb = part.shape[0], d = part.shape[1]
-    cdef Py_ssize_t n_tasks = (d + REDUCE_COLUMNS - 1) // REDUCE_COLUMNS, t, j0, m, b
-    with nogil:
-        for t in prange(n_tasks, schedule="static", num_threads=n_threads):
-            j0 = t * REDUCE_COLUMNS
-            m = min(REDUCE_COLUMNS, d - j0)
-            for b in range(1, nb):
-                add_partial(&part[0, j0], &part[b, j0], m)
-            row_narrow(&out[j0], &part[0, j0], m)

@@ -78,6 +78,45 @@ static inline RN_DVEC RN_NAME(widen)(RN_HVEC h)
 
 static inline RN_DVEC RN_NAME(dload)(const RN_T *p) { return RN_NAME(widen)(RN_NAME(hload)(p)); }
 
+/* Dropout multipliers from keep bits (philox.h's dropout_bits): element k of a span uses
+ * bit kpos + k of `keep`, and its multiplier is scale when the bit is set, 0 when not:
+ * selected, never computed, so a vector lane equals the scalar RN_KEEP(k) ? scale : 0.  A
+ * vector's bits are read as one (unaligned) 64-bit word, broadcast, and tested against the
+ * lane bits 1, 2, 4, ...: plain vector code on every level.  One bit per element keeps a
+ * row's mask in a few hundred bytes, in L1 beside the row; readers may read up to 8 bytes
+ * past the last bit used. */
+#if RN_TFLOAT
+#define RN_ITYPE int32_t
+#else
+#define RN_ITYPE int64_t
+#endif
+typedef RN_ITYPE RN_NAME(ivec) __attribute__((vector_size(RN_VBYTES)));
+typedef RN_ITYPE RN_NAME(hivec) __attribute__((vector_size(RN_DW * sizeof(RN_ITYPE))));
+#define RN_KEEP(k) ((keep[(kpos + (k)) >> 3] >> ((kpos + (k)) & 7)) & 1)
+
+static inline uint64_t RN_NAME(keep_word)(const uint8_t *keep, Py_ssize_t pos)
+{
+    uint64_t word;
+    memcpy(&word, keep + (pos >> 3), sizeof word);
+    return word >> (pos & 7);
+}
+
+/* The multipliers of NL elements from position pos, as a vector VT (integer twin IVT). */
+#define RN_MULT_BODY(VT, IVT, NL)                                                          \
+    {                                                                                      \
+        IVT lane_bit;                                                                      \
+        for (int j = 0; j < (NL); j++)                                                     \
+            lane_bit[j] = (RN_ITYPE)1 << j;                                                \
+        IVT word = (IVT){0} + (RN_ITYPE)RN_NAME(keep_word)(keep, pos);                     \
+        IVT on = (word & lane_bit) != 0;                                                   \
+        return (VT)(on & (IVT)((VT){0} + scale));                                          \
+    }
+static inline RN_VEC RN_NAME(vmult)(const uint8_t *keep, Py_ssize_t pos, RN_T scale)
+    RN_MULT_BODY(RN_VEC, RN_NAME(ivec), RN_W)
+static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_T scale)
+    RN_MULT_BODY(RN_HVEC, RN_NAME(hivec), RN_DW)
+#undef RN_MULT_BODY
+
 /* part[0 .. RN_W) += v, widened to double: the per-block dweight/dbias partial sums. */
 static inline void RN_NAME(add_widened)(double *part, RN_VEC v)
 {
@@ -222,6 +261,40 @@ static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w,
     return s;
 }
 
+/* The residual sum of a row, h_k = r_k + a_k * (x_k * m_k) (m_k = RN_KEEP(k) ? scale : 0;
+ * a, keep NULL: 1), formed in the input precision exactly as residual_add forms it, then
+ * reduced without being stored:
+ *   sum_k (h_k - shift)     (squares = 0, shift = 0: the LayerNorm mean pass)
+ *   sum_k (h_k - shift)^2   (squares = 1: shift = 0 for RMSNorm, = mean for LayerNorm)
+ * with RN_REDUCE's lanes, so the result is bitwise sum / sumsq / sumsqdev of the stored h.
+ * A pass that only loads: nothing waits behind streamed stores still draining (a plain
+ * store would, as stores leave the core in program order).  x and r are prefetched one row
+ * ahead; the apply pass (residual_norm_apply) finds the row in cache. */
+static double RN_NAME(residual_reduce)(const RN_T *r, const RN_T *x, const RN_T *a,
+                                       const uint8_t *keep, Py_ssize_t kpos, double scale,
+                                       Py_ssize_t n, int squares, double shift)
+{
+    const RN_T sc = (RN_T)scale;
+    double s;
+#define PF_(i) (RN_NAME(prefetch_next)(x, n, (i), 32), RN_NAME(prefetch_next)(r, n, (i), 32))
+#define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                  \
+                 if (keep) { v_ *= RN_NAME(hmult)(keep, kpos + (i), sc); }              \
+                 if (a) { v_ *= RN_NAME(hload)(a + (i)); }                              \
+                 RN_NAME(widen)(RN_NAME(hload)(r + (i)) + v_) - shift; })
+#define HS_(i) ({ RN_T v_ = x[i]; if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_T)0; }        \
+                  if (a) { v_ *= a[i]; } (double)(r[i] + v_) - shift; })
+#define V1_(i) RN_NAME(square)(H_(i))
+#define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
+    if (squares) RN_REDUCE(n, PF_, V1_, S1_, s);
+    else RN_REDUCE(n, PF_, H_, HS_, s);
+#undef PF_
+#undef H_
+#undef HS_
+#undef V1_
+#undef S1_
+    return s;
+}
+
 /* The mean is cached in double.  For float rows it enters the float arithmetic as
  * hi + lo (two floats), so x - mean keeps its precision when |mean| >> std
  * (x = 1e4 + N(0,1)): x - hi is exact for x near hi (Sterbenz), then lo is removed. */
@@ -270,9 +343,19 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
 
 /* ---------------------------------------------------------------- elementwise passes */
 
+/* Whether out and out2 can both take streaming stores from the same loop: they must sit at
+ * the same offset from a vector boundary (NULL out2: no second output). */
+static inline int RN_NAME(same_phase)(const RN_T *out, const RN_T *out2)
+{
+    return out2 == NULL || ((uintptr_t)out - (uintptr_t)out2) % RN_VBYTES == 0;
+}
+
 /* Runs SCALAR(k) or VECTOR(k, STORE) over k in [0, n): scalar code for the unaligned head
  * and the tail, native vectors in between, stored with STORE (streamed when `stream` is
- * set).  PF(k) prefetches the next row's span of the vector at k. */
+ * set).  PF(k) prefetches the next row's span of the vector at k.  Streamed stores are
+ * followed by a store fence, unless stream is RN_STREAM_UNFENCED: a caller that writes a
+ * row in many short slices fences once at the end (rn_sfence), because a fence waits for
+ * the write-combining buffers to drain and would stall every slice. */
 #define RN_ELEMENTWISE(n, out, stream, PF, SCALAR, VECTOR)                              \
     do {                                                                                \
         Py_ssize_t k_ = 0, head_ = (stream) ? RN_NAME(stream_head)((out), (n)) : 0;     \
@@ -290,7 +373,7 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
             }                                                                           \
         }                                                                               \
         for (; k_ < (n); k_++) { SCALAR(k_) }                                           \
-        if (nt_) rn_sfence();                                                           \
+        if (nt_ && (stream) != RN_STREAM_UNFENCED) rn_sfence();                         \
     } while (0)
 
 #define RN_PFV_X(k) RN_NAME(prefetch_next)(x, n, (k), RN_W)
@@ -327,6 +410,51 @@ static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T 
     else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
     else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
     else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(n, y, stream, RN_PFV_X, S_, V_); }
+#undef S_
+#undef V_
+}
+
+/* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
+ * read it just before):  h_k = r_k + a_k * (x_k * m_k),  m_k = RN_KEEP(k) ? scale : 0,
+ *   y_k = ((h_k - mean) * rstd) * w_k + b_k      (RMSNorm: mean = 0, b = NULL: h_k * rstd * w_k)
+ *   hout_k = h_k                                 (hout NULL: Post-Norm, h is not kept)
+ * The same operations as residual_add then ln_apply / rms_apply (x - 0 is x), so y is bitwise
+ * the norm of hout.  a, keep, w, b may be NULL. */
+static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *hout, const RN_T *r, const RN_T *x,
+                                         const RN_T *a, const uint8_t *keep, Py_ssize_t kpos,
+                                         double scale, const RN_T *w, const RN_T *b,
+                                         double mean, double rstd, Py_ssize_t n, int stream)
+{
+    RN_T mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_T rs = (RN_T)rstd, sc = (RN_T)scale;
+    if (!RN_NAME(same_phase)(y, hout)) stream = 0;
+#define PF_(k)
+#define S_(k) { RN_T h_ = x[k]; if (keep) { h_ *= RN_KEEP(k) ? sc : (RN_T)0; }          \
+                if (a) { h_ *= a[k]; } h_ = r[k] + h_;                                  \
+                RN_T v_ = ((h_ - mh) - ml) * rs; if (w) { v_ *= w[k]; } if (b) { v_ += b[k]; } \
+                y[k] = v_; if (hout) { hout[k] = h_; } }
+#define V_(k, ST) { RN_VEC h_ = RN_NAME(vload)(x + k);                                  \
+                    if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + k, sc); }             \
+                    if (a) { h_ *= RN_NAME(vload)(a + k); }                             \
+                    h_ = RN_NAME(vload)(r + k) + h_;                                    \
+                    RN_VEC v_ = ((h_ - mh) - ml) * rs;                                  \
+                    if (w) { v_ *= RN_NAME(vload)(w + k); }                             \
+                    if (b) { v_ += RN_NAME(vload)(b + k); }                             \
+                    ST(y + k, v_); if (hout) { ST(hout + k, h_); } }
+#define RUN_ RN_ELEMENTWISE(n, y, stream, PF_, S_, V_)
+    /* The fused forward's cases (weight, no alpha, no bias; with or without dropout and h)
+     * get their own expansions: with the branches left in, the compiler unswitches only
+     * some of them. */
+    if (w && !a && !b) {
+        const RN_T *a = NULL, *b = NULL;
+        if (keep && hout) RUN_;
+        else if (keep) { RN_T *hout = NULL; RUN_; }
+        else if (hout) { const uint8_t *keep = NULL; RUN_; }
+        else { const uint8_t *keep = NULL; RN_T *hout = NULL; RUN_; }
+    } else RUN_;
+#undef RUN_
+#undef PF_
 #undef S_
 #undef V_
 }
@@ -386,6 +514,89 @@ static void RN_NAME(ln_bwd_apply)(RN_T *dx, double *dw_part, double *db_part, co
 #undef V_
 }
 
+/* ---------------------------------------------------------------- residual connections */
+
+/* h_k = r_k + a_k * (x_k * m_k): branch x, dropout multipliers m_k = RN_KEEP(k) ? scale : 0
+ * and scale a, added onto the residual stream r.  r may be NULL (0), a and keep NULL (1).  The
+ * product x*m is formed first, as dropout forms it, so h equals r + a * dropout(x) bitwise.
+ * x and r are prefetched one row ahead; a and keep are short rows that stay in cache. */
+static void RN_NAME(residual_add)(RN_T *h, const RN_T *r, const RN_T *x, const RN_T *a,
+                                  const uint8_t *keep, Py_ssize_t kpos, double scale,
+                                  Py_ssize_t n, int stream)
+{
+    const RN_T sc = (RN_T)scale;
+#define PF_(k) { RN_NAME(prefetch_next)(x, n, (k), RN_W);                               \
+                 if (r) { RN_NAME(prefetch_next)(r, n, (k), RN_W); } }
+#define S_(k) { RN_T v = x[k]; if (keep) { v *= RN_KEEP(k) ? sc : (RN_T)0; }            \
+                if (a) { v *= a[k]; } if (r) { v = r[k] + v; } h[k] = v; }
+#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                   \
+                    if (keep) { v *= RN_NAME(vmult)(keep, kpos + k, sc); }              \
+                    if (a) { v *= RN_NAME(vload)(a + k); }                              \
+                    if (r) { v = RN_NAME(vload)(r + k) + v; } ST(h + k, v); }
+    /* The hot cases get their own expansion: dropout alone, and the plain add. */
+    if (!r && !a && keep) {
+        const RN_T *r = NULL, *a = NULL;
+        RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+    } else if (r && !a && !keep) {
+        const RN_T *a = NULL;
+        const uint8_t *keep = NULL;
+        RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+    }
+    else RN_ELEMENTWISE(n, h, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* Backward of h = r + a*(x*m), m_k = RN_KEEP(k) ? scale : 0.  With g = gh + dh (dh, a
+ * gradient arriving along the residual stream, may be NULL):
+ *   dr_k = g_k                        (dr NULL: not written)
+ *   dx_k = (g_k * a_k) * m_k          (a, keep NULL: 1)
+ *   da_part_k += g_k * (x_k * m_k)    (double partial of a row block; NULL: not wanted)
+ * gh, dh and (when da_part is wanted) x are prefetched one row ahead. */
+static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dr, double *da_part, const RN_T *gh,
+                                  const RN_T *dh, const RN_T *x, const RN_T *a,
+                                  const uint8_t *keep, Py_ssize_t kpos, double scale,
+                                  Py_ssize_t n, int stream)
+{
+    const RN_T sc = (RN_T)scale;
+    if (!RN_NAME(same_phase)(dx, dr)) stream = 0;
+#define PF_(k) { RN_NAME(prefetch_next)(gh, n, (k), RN_W);                              \
+                 if (dh) { RN_NAME(prefetch_next)(dh, n, (k), RN_W); }                  \
+                 if (da_part) { RN_NAME(prefetch_next)(x, n, (k), RN_W); } }
+#define S_(k) { RN_T g = gh[k], mk = keep ? (RN_KEEP(k) ? sc : (RN_T)0) : (RN_T)1;      \
+                if (dh) { g += dh[k]; } if (dr) { dr[k] = g; }                          \
+                if (da_part) { RN_T d = x[k]; if (keep) { d *= mk; }                    \
+                               da_part[k] += (double)(g * d); }                         \
+                RN_T v = g; if (a) { v *= a[k]; } if (keep) { v *= mk; } dx[k] = v; }
+#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k), mk = {0};                        \
+                    if (keep) { mk = RN_NAME(vmult)(keep, kpos + k, sc); }              \
+                    if (dh) { g += RN_NAME(vload)(dh + k); }                            \
+                    if (dr) { ST(dr + k, g); }                                          \
+                    if (da_part) { RN_VEC d = RN_NAME(vload)(x + k);                    \
+                                   if (keep) { d *= mk; }                               \
+                                   RN_NAME(add_widened)(da_part + k, g * d); }          \
+                    RN_VEC v = g; if (a) { v *= RN_NAME(vload)(a + k); }                \
+                    if (keep) { v *= mk; } ST(dx + k, v); }
+    RN_ELEMENTWISE(n, dx, stream, PF_, S_, V_);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* s_k = sigmoid(g_k) = 1/(1 + exp(-g_k)) and ds_k = s_k * (1 - s_k), both from
+ * e = exp(-|g_k|) in double: nothing overflows, and ds keeps its precision where s rounds
+ * to 1 (ds = e / (1 + e)^2, not 1 - s).  ds may be NULL.  Scalar: exp has no vector form
+ * here that would give the same bits on every level. */
+static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t n)
+{
+    for (Py_ssize_t k = 0; k < n; k++) {
+        double v = (double)g[k], e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
+        s[k] = (RN_T)(v >= 0 ? q : e * q);
+        if (ds) ds[k] = (RN_T)(e * q * q);
+    }
+}
+
 /* ---------------------------------------------------------------- partial sums */
 
 /* acc_i += part_i: folds one block's partial row into the running total (fixed order). */
@@ -402,6 +613,8 @@ static void RN_NAME(narrow)(RN_T *out, const double *acc, Py_ssize_t n)
         out[i] = (RN_T)acc[i];
 }
 
+#undef RN_KEEP
+#undef RN_ITYPE
 #undef RN_PF_X
 #undef RN_PF_DY_X
 #undef RN_PFV_X

@@ -148,3 +148,17 @@ def assert_bitwise_equal(a, b, what=""):
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
     assert np.array_equal(a, b, equal_nan=True), f"{what}: values differ"
     assert a.tobytes() == b.tobytes(), f"{what}: bytes differ"
+
+
+def central_diff(f, a, h=1e-6):
+    """d f / d a by central differences, one element of a at a time (a is restored)."""
+    grad = np.empty_like(a)
+    for i in np.ndindex(a.shape):
+        old = a[i]
+        a[i] = old + h
+        fp = f()
+        a[i] = old - h
+        fm = f()
+        a[i] = old
+        grad[i] = (fp - fm) / (2 * h)
+    return grad

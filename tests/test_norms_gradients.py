@@ -7,24 +7,10 @@ import numpy as np
 import pytest
 
 import resnorm
+from conftest import central_diff
 
-H = 1e-6
 RTOL = 1e-6
 SHAPES = [(3, 5), (2, 1), (4, 7)]
-
-
-def central_diff(f, a, h=H):
-    """d f / d a by central differences, one element of a at a time (a is restored)."""
-    grad = np.empty_like(a)
-    for i in np.ndindex(a.shape):
-        old = a[i]
-        a[i] = old + h
-        fp = f()
-        a[i] = old - h
-        fm = f()
-        a[i] = old
-        grad[i] = (fp - fm) / (2 * h)
-    return grad
 
 
 def assert_grad_close(analytic, numeric, scale, what):

@@ -2,6 +2,8 @@
 from . import reference
 from ._runtime import build_flags, openmp_enabled, simd_level
 from ._runtime import get_max_threads as get_num_threads
+from .explain import explain
+from .inverted_dropout import DropoutCache, dropout, dropout_backward, dropout_forward
 from .norms import (
     LayerNormCache,
     RMSNormCache,
@@ -12,13 +14,59 @@ from .norms import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from .residual import (
+    AddNormCache,
+    GatedResidualCache,
+    ScaledResidualCache,
+    add_layer_norm,
+    add_layer_norm_backward,
+    add_layer_norm_forward,
+    add_layer_norm_post,
+    add_layer_norm_post_backward,
+    add_layer_norm_post_forward,
+    add_rms_norm,
+    add_rms_norm_backward,
+    add_rms_norm_forward,
+    add_rms_norm_post,
+    add_rms_norm_post_backward,
+    add_rms_norm_post_forward,
+    gated_residual,
+    gated_residual_backward,
+    gated_residual_forward,
+    scaled_residual,
+    scaled_residual_backward,
+    scaled_residual_forward,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AddNormCache",
+    "DropoutCache",
+    "GatedResidualCache",
     "LayerNormCache",
     "RMSNormCache",
+    "ScaledResidualCache",
+    "add_layer_norm",
+    "add_layer_norm_backward",
+    "add_layer_norm_forward",
+    "add_layer_norm_post",
+    "add_layer_norm_post_backward",
+    "add_layer_norm_post_forward",
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "add_rms_norm_forward",
+    "add_rms_norm_post",
+    "add_rms_norm_post_backward",
+    "add_rms_norm_post_forward",
     "build_flags",
+    "dropout",
+    "dropout_backward",
+    "dropout_forward",
+    "explain",
+    "gated_residual",
+    "gated_residual_backward",
+    "gated_residual_forward",
     "get_num_threads",
     "layer_norm",
     "layer_norm_backward",
@@ -28,5 +76,8 @@ __all__ = [
     "rms_norm",
     "rms_norm_backward",
     "rms_norm_forward",
+    "scaled_residual",
+    "scaled_residual_backward",
+    "scaled_residual_forward",
     "simd_level",
 ]

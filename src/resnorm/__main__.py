@@ -1,4 +1,5 @@
-"""The resnorm command line: ``python -m resnorm {bench,info}`` (also the ``resnorm`` script)."""
+"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info}`` (also the
+``resnorm`` script)."""
 import argparse
 import json
 import sys
@@ -27,6 +28,52 @@ def _bench(args):
     return 0
 
 
+def _values(text):
+    """'1,2,3' -> [1.0, 2.0, 3.0]; rows separated by ';': '1,2;3,4' -> [[1.0, 2.0], [3.0, 4.0]]."""
+    try:
+        rows = [[float(v) for v in row.split(",")] for row in text.split(";")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by ',' (rows by ';'), got {text!r}")
+    if len({len(r) for r in rows}) != 1:
+        raise argparse.ArgumentTypeError(f"every row must have the same length, got {text!r}")
+    return rows[0] if len(rows) == 1 else rows
+
+
+def _explain(args):
+    from .explain import explain
+
+    try:
+        e = explain(args.kind, args.x, weight=args.weight, bias=args.bias, eps=args.eps,
+                    dy=args.dy, dtype=args.dtype, residual=args.residual, dh=args.dh,
+                    alpha=args.alpha, p=args.p, seed=args.seed,
+                    training=False if args.eval else None)
+    except (TypeError, ValueError) as err:
+        args.parser.error(str(err))
+    print(e.render(digits=args.digits))
+    return 0 if e.agree else 1
+
+
+def _demo(args):
+    from . import demos
+
+    result = demos.run(args.name, size=args.size, seed=args.seed)
+    print(result.text())
+    status = 1 if result.missing else 0
+    if args.no_png:
+        return status
+    path = args.png or f"resnorm-demo-{args.name}.png"
+    if demos.save_png(result, path):
+        print(f"figure: {path}")
+    elif args.png:
+        print("error: matplotlib is not installed, no PNG written "
+              "(pip install 'resnorm[plot]')", file=sys.stderr)
+        status = 1
+    else:
+        print("no figure: matplotlib is not installed (pip install 'resnorm[plot]')")
+    return status
+
+
 def _info(args):
     from . import bench
 
@@ -48,6 +95,48 @@ def main(argv=None):
     b.add_argument("--json", help="also write results and machine info to this JSON file")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench)
+
+    e = sub.add_parser(
+        "explain", help="print every step of a norm on a small input, kernel vs reference",
+        description="Runs the compiled kernels on a small input and prints every step, "
+        "element by element, with the float64 reference's intermediate values and a "
+        "kernel-vs-reference verdict (exit status 1 when they disagree).",
+        epilog="Values: --x 1,2,3,4 (one row) or --x '1,2;3,4' (two rows). "
+        "A list starting with a minus sign needs '=': --x=-1,2,3.")
+    e.add_argument("kind", choices=["rms", "layer", "add-rms", "dropout"])
+    e.add_argument("--x", type=_values, required=True, help="input row(s)")
+    e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
+    e.add_argument("--bias", type=_values, help="per-channel bias b (D values; layer only)")
+    e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
+    e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
+    e.add_argument("--residual", type=_values,
+                   help="add-rms: the stream (shape of x); h = residual + alpha*dropout(x)")
+    e.add_argument("--alpha", type=float, help="add-rms: residual scale (default 1)")
+    e.add_argument("--dh", type=_values, help="add-rms: gradient along the stream h (default 0)")
+    e.add_argument("--p", type=float, help="add-rms, dropout: drop probability "
+                   "(required for dropout, default 0 for add-rms)")
+    e.add_argument("--seed", type=int, help="add-rms, dropout: mask seed (default 0)")
+    e.add_argument("--eval", action="store_true",
+                   help="add-rms, dropout: eval mode (dropout is the identity)")
+    e.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    e.add_argument("--digits", type=int, help="significant digits (default 8 for float32, "
+                   "10 for float64)")
+    e.set_defaults(func=_explain, parser=e)
+
+    from .demos import DEMOS, SIZE_NAMES
+
+    d = sub.add_parser(
+        "demo", help="run one of the classic residual/norm experiments",
+        description="Runs an experiment on the library's kernels, prints its table and "
+        "what it measured, and saves a PNG when matplotlib is installed. Exit status 1 "
+        "when part of it could not run (e.g. a missing optional package).")
+    d.add_argument("name", choices=list(DEMOS))
+    d.add_argument("--size", default="full", choices=SIZE_NAMES,
+                   help="tiny: a few seconds, for tests")
+    d.add_argument("--png", help="where to save the figure (default resnorm-demo-NAME.png)")
+    d.add_argument("--no-png", action="store_true", help="do not draw the figure")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_demo)
 
     i = sub.add_parser("info", help="print build and machine facts as JSON")
     i.set_defaults(func=_info)

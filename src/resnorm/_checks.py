@@ -67,16 +67,16 @@ def optional_param(p, name, d, dtype):
     return like_array(p, name, (d,), dtype)
 
 
-def eps_value(eps, dtype):
-    """eps as a float: a real number, finite and at least the smallest normal number of the
-    input's dtype (float32: 1.2e-38), so that rstd <= 1/sqrt(eps) fits that dtype even for
-    an all-zero row."""
+def eps_value(eps, dtype=None):
+    """eps as a float: a real number, finite and > 0.  With the dtype of a norm's input, also
+    at least that dtype's smallest normal number (float32: 1.2e-38), so that
+    rstd <= 1/sqrt(eps) fits the dtype even for an all-zero row."""
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     eps = float(eps)
     if not (math.isfinite(eps) and eps > 0.0):
         raise ValueError(f"eps must be finite and > 0, got {eps!r}")
-    tiny = float(np.finfo(dtype).tiny)
+    tiny = 0.0 if dtype is None else float(np.finfo(dtype).tiny)
     if eps < tiny:
         raise ValueError(f"eps must be >= {tiny:.4g} (the smallest normal {np.dtype(dtype)}) "
                          f"for {np.dtype(dtype)} input, got {eps!r}")
@@ -95,24 +95,24 @@ def n_threads_value(n_threads):
     return int(n_threads)
 
 
-def out_array(out, shape, dtype, inputs):
+def out_array(out, shape, dtype, inputs, name="out"):
     """The caller's output buffer: a writeable ndarray of this shape and dtype.
 
     It may be exactly one of the inputs (same memory, same strides: an in-place call), but it
     must not otherwise overlap any of them, as a partial overlap would be read after written.
     """
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"out must be a numpy.ndarray, got {type(out).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
     if out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype.str!r}")
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype.str!r}")
     if out.shape != tuple(shape):
-        raise ValueError(f"out must have shape {tuple(shape)}, got {out.shape}")
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {out.shape}")
     if not out.flags.writeable:
-        raise ValueError("out must be writeable, got a read-only array")
-    for name, a in inputs.items():
+        raise ValueError(f"{name} must be writeable, got a read-only array")
+    for input_name, a in inputs.items():
         if a is not None and np.may_share_memory(out, a) and not same_memory(out, a):
-            raise ValueError(f"out overlaps {name} without being the same array; "
-                             f"pass out={name} for an in-place call, or a separate buffer")
+            raise ValueError(f"{name} overlaps {input_name} without being the same array; "
+                             f"pass {name}={input_name} for an in-place call, or a separate buffer")
     return out
 
 
@@ -142,3 +142,123 @@ def training_cache(cache, stat_names):
         raise ValueError(f"cache is not as the forward function returned it: its arrays "
                          f"have inconsistent shapes, dtypes or layouts ({type(cache).__name__} "
                          f"must not be built or edited by hand)")
+
+
+# --------------------------------------------------------------------------- residual, dropout
+
+def flag(value, name):
+    """A bool (Python or NumPy)."""
+    if type(value) is not bool and not isinstance(value, np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def probability(p, name="p"):
+    """A dropout probability: a real number in [0, 1]."""
+    if type(p) is not float and (isinstance(p, (bool, np.bool_))
+                                 or not isinstance(p, numbers.Real)):
+        raise TypeError(f"{name} must be a real number in [0, 1], got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {p!r}")
+    return p
+
+
+def seed_value(seed):
+    """A dropout seed: an int in [0, 2**64) (the 64-bit Philox key)."""
+    if type(seed) is not int and (isinstance(seed, (bool, np.bool_))
+                                  or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+def residual_scale(alpha, d, dtype, name="alpha"):
+    """A residual scale: ('fixed', float) for a real number (not learnable), ('scalar', 0-d
+    array) for a learnable scalar, ('channel', (D,) array) for a learnable per-channel
+    vector (LayerScale).  Arrays must have the input's dtype."""
+    if type(alpha) is float or (isinstance(alpha, numbers.Real) and not isinstance(
+            alpha, (bool, np.bool_, np.ndarray))):
+        alpha = float(alpha)
+        if not math.isfinite(alpha):
+            raise ValueError(f"{name} must be finite, got {alpha!r}")
+        return "fixed", alpha
+    if not isinstance(alpha, np.ndarray):
+        raise TypeError(f"{name} must be a real number, or a {dtype} array of shape () or "
+                        f"({d},), got {type(alpha).__name__}")
+    if alpha.dtype != dtype or not alpha.dtype.isnative:
+        raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
+    if alpha.shape == ():
+        return "scalar", alpha
+    if alpha.shape == (d,):
+        return "channel", alpha
+    raise ValueError(f"{name} must have shape () (learnable scalar) or ({d},) (per channel), "
+                     f"got {alpha.shape}")
+
+
+def gate_array(g, shape, dtype, name="g"):
+    """Gate logits: an array of the branch's shape, or a (D,) per-channel vector."""
+    d = shape[-1]
+    if np.shape(g) == (d,):
+        return like_array(g, name, (d,), dtype)
+    try:
+        return like_array(g, name, shape, dtype)
+    except ValueError:
+        raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) "
+                         f"(per channel), got {np.shape(g)}") from None
+
+
+# --------------------------------------------------------------------------- nn modules
+
+def positive_int(v, name):
+    """v as an int >= 1 (bool is not an int here)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 1, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v}")
+    return int(v)
+
+
+def one_of(v, name, options):
+    """v, which must be one of the strings in options."""
+    if not isinstance(v, str) or v not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}; got {v!r}")
+    return v
+
+
+def float_dtype(dtype, name="dtype"):
+    """dtype as np.dtype float32 or float64."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from e
+    if dt not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+    return dt
+
+
+def real_value(v, name):
+    """v as a finite float."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__}")
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v!r}")
+    return v
+
+
+def module_input(x, name, dtype, last, ndim=None):
+    """x as an array of the module's dtype with last axis `last` (and exactly ndim axes when
+    ndim is given, e.g. 3 for (B, T, D)).  No silent casts: a float64 array given to a float32
+    module is a TypeError."""
+    x = float_array(x, name)
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have the module's dtype {dtype}, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        want = "(B, T, D)" if ndim == 3 else f"{ndim} axes"
+        raise ValueError(f"{name} must have shape {want} with D = {last}, got shape {x.shape}")
+    if x.shape[-1] != last:
+        raise ValueError(f"{name} must have last axis {last}, got shape {x.shape}")
+    return x

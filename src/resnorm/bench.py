@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from . import _runtime
+from . import _bench_residual, _runtime
 from . import norms
 
 QUICK_SHAPES = [(8, 768), (2048, 4096)]
@@ -79,6 +79,8 @@ def _numpy_layer_backward(dy, x, w, mean, rstd):
 
 def _setup(op, shape, dtype, threads, torch):
     """(resnorm_fn, numpy_fn, torch_fn or None, output array, min traffic bytes) for one case."""
+    if op in _bench_residual.OPS:
+        return _bench_residual.setup(op, shape, dtype, threads, torch)
     rng = np.random.default_rng(0)
     n, d = shape
     x = rng.standard_normal(shape).astype(dtype)
@@ -127,7 +129,7 @@ def _setup(op, shape, dtype, threads, torch):
     raise ValueError(f"unknown op {op!r}")
 
 
-OPS = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"]
+OPS = ["rms_norm", "layer_norm", "rms_norm_backward", "layer_norm_backward"] + _bench_residual.OPS
 
 
 # --------------------------------------------------------------------------- timing

@@ -53,12 +53,12 @@ def _vector(p):
     return None if p is None else np.require(p, requirements="CA")
 
 
-def _output_rows(out, rows, shape, inputs):
+def _output_rows(out, rows, shape, inputs, name="out"):
     """Where the kernel writes: out's own memory when it is a C-contiguous aligned array,
     else a fresh buffer (copied into out afterwards by _finish)."""
     if out is None:
         return np.empty_like(rows)
-    _checks.out_array(out, shape, rows.dtype, inputs)
+    _checks.out_array(out, shape, rows.dtype, inputs, name)
     if out.flags.c_contiguous and out.flags.aligned:
         return out.reshape(rows.shape)
     return np.empty_like(rows)

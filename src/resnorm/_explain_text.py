@@ -1,0 +1,150 @@
+"""Renders an explain.Explanation as text: every step, element by element, with numbers."""
+import numpy as np
+
+# A reduction over more terms than this prints its first terms, "...", and its last term.
+MAX_TERMS = 8
+HEAD_TERMS = 3
+
+KERNELS = {"rms": "resnorm.rms_norm_forward / rms_norm_backward",
+           "layer": "resnorm.layer_norm_forward / layer_norm_backward",
+           "add-rms": "resnorm.add_rms_norm_forward / add_rms_norm_backward, "
+                      "mask: resnorm.dropout_forward(return_mask=True)",
+           "dropout": "resnorm.dropout_forward / dropout_backward"}
+PHASES = ("input", "forward", "backward")
+
+
+def _num(v, digits):
+    v = float(v)
+    if v.is_integer() and abs(v) < 2.0**53:     # counters, uniforms, thresholds: exact
+        return str(int(v))
+    return format(v, f".{digits}g")
+
+
+def _operand(v, digits):
+    """A number as it appears inside an expression: negatives in parentheses."""
+    text = _num(v, digits)
+    return f"({text})" if text.startswith("-") else text
+
+
+def _vector(a, digits):
+    return "[" + ", ".join(_num(v, digits) for v in np.ravel(a)) + "]"
+
+
+class _Printer:
+    def __init__(self, explanation, digits):
+        self.e = explanation
+        self.digits = digits
+        self.steps = {s.name: s for s in explanation.steps}
+        self.n_rows, self.d = np.shape(self.steps["x"].value)
+        self.lines = []
+
+    def at(self, name, r, i):
+        """The value of step `name` that enters element (r, i) (or row r when i is None)."""
+        s = self.steps[name]
+        v = np.asarray(s.value)
+        if s.per == "element":
+            return v[r, i]
+        if s.per == "row":
+            return v[r]
+        if s.per == "column":
+            return v[i]
+        return v
+
+    def substitute(self, expr, r, i):
+        names = [n for n in self.steps if "{" + n + "}" in expr]
+        return expr.format(**{n: _operand(self.at(n, r, i), self.digits) for n in names})
+
+    def terms(self, step, r, i):
+        """The summands of a reduction step, as text, shortened when there are many."""
+        if step.per == "column":
+            texts = [self.substitute(step.expr, row, i) for row in range(self.n_rows)]
+        else:
+            texts = [self.substitute(step.expr, r, j) for j in range(self.d)]
+        if len(texts) > MAX_TERMS:
+            texts = texts[:HEAD_TERMS] + ["..."] + texts[-1:]
+        joined = " + ".join(texts)
+        return f"({joined}) / {self.d}" if step.reduce == "mean" else joined
+
+    def instance(self, step, r, i):
+        """One line: the step for element i of row r (or row r, or column i), with its
+        numbers."""
+        label = step.name if i is None else f"{step.name}_{i}"
+        value = _num(self.at(step.name, r, i), self.digits)
+        rhs = self.terms(step, r, i) if step.reduce else self.substitute(step.expr, r, i)
+        prefix = "" if step.per == "column" or self.n_rows == 1 else f"row {r}: "
+        if rhs in (value, f"({value})"):     # a copy of one operand: nothing to compute
+            return f"    {prefix}{label} = {value}"
+        return f"    {prefix}{label} = {rhs} = {value}"
+
+    def step(self, s):
+        tag = f"[{s.source}]"
+        note = f"  -- {s.note}" if s.note else ""
+        self.lines.append(f"  {s.formula:<44} {tag:<12}{note}".rstrip())
+        if s.per == "element":
+            for r in range(self.n_rows):
+                for i in range(self.d):
+                    self.lines.append(self.instance(s, r, i))
+        elif s.per == "row":
+            for r in range(self.n_rows):
+                self.lines.append(self.instance(s, r, None))
+        elif s.per == "column":
+            for i in range(self.d):
+                self.lines.append(self.instance(s, 0, i))
+        else:
+            self.lines.append(self.instance(s, 0, None))
+
+    def input(self, s):
+        note = f"  -- {s.note}" if s.note else ""
+        if s.per == "element" and self.n_rows > 1:
+            for r in range(self.n_rows):
+                self.lines.append(f"  {s.name} row {r} = {_vector(s.value[r], self.digits)}")
+            return
+        if np.ndim(s.value):
+            value = _vector(s.value, self.digits)
+        elif s.value.dtype == bool:
+            value = str(bool(s.value))
+        else:
+            value = _num(s.value, self.digits)
+        self.lines.append(f"  {s.name} = {value}{note}")
+
+    def checks(self):
+        e = self.e
+        self.lines.append("kernel vs reference (resnorm.reference, float64 NumPy)")
+        for c in e.checks:
+            mark = "ok" if c.agree else "DIFFERENT"
+            self.lines.append(f"  {c.name:<9} max |kernel - reference| = {c.max_abs_diff:.3g}"
+                              f"   (tolerance {c.tolerance:.3g})  {mark}")
+        from .explain import TOLERANCE_ULPS
+        self.lines.append(f"  tolerance = {TOLERANCE_ULPS} * eps({e.dtype.name}) * "
+                          "max(1, max |reference value|)")
+        verdict = ("AGREE: the kernel outputs match the reference" if e.agree else
+                   "DISAGREE: at least one kernel output differs from the reference")
+        self.lines.append(f"  verdict: {verdict}")
+
+    def render(self):
+        from .explain import KIND_TITLES
+        e = self.e
+        rows = "1 row" if self.n_rows == 1 else f"{self.n_rows} rows"
+        eps = "" if e.eps is None else f", eps = {_num(e.eps, self.digits)}"
+        self.lines.append(f"{KIND_TITLES[e.kind]} ({e.dtype.name}), {rows} of D = {self.d}{eps}")
+        self.lines.append(f"outputs from the compiled kernels ({KERNELS[e.kind]}); "
+                          "intermediates from float64 NumPy (resnorm.reference)")
+        for phase in PHASES:
+            steps = [s for s in e.steps if s.phase == phase]
+            if not steps:
+                continue
+            self.lines.append("")
+            self.lines.append("inputs" if phase == "input" else phase)
+            for s in steps:
+                self.input(s) if phase == "input" else self.step(s)
+        self.lines.append("")
+        self.checks()
+        return "\n".join(self.lines)
+
+
+def render(explanation, digits=None):
+    """The explanation as text.  digits: significant digits (default 8 for float32, 10 for
+    float64)."""
+    if digits is None:
+        digits = 8 if explanation.dtype == np.float32 else 10
+    return _Printer(explanation, digits).render()

@@ -1,0 +1,290 @@
+"""resnorm.torch autograd Functions: gradients, agreement with torch, no copies, errors."""
+import itertools
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import resnorm  # noqa: E402
+import resnorm.torch as rt  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _make(shape, dtype, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    d = shape[-1]
+    x = torch.randn(shape, generator=g, dtype=dtype) * 2 + 0.5
+    w = torch.randn(d, generator=g, dtype=dtype)
+    b = torch.randn(d, generator=g, dtype=dtype)
+    return [t.requires_grad_(requires_grad) for t in (x, w, b)]
+
+
+# --------------------------------------------------------------------------- gradcheck
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 7), (1, 1), (4, 1)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_gradcheck_float64(shape, with_weight):
+    x, w, _ = _make(shape, torch.float64)
+    args = (x, w) if with_weight else (x,)
+    assert torch.autograd.gradcheck(lambda *a: rt.rms_norm(*a, eps=1e-5) if len(a) == 1
+                                    else rt.rms_norm(a[0], a[1], 1e-5), args)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 7), (4, 2)])
+@pytest.mark.parametrize("with_weight,with_bias", list(itertools.product([True, False], repeat=2)))
+def test_layer_norm_gradcheck_float64(shape, with_weight, with_bias):
+    x, w, b = _make(shape, torch.float64)
+    w, b = (w if with_weight else None), (b if with_bias else None)
+    params = [p for p in (w, b) if p is not None]
+
+    def f(x, *ps):
+        it = iter(ps)
+        return rt.layer_norm(x, next(it) if with_weight else None,
+                             next(it) if with_bias else None, 1e-5)
+    assert torch.autograd.gradcheck(f, (x, *params))
+
+
+# --------------------------------------------------------------------------- vs torch, float32
+
+def _grads(y, inputs, dy):
+    wanted = [t for t in inputs if t is not None and t.requires_grad]
+    return torch.autograd.grad(y, wanted, dy)
+
+
+@pytest.mark.parametrize("shape", [(8, 768), (2, 5, 33), (3, 1)])
+def test_rms_norm_matches_torch_float32(shape):
+    x, w, _ = _make(shape, torch.float32)
+    dy = torch.randn(shape)
+    y, ref = rt.rms_norm(x, w, 1e-6), F.rms_norm(x, (shape[-1],), w, 1e-6)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(_grads(y, (x, w), dy), _grads(ref, (x, w), dy)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(8, 768), (2, 5, 33), (3, 1)])
+def test_layer_norm_matches_torch_float32(shape):
+    x, w, b = _make(shape, torch.float32)
+    dy = torch.randn(shape)
+    y, ref = rt.layer_norm(x, w, b, 1e-5), F.layer_norm(x, (shape[-1],), w, b, 1e-5)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(_grads(y, (x, w, b), dy), _grads(ref, (x, w, b), dy)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("needs", [c for c in itertools.product([True, False], repeat=3) if any(c)])
+def test_layer_norm_requires_grad_combinations(needs):
+    """Only the tensors that require grad get one, and those equal torch's."""
+    x, w, b = _make((6, 9), torch.float64, requires_grad=False)
+    for t, need in zip((x, w, b), needs):
+        t.requires_grad_(need)
+    dy = torch.randn(6, 9, dtype=torch.float64)
+    y = rt.layer_norm(x, w, b, 1e-5)
+    ref = F.layer_norm(x, (9,), w, b, 1e-5)
+    for got, want in zip(_grads(y, (x, w, b), dy), _grads(ref, (x, w, b), dy)):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("needs", [(True, False), (False, True)])
+def test_rms_norm_requires_grad_combinations(needs):
+    x, w, _ = _make((6, 9), torch.float64, requires_grad=False)
+    x.requires_grad_(needs[0])
+    w.requires_grad_(needs[1])
+    dy = torch.randn(6, 9, dtype=torch.float64)
+    y, ref = rt.rms_norm(x, w, 1e-5), F.rms_norm(x, (9,), w, 1e-5)
+    for got, want in zip(_grads(y, (x, w), dy), _grads(ref, (x, w), dy)):
+        torch.testing.assert_close(got, want)
+
+
+def test_backward_skips_unwanted_weight_gradient(monkeypatch):
+    """dweight is not computed when weight does not require grad (None reaches the kernel)."""
+    seen = []
+    kernel = resnorm._norms.rms_norm_backward
+
+    def spy(dx, dw, *rest):
+        seen.append(dw)
+        return kernel(dx, dw, *rest)
+    monkeypatch.setattr(resnorm._norms, "rms_norm_backward", spy)
+    x, w, _ = _make((4, 8), torch.float32)
+    w.requires_grad_(False)
+    rt.rms_norm(x, w).sum().backward()
+    assert seen == [None] and x.grad is not None and w.grad is None
+
+
+def test_no_grad_saves_nothing():
+    x, w, _ = _make((4, 8), torch.float32)
+    with torch.no_grad():
+        y = rt.rms_norm(x, w)
+    assert y.grad_fn is None and not y.requires_grad
+
+
+def test_inference_mode():
+    x, w, b = _make((4, 8), torch.float32, requires_grad=False)
+    with torch.inference_mode():
+        y = rt.layer_norm(x, w, b)
+    torch.testing.assert_close(y, F.layer_norm(x, (8,), w, b))
+
+
+def test_zero_rows():
+    x, w, b = _make((0, 8), torch.float32)
+    y = rt.layer_norm(x, w, b)
+    y.sum().backward()
+    assert y.shape == (0, 8) and torch.equal(w.grad, torch.zeros(8))
+    assert torch.equal(b.grad, torch.zeros(8))
+
+
+# --------------------------------------------------------------------------- no copies
+
+def _ptr(a):
+    return None if a is None else a.__array_interface__["data"][0]
+
+
+def _spy(monkeypatch, name, record):
+    kernel = getattr(resnorm._norms, name)
+
+    def spy(*args):
+        record.append([_ptr(a) if isinstance(a, np.ndarray) else None for a in args])
+        return kernel(*args)
+    monkeypatch.setattr(resnorm._norms, name, spy)
+
+
+def test_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
+    fwd, bwd = [], []
+    _spy(monkeypatch, "rms_norm_forward", fwd)
+    _spy(monkeypatch, "rms_norm_backward", bwd)
+    x, w, _ = _make((16, 64), torch.float32)
+    dy = torch.randn(16, 64)
+    y = rt.rms_norm(x, w)
+    assert y.grad_fn.saved_tensors[0].data_ptr() == x.data_ptr()   # x saved, not copied
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    out, rstd, xin, win = fwd[0][:4]
+    assert (out, xin, win) == (y.data_ptr(), x.data_ptr(), w.data_ptr())
+    bdx, bdw, bdy, bx, bw, brstd = bwd[0][:6]
+    assert (bdx, bdw, bdy, bx, bw) == (dx.data_ptr(), dw.data_ptr(), dy.data_ptr(),
+                                       x.data_ptr(), w.data_ptr())
+    assert brstd == rstd                                            # the forward's rstd
+
+
+def test_layer_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
+    fwd, bwd = [], []
+    _spy(monkeypatch, "layer_norm_forward", fwd)
+    _spy(monkeypatch, "layer_norm_backward", bwd)
+    x, w, b = _make((2, 8, 64), torch.float64)
+    dy = torch.randn(2, 8, 64, dtype=torch.float64)
+    y = rt.layer_norm(x, w, b)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
+    out, mean, rstd, xin, win, bin_ = fwd[0][:6]
+    assert (out, xin, win, bin_) == (y.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr())
+    bdx, bdw, bdb, bdy, bx, bw, bmean, brstd = bwd[0][:8]
+    assert (bdx, bdw, bdb, bdy, bx, bw) == (dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
+                                            dy.data_ptr(), x.data_ptr(), w.data_ptr())
+    assert (bmean, brstd) == (mean, rstd)
+
+
+def test_non_contiguous_input_is_copied_once_and_correct():
+    base, w, b = _make((8, 12), torch.float64)
+    x = base.t()[:, :8]                         # (12, 8) view, not contiguous
+    assert not x.is_contiguous()
+    y = rt.layer_norm(x, w[:8], b[:8])
+    torch.testing.assert_close(y, F.layer_norm(x, (8,), w[:8], b[:8]))
+    dy = torch.randn(12, 8, dtype=torch.float64).t().contiguous().t()   # non-contiguous dy
+    got = torch.autograd.grad(y, (base, w), dy)
+    want = torch.autograd.grad(F.layer_norm(x, (8,), w[:8], b[:8]), (base, w), dy)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+
+
+def test_broadcast_gradient_is_accepted():
+    """y.sum().backward() hands backward an expanded (stride 0) dy."""
+    x, w, _ = _make((5, 6), torch.float64)
+    rt.rms_norm(x, w).sum().backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    F.rms_norm(x, (6,), w, 1e-6).sum().backward()
+    torch.testing.assert_close(gx, x.grad)
+    torch.testing.assert_close(gw, w.grad)
+
+
+# --------------------------------------------------------------------------- threads
+
+def test_follows_torch_threads_and_is_bitwise_reproducible():
+    x, w, b = _make((256, 512), torch.float32)     # large enough to run in parallel
+    dy = torch.randn(256, 512)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 4):
+            torch.set_num_threads(n)
+            y = rt.layer_norm(x, w, b)
+            results.append((y, *torch.autograd.grad(y, (x, w, b), dy)))
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c)
+
+
+# --------------------------------------------------------------------------- errors
+
+def test_in_place_change_of_x_before_backward_is_caught():
+    x, w, _ = _make((4, 8), torch.float32)
+    h = x * 1.0
+    y = rt.rms_norm(h, w)
+    with torch.no_grad():
+        h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_double_backward_raises():
+    x, w, _ = _make((4, 8), torch.float64)
+    y = rt.rms_norm(x, w)
+    (gx,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32, torch.complex64])
+def test_other_dtypes_raise_type_error(dtype):
+    x = torch.ones(4, 8, dtype=dtype)
+    with pytest.raises(TypeError, match="x must have dtype torch.float32 or torch.float64"):
+        rt.rms_norm(x)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        rt.layer_norm(x)
+
+
+def test_non_cpu_tensor_raises_type_error():
+    # A CUDA tensor takes the same path; "meta" is a non-CPU device every build has.
+    x = torch.empty(4, 8, device="meta")
+    with pytest.raises(TypeError, match="x must be a CPU tensor"):
+        rt.rms_norm(x)
+    w = torch.empty(8, device="meta")
+    with pytest.raises(TypeError, match="weight must be a CPU tensor"):
+        rt.layer_norm(torch.ones(4, 8), w)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: rt.rms_norm([[1.0, 2.0]]), TypeError, "x must be a torch.Tensor"),
+    (lambda: rt.rms_norm(torch.tensor(1.0)), ValueError, "at least one axis"),
+    (lambda: rt.rms_norm(torch.ones(3, 0)), ValueError, "non-empty last axis"),
+    (lambda: rt.rms_norm(torch.ones(3, 4), torch.ones(5)), ValueError, r"weight must have shape \(4,\)"),
+    (lambda: rt.rms_norm(torch.ones(3, 4), torch.ones(4, dtype=torch.float64)), TypeError,
+     "weight must have the input's dtype"),
+    (lambda: rt.layer_norm(torch.ones(3, 4), None, torch.ones(3)), ValueError, "bias must have shape"),
+    (lambda: rt.layer_norm(torch.ones(3, 4), None, [1.0] * 4), TypeError, "bias must be a torch.Tensor"),
+    (lambda: rt.rms_norm(torch.ones(3, 4), None, 0.0), ValueError, "eps must be finite and > 0"),
+    (lambda: rt.rms_norm(torch.ones(3, 4), None, "1e-5"), TypeError, "eps must be a real number"),
+    (lambda: rt.layer_norm(torch.ones(3, 4).to_sparse()), TypeError, "dense"),
+])
+def test_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_core_never_imports_torch():
+    code = ("import sys, resnorm, resnorm.norms, resnorm.reference, resnorm.bench, "
+            "resnorm.__main__; assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
