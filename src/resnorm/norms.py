@@ -69,7 +69,7 @@ def _prepare(x, params, eps, out, n_threads, training):
     x = _checks.float_array(x, "x")
     d = x.shape[-1]
     params = [_vector(_checks.optional_param(p, name, d, x.dtype)) for name, p in params]
-    eps = _checks.eps_value(eps)
+    eps = _checks.eps_value(eps, x.dtype)
     n_threads = _checks.n_threads_value(n_threads)
     inputs = {"x": x, **dict(zip(("weight", "bias"), params))}
     if training and out is not None:
@@ -83,15 +83,21 @@ def _prepare(x, params, eps, out, n_threads, training):
             streams(out_rows.nbytes))
 
 
-def _prepare_backward(dy, cache, cache_type, out, n_threads):
+def _prepare_backward(dy, cache, cache_type, stat_names, out, n_threads):
     """Checks dy, cache, out and n_threads; returns (dy_rows, dx_rows, n_threads, stream)."""
     if not isinstance(cache, cache_type):
         raise TypeError(f"cache must be the {cache_type.__name__} returned by the forward "
                         f"function, got {type(cache).__name__}")
+    _checks.training_cache(cache, stat_names)
     dy = _checks.like_array(dy, "dy", cache.shape, cache.x.dtype)
     n_threads = _checks.n_threads_value(n_threads)
     dy_rows = _rows(dy)
-    dx_rows = _output_rows(out, dy_rows, cache.shape, {"dy": dy, "x": cache.x})
+    dx_rows = _output_rows(out, dy_rows, cache.shape, {"dy": dy})
+    for name in ("x", "weight") + stat_names:  # the cache must stay valid for another call
+        a = getattr(cache, name)
+        if out is not None and a is not None and np.may_share_memory(out, a):
+            raise ValueError(f"out must not share memory with the cache's {name}: "
+                             f"pass out=dy or a separate buffer")
     return dy_rows, dx_rows, threads_for(n_threads, dy_rows.size), streams(dx_rows.nbytes)
 
 
@@ -114,8 +120,8 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     NumPy reference: resnorm.reference.rms_norm_forward.
 
     x: (..., D) float32/float64.  weight: (D,) of the same dtype, or None (w = 1).
-    out: optional preallocated output (not x: backward needs x).  n_threads: None = OpenMP
-    default.
+    out: optional preallocated output, sharing no memory with x or weight.
+    n_threads: None = OpenMP default.  Every check and its error: docs/input-checks.md.
     """
     x, rows, (w,), eps, out_rows, nt, stream = _prepare(
         x, [("weight", weight)], eps, out, n_threads, training=True)
@@ -141,10 +147,12 @@ def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
 
     (Equal to rstd * (g - x * rstd^2 * mean(g*x)).)  dy: gradient of y, same shape and dtype
     as the forward input.  cache: from rms_norm_forward.  out: optional buffer for dx; it
-    may be dy itself (dx overwrites dy).  Returns (dx, dweight); dweight is None when
-    forward had no weight.  NumPy reference: resnorm.reference.rms_norm_backward.
+    may be dy itself (dx overwrites dy), never an array held by the cache.  Returns
+    (dx, dweight); dweight is None when forward had no weight.
+    NumPy reference: resnorm.reference.rms_norm_backward.
     """
-    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, RMSNormCache, out, n_threads)
+    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, RMSNormCache, ("rstd",), out,
+                                                  n_threads)
     dw = None if cache.weight is None else np.empty_like(cache.weight)
     _norms.rms_norm_backward(dx_rows, dw, dy_rows, cache.x, cache.weight, cache.rstd, nt,
                              stream)
@@ -188,11 +196,12 @@ def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
     """dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
     dweight = sum_rows dy*xhat;  dbias = sum_rows dy.
 
-    out: optional buffer for dx; it may be dy itself.  Returns (dx, dweight, dbias);
-    dweight / dbias are None when forward had no weight / bias.
+    out: optional buffer for dx; it may be dy itself (never an array held by the cache).
+    Returns (dx, dweight, dbias); dweight / dbias are None when forward had no weight / bias.
     NumPy reference: resnorm.reference.layer_norm_backward.
     """
-    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, LayerNormCache, out, n_threads)
+    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, LayerNormCache, ("mean", "rstd"),
+                                                  out, n_threads)
     dw = None if cache.weight is None else np.empty_like(cache.weight)
     db = np.empty(dy_rows.shape[1], dy_rows.dtype) if cache.has_bias else None
     _norms.layer_norm_backward(dx_rows, dw, db, dy_rows, cache.x, cache.weight, cache.mean,

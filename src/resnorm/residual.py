@@ -104,7 +104,7 @@ def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out,
     d = x.shape[-1]
     weight = _vector(_checks.optional_param(weight, "weight", d, x.dtype))
     bias = _vector(_checks.optional_param(bias, "bias", d, x.dtype)) if layer else None
-    eps = _checks.eps_value(eps)
+    eps = _checks.eps_value(eps, x.dtype)
     scale = _residual_scale(alpha, d, x.dtype)
     spec = dropout_spec(p, seed, training)
     n_threads = _checks.n_threads_value(n_threads)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The test suite against a build of the extension with AddressSanitizer and
+# UndefinedBehaviorSanitizer (out-of-bounds and use-after-free accesses, signed overflow,
+# misaligned or null pointers...).  The build goes into a temporary copy of the checkout;
+# the in-place build is left alone.  Prints CLEAN or DIRTY; exits 0 only when clean.
+#
+#   tools/sanitize.sh                    the whole suite (tests/)
+#   tools/sanitize.sh tests/test_memory.py -x      any pytest arguments instead
+#
+# Needs GCC (or set CC and RESNORM_ASAN_LIB for clang) with libasan / libubsan.
+# CPython itself is not instrumented: libasan is LD_PRELOADed, CPython's own allocations
+# go through malloc (PYTHONMALLOC=malloc) so that ASan sees Python objects too, and leak
+# detection is off (CPython does not free everything at exit).  A report from any
+# process, including the suite's subprocesses, counts: reports go to files that are
+# checked at the end.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+python=${PYTHON:-python3}
+cc=${CC:-cc}
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
+echo "sanitize: building with $flags into $work"
+RESNORM_CFLAGS="$flags" RESNORM_LDFLAGS="-fsanitize=address,undefined" \
+    "$root/tools/build_copy.sh" "$work/src-copy"
+echo "sanitize: built in $((SECONDS - start)) s"
+
+asan_lib=${RESNORM_ASAN_LIB:-$("$cc" -print-file-name=libasan.so)}
+if [ ! -e "$asan_lib" ]; then
+    echo "sanitize: libasan not found ($asan_lib); set RESNORM_ASAN_LIB" >&2
+    exit 2
+fi
+mkdir "$work/reports"
+status=0
+(
+    cd "$work/src-copy"
+    export LD_PRELOAD="$asan_lib" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+    export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$work/reports/asan"
+    export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan"
+    "$python" -m pytest -q -p no:cacheprovider "${@:-tests}"
+) || status=$?
+
+# Canary: the sanitizers must catch a real error.  A backward kernel is called directly
+# with an rstd array shorter than the rows (the public API refuses such a cache): it reads
+# past its end, a heap-buffer-overflow.
+mkdir "$work/canary"
+(
+    cd "$work/src-copy"
+    export LD_PRELOAD="$asan_lib" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+    export ASAN_OPTIONS="detect_leaks=0:log_path=$work/canary/asan"
+    "$python" tools/overflow_canary.py
+) >/dev/null 2>&1 && canary_status=0 || canary_status=$?
+if [ "$canary_status" -eq 0 ] || ! grep -qs "heap-buffer-overflow" "$work"/canary/*; then
+    echo "sanitize: the canary overflow was NOT reported: the sanitizers are not working" >&2
+    status=3
+else
+    echo "sanitize: canary overflow reported as expected (the sanitizers work)"
+fi
+
+reports=$(find "$work/reports" -type f | wc -l)
+if [ "$reports" -gt 0 ]; then
+    for f in "$work"/reports/*; do echo "---- $f"; head -n 60 "$f"; done
+fi
+elapsed=$((SECONDS - start))
+if [ "$status" -eq 0 ] && [ "$reports" -eq 0 ]; then
+    echo "sanitize: CLEAN (pytest passed, no sanitizer report) in ${elapsed} s"
+else
+    echo "sanitize: DIRTY (pytest exit status $status, $reports sanitizer report files) in ${elapsed} s"
+    exit 1
+fi

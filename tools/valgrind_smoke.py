@@ -1,0 +1,68 @@
+"""A small workout of every public kernel function, for tools/valgrind.sh.
+
+Every entry of tests/api_table.OPS on: both dtypes; with and without weight / bias;
+D = 1, 7, 33 and 300; no rows; rank 1 and 3; strided, misaligned and read-only inputs;
+out= (contiguous and strided, and in place); 1, 2 and 3 threads with the size
+thresholds forced down, so that tiny inputs run parallel and stream their stores; rows
+taking the kernels' rare paths (beyond the double range, spanning past FLT_MAX,
+constant, NaN); and a few refused calls.  Checks nothing itself but that the outputs are
+what a plain call gives: valgrind memcheck does the checking.
+"""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from api_table import OPS, layouts, make_inputs  # noqa: E402
+
+import resnorm  # noqa: E402
+from resnorm import _parallel  # noqa: E402
+
+
+def rare_rows(rng, dtype, d):
+    inp = make_inputs(rng, (6, d), dtype)
+    top = np.finfo(dtype).max
+    inp.x[0] = 0.9 * top * np.where(np.arange(d) % 2, 1, -1)
+    inp.x[1] = 7.0
+    inp.x[2] *= 1e300 if dtype == np.float64 else 1e37
+    inp.x[3, d // 2] = np.nan
+    return inp
+
+
+def main():
+    rng = np.random.default_rng(61)
+    cases = []
+    for dtype in (np.float32, np.float64):
+        for shape in [(3, 1), (2, 7), (5, 33), (4, 300), (0, 5), (9,), (2, 3, 17)]:
+            cases.append(make_inputs(rng, shape, dtype))
+            cases.append(make_inputs(rng, shape, dtype, weight=False, bias=False))
+        cases.append(rare_rows(rng, dtype, 45))
+    calls = 0
+    with np.errstate(all="ignore"):
+        for parallel, nts in ((False, (None,)), (True, (1, 2, 3))):
+            _parallel.PARALLEL_MIN_ELEMENTS = 0 if parallel else 1 << 15
+            _parallel.STREAM_MIN_BYTES = 0 if parallel else 8 << 20
+            for op in OPS.values():
+                for inp in cases:
+                    for nt in nts:
+                        want = op.run(inp, n_threads=nt)
+                        out = np.empty(inp.x.shape, inp.x.dtype)
+                        got = op.run(inp, n_threads=nt, out=out)
+                        assert np.array_equal(got[op.output], want[op.output], equal_nan=True)
+                        calls += 2
+                    arg = op.arrays[0]
+                    for view in layouts(getattr(inp, arg)).values():
+                        op.run(dataclasses.replace(inp, **{arg: view}))
+                        calls += 1
+                try:
+                    op.fn(**{**op.kwargs(cases[0]), op.arrays[0]: np.ones((2, 2), np.int32)})
+                except TypeError:
+                    calls += 1
+    print(f"valgrind_smoke: {calls} calls of {len(OPS)} functions at SIMD level "
+          f"{resnorm.simd_level()}")
+
+
+if __name__ == "__main__":
+    main()
