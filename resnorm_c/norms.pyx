@@ -17,8 +17,8 @@ from libc.math cimport fabs, frexp, isfinite, ldexp, sqrt
 from libc.string cimport memset
 
 from common cimport (floating, rn_cpu_init, row_sum, row_sumsq, row_sumsqdev, row_rms_bwd_dot,
-                     row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply,
-                     row_ln_bwd_apply, row_blocks, sum_partials, opt_ptr)
+                     row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply_rows,
+                     row_ln_bwd_apply_rows, row_blocks, sum_partials, opt_ptr, RN_GROUP)
 
 rn_cpu_init()
 
@@ -68,9 +68,9 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
     dx may be dy itself.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
-    cdef Py_ssize_t nb = n_row_blocks(n), b, i
+    cdef Py_ssize_t nb = n_row_blocks(n), b, i, r, g
     cdef const floating *w = opt_ptr(weight)
-    cdef double m
+    cdef double[::1] m = np.empty(n)        # each row's reduction, mean(g * xn)
     cdef bint has_dw = dweight is not None
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double *part
@@ -80,11 +80,17 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
             if has_dw:
                 part = &dw_part[b, 0]
                 memset(part, 0, d * sizeof(double))
-            for i in range(b * n // nb, (b + 1) * n // nb):
-                # one reduction, m = mean(g * xn); then dx and this block's dw partial
-                m = row_rms_bwd_dot(&dy[i, 0], &x[i, 0], w, rstd[i], d) / d
-                row_rms_bwd_apply(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, rstd[i], m, d,
-                                  stream)
+            # groups of up to RN_GROUP rows: first each row's reduction, then one
+            # elementwise pass over the group that writes dx and adds the group's terms to
+            # this block's dw partial (rowops.h, "backward, several rows")
+            i = b * n // nb
+            while i < (b + 1) * n // nb:
+                g = min(<Py_ssize_t>RN_GROUP, (b + 1) * n // nb - i)
+                for r in range(i, i + g):
+                    m[r] = row_rms_bwd_dot(&dy[r, 0], &x[r, 0], w, rstd[r], d) / d
+                row_rms_bwd_apply_rows(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, &rstd[i], &m[i],
+                                       <int>g, d, stream)
+                i = i + g
     if has_dw:
         sum_partials(dweight, dw_part, n_threads)
 
@@ -133,10 +139,11 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
     dx may be dy itself.
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
-    cdef Py_ssize_t nb = n_row_blocks(n), b, i
+    cdef Py_ssize_t nb = n_row_blocks(n), b, i, r, g
     cdef const floating *w = opt_ptr(weight)
-    cdef double sum_g, sum_gxhat
-    cdef bint has_dw = dweight is not None, has_db = dbias is not None
+    cdef double[::1] mg = np.empty(n)       # each row's mean(g)
+    cdef double[::1] mgx = np.empty(n)      # each row's mean(g * xhat)
+    cdef bint has_dw = dweight is not None, has_db = dbias is not None, trusted
     cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
     cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
     cdef double *wpart
@@ -151,20 +158,30 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
             if has_db:
                 bpart = &db_part[b, 0]
                 memset(bpart, 0, d * sizeof(double))
-            for i in range(b * n // nb, (b + 1) * n // nb):
-                # two reductions in one pass: sum(g) and sum(g * xhat).  Assigning them here
-                # makes them thread-private: Cython shares a variable written only through
-                # a pointer.
-                sum_g = 0.0
-                sum_gxhat = 0.0
-                row_ln_bwd_sums(&sum_g, &sum_gxhat, &dy[i, 0], &x[i, 0], w, mean[i], rstd[i], d)
-                if isfinite(sum_g) and isfinite(sum_gxhat):
-                    row_ln_bwd_apply(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w, mean[i],
-                                     rstd[i], sum_g / d, sum_gxhat / d, d, stream)
+            # groups of up to RN_GROUP rows, as in rms_norm_backward
+            i = b * n // nb
+            while i < (b + 1) * n // nb:
+                g = min(<Py_ssize_t>RN_GROUP, (b + 1) * n // nb - i)
+                trusted = True
+                for r in range(i, i + g):
+                    # two reductions in one pass: sum(g) and sum(g * xhat)
+                    row_ln_bwd_sums(&mg[r], &mgx[r], &dy[r, 0], &x[r, 0], w, mean[r], rstd[r], d)
+                    mg[r] = mg[r] / d
+                    mgx[r] = mgx[r] / d
+                    trusted = trusted and not _overflowed(mg[r], mgx[r], &dy[r, 0], &x[r, 0], d)
+                if trusted:
+                    row_ln_bwd_apply_rows(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w,
+                                          &mean[i], &rstd[i], &mg[i], &mgx[i], <int>g, d, stream)
                 else:
-                    # x - mean overflowed the element type, or the row holds inf/NaN
-                    _ln_backward_careful(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w,
-                                         mean[i], rstd[i], d)
+                    for r in range(i, i + g):
+                        if _overflowed(mg[r], mgx[r], &dy[r, 0], &x[r, 0], d):
+                            _ln_backward_careful(&dx[r, 0], wpart, bpart, &dy[r, 0], &x[r, 0],
+                                                 w, mean[r], rstd[r], d)
+                        else:
+                            row_ln_bwd_apply_rows(&dx[r, 0], wpart, bpart, &dy[r, 0], &x[r, 0],
+                                                  w, &mean[r], &rstd[r], &mg[r], &mgx[r], 1, d,
+                                                  stream)
+                i = i + g
     if has_dw:
         sum_partials(dweight, dw_part, n_threads)
     if has_db:
@@ -172,6 +189,21 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
 
 
 # --------------------------------------------------------------------------- rare rows
+
+cdef inline bint _overflowed(double mg, double mgx, const floating *dy, const floating *x,
+                             Py_ssize_t d) noexcept nogil:
+    """True when a LayerNorm backward row of finite inputs got non-finite reductions: x - mean
+    overflowed the element type, and the row needs _ln_backward_careful.  A row holding
+    inf/NaN stays on the grouped path, whose non-finite result is the right one; keeping it
+    in its group also keeps dbias, which does not depend on x, bitwise unchanged."""
+    cdef Py_ssize_t k
+    if isfinite(mg) and isfinite(mgx):
+        return False
+    for k in range(d):
+        if not (isfinite(x[k]) and isfinite(dy[k])):
+            return False
+    return True
+
 #
 # The fast paths above trust the double statistics.  A few finite rows defeat them, and
 # the kernels send those (and rows holding inf/NaN, whose non-finite result then stands)

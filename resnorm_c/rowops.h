@@ -619,9 +619,14 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t n)
     return (n * (Py_ssize_t)sizeof(RN_T)) % RN_VBYTES == 0;
 }
 
-/* Prefetch of the next group's first row: what the next reduction pass reads first. */
-#define RN_PF_GROUP(k) (RN_NAME(prefetch_next)(dy, rows * n, (k), RN_W),                  \
-                        RN_NAME(prefetch_next)(x, rows * n, (k), RN_W))
+/* Prefetch of the next group's rows at column k: what the next group's reduction passes
+ * read.  The apply pass over a whole group is long enough to bring them in; the reduction
+ * passes alone (each also prefetching one row ahead) are too short to hide memory. */
+#define RN_PF_GROUP(k)                                                                  \
+    for (int p_ = 0; p_ < rows; p_++) {                                                 \
+        RN_NAME(prefetch_next)(dy + p_ * n, rows * n, (k), RN_W);                       \
+        RN_NAME(prefetch_next)(x + p_ * n, rows * n, (k), RN_W);                        \
+    }
 
 /* part[0 .. RN_W) += v widened, for a partial that may be NULL. */
 #define RN_ADD_GROUP(part, k, v)                                                        \
@@ -649,7 +654,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     for (; k < head; k++) COLUMN_(k)
     for (; k + RN_W <= n; k += RN_W) {
         RN_VEC tw = {0};
-        RN_PF_GROUP(k);
+        RN_PF_GROUP(k)
         for (int r = 0; r < rows; r++) {
             RN_VEC xn = RN_NAME(vload)(x + r * n + k) * rs[r];
             RN_VEC d = RN_NAME(vload)(dy + r * n + k), g = d;
@@ -710,7 +715,7 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
     for (; k < head; k++) COLUMN_(k)
     for (; k + RN_W <= n; k += RN_W) {
         RN_VEC tw = {0}, tb = {0};
-        RN_PF_GROUP(k);
+        RN_PF_GROUP(k)
         for (int r = 0; r < rows; r++) {
             RN_VEC xhat = ((RN_NAME(vload)(x + r * n + k) - mh[r]) - ml[r]) * rs[r];
             RN_VEC d = RN_NAME(vload)(dy + r * n + k), g = d;
