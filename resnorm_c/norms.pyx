@@ -11,16 +11,20 @@ N only (never on the thread count), so those are bitwise reproducible too.
 """
 import numpy as np
 
+cimport numpy as cnp
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from cython.parallel cimport prange
-from libc.float cimport DBL_EPSILON, FLT_MAX
+from libc.float cimport DBL_EPSILON, DBL_MIN, FLT_MAX, FLT_MIN
 from libc.math cimport fabs, frexp, isfinite, ldexp, sqrt
 from libc.string cimport memset
 
 from common cimport (floating, rn_cpu_init, row_sum, row_sumsq, row_sumsqdev, row_rms_bwd_dot,
                      row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply_rows,
-                     row_ln_bwd_apply_rows, row_blocks, sum_partials, opt_ptr, RN_GROUP)
+                     row_ln_bwd_apply_rows, row_blocks, sum_partials, opt_ptr, RN_GROUP,
+                     omp_get_max_threads)
 
 rn_cpu_init()
+cnp.import_array()
 
 
 cpdef Py_ssize_t n_row_blocks(Py_ssize_t n_rows) noexcept:
@@ -40,19 +44,38 @@ def rms_norm_forward(floating[:, ::1] out, double[::1] rstd, const floating[:, :
     out (N, D) may be x itself (in place); rstd (N,) float64 receives the row statistic.
     weight may be None (w = 1).  stream: write out with non-temporal stores.
     """
-    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
     cdef const floating *w = opt_ptr(weight)
-    cdef double sumsq
-    with nogil:
+    if x.shape[0] > 0:
+        with nogil:
+            _rms_forward(&out[0, 0], &rstd[0], &x[0, 0], w, x.shape[0], x.shape[1], eps,
+                         n_threads, stream)
+
+
+cdef void _rms_forward(floating *out, double *rstd, const floating *x, const floating *w,
+                       Py_ssize_t n, Py_ssize_t d, double eps, int n_threads,
+                       bint stream) noexcept nogil:
+    """rms_norm_forward over n rows of d (row pointers: x + i*d); one thread runs a plain
+    loop, so a small call starts no parallel region at all."""
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            _rms_forward_row(out + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+    else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            # one reduction: the sum of squares, accumulated in double
-            sumsq = row_sumsq(&x[i, 0], d)
-            if floating is double and not isfinite(sumsq):
-                # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
-                rstd[i] = _rms_rstd_rescaled(&x[i, 0], d, eps)
-            else:
-                rstd[i] = 1.0 / sqrt(sumsq / d + eps)
-            row_rms_apply(&out[i, 0], &x[i, 0], w, rstd[i], d, stream)
+            _rms_forward_row(out + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+
+
+cdef inline void _rms_forward_row(floating *y, double *rstd, const floating *x,
+                                  const floating *w, Py_ssize_t d, double eps,
+                                  bint stream) noexcept nogil:
+    # one reduction: the sum of squares, accumulated in double
+    cdef double sumsq = row_sumsq(x, d)
+    if floating is double and not isfinite(sumsq):
+        # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
+        rstd[0] = _rms_rstd_rescaled(x, d, eps)
+    else:
+        rstd[0] = 1.0 / sqrt(sumsq / d + eps)
+    row_rms_apply(y, x, w, rstd[0], d, stream)
 
 
 def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating[:, ::1] dy,
@@ -110,21 +133,38 @@ def layer_norm_forward(floating[:, ::1] out, double[::1] mean, double[::1] rstd,
     E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
     weight and bias may be None, independently.  out may be x itself.
     """
-    cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
     cdef const floating *w = opt_ptr(weight)
     cdef const floating *b = opt_ptr(bias)
-    cdef double var
-    with nogil:
+    if x.shape[0] > 0:
+        with nogil:
+            _layer_forward(&out[0, 0], &mean[0], &rstd[0], &x[0, 0], w, b, x.shape[0],
+                           x.shape[1], eps, n_threads, stream)
+
+
+cdef void _layer_forward(floating *out, double *mean, double *rstd, const floating *x,
+                         const floating *w, const floating *b, Py_ssize_t n, Py_ssize_t d,
+                         double eps, int n_threads, bint stream) noexcept nogil:
+    """layer_norm_forward over n rows of d; one thread runs a plain loop."""
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            _layer_forward_row(out + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+    else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            # two reductions: the mean, then the mean squared deviation from it
-            mean[i] = row_sum(&x[i, 0], d) / d
-            var = row_sumsqdev(&x[i, 0], d, mean[i]) / d
-            if _ln_stats_trusted(&x[i, 0], mean[i], var, d):
-                rstd[i] = 1.0 / sqrt(var + eps)
-                row_ln_apply(&out[i, 0], &x[i, 0], w, b, mean[i], rstd[i], d, stream)
-            else:
-                _ln_forward_careful(&out[i, 0], &mean[i], &rstd[i], &x[i, 0], w, b, var, eps,
-                                    d, stream)
+            _layer_forward_row(out + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+
+
+cdef inline void _layer_forward_row(floating *y, double *mean, double *rstd, const floating *x,
+                                    const floating *w, const floating *b, Py_ssize_t d,
+                                    double eps, bint stream) noexcept nogil:
+    # two reductions: the mean, then the mean squared deviation from it
+    mean[0] = row_sum(x, d) / d
+    cdef double var = row_sumsqdev(x, d, mean[0]) / d
+    if _ln_stats_trusted(x, mean[0], var, d):
+        rstd[0] = 1.0 / sqrt(var + eps)
+        row_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+    else:
+        _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
 
 
 def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1] dbias,
@@ -186,6 +226,173 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
         sum_partials(dweight, dw_part, n_threads)
     if has_db:
         sum_partials(dbias, db_part, n_threads)
+
+
+# --------------------------------------------------------------------------- fast paths
+#
+# The inference forms resnorm.rms_norm / layer_norm first offer their arguments here.  When
+# every argument is already in its final form, the kernel runs at once; otherwise these
+# return None and the caller runs the full checks of resnorm._checks, which raise the
+# errors or make the copies.  They never raise for bad input, and accept strictly less
+# than the checked path: a (1, 4096) call then costs about a microsecond of Python.
+
+cdef inline bint _ready(object a, int typenum) noexcept:
+    """a is exactly an ndarray (not a subclass: masked arrays take the checked path) of
+    this type in native byte order, C-contiguous and aligned."""
+    if type(a) is not cnp.ndarray:
+        return False
+    return (cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a)
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
+            and cnp.PyArray_ISALIGNED(<cnp.ndarray>a))
+
+
+cdef inline bint _ready_param(object p, int typenum, Py_ssize_t d) noexcept:
+    """p is None or a ready (d,) vector."""
+    return p is None or (_ready(p, typenum) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
+                         and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == d)
+
+
+cdef inline bint _disjoint(object a, object b) noexcept:
+    """Two contiguous arrays (or None) whose memory does not overlap."""
+    if a is None or b is None:
+        return True
+    cdef char *pa = <char *>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef char *pb = <char *>cnp.PyArray_DATA(<cnp.ndarray>b)
+    return (pa + cnp.PyArray_NBYTES(<cnp.ndarray>a) <= pb
+            or pb + cnp.PyArray_NBYTES(<cnp.ndarray>b) <= pa)
+
+
+cdef object _ready_out(object x, object out, object weight, object bias, int typenum):
+    """The output array when x, out, weight and bias fit the fast path, else None: out None
+    (a new array), x itself (in place), or a ready array of x's shape that overlaps
+    nothing it reads."""
+    cdef int k, ndim = cnp.PyArray_NDIM(<cnp.ndarray>x)
+    if out is None:
+        return np.empty_like(x)
+    if not _ready(out, typenum) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out):
+        return None
+    if cnp.PyArray_NDIM(<cnp.ndarray>out) != ndim:
+        return None
+    for k in range(ndim):
+        if cnp.PyArray_DIM(<cnp.ndarray>out, k) != cnp.PyArray_DIM(<cnp.ndarray>x, k):
+            return None
+    if cnp.PyArray_DATA(<cnp.ndarray>out) != cnp.PyArray_DATA(<cnp.ndarray>x) \
+            and not _disjoint(out, x):
+        return None
+    if not (_disjoint(out, weight) and _disjoint(out, bias)):
+        return None
+    return out
+
+
+cdef bint _ready_scalars(object eps, object n_threads, int typenum, int max_threads) noexcept:
+    """eps a Python float, finite and >= the dtype's smallest normal; n_threads None or an
+    int in [1, max_threads]."""
+    if type(eps) is not float:
+        return False
+    cdef double e = <double>eps
+    if not (isfinite(e) and e >= (FLT_MIN if typenum == cnp.NPY_FLOAT else DBL_MIN)):
+        return False
+    if n_threads is None:
+        return True
+    return type(n_threads) is int and 1 <= <long long>n_threads <= max_threads
+
+
+cdef int _x_type(object x) noexcept:
+    """NPY_FLOAT or NPY_DOUBLE when x is a ready, non-empty array with at least one axis,
+    else -1."""
+    if _ready(x, cnp.NPY_FLOAT):
+        typenum = cnp.NPY_FLOAT
+    elif _ready(x, cnp.NPY_DOUBLE):
+        typenum = cnp.NPY_DOUBLE
+    else:
+        return -1
+    if cnp.PyArray_NDIM(<cnp.ndarray>x) == 0 or cnp.PyArray_SIZE(<cnp.ndarray>x) == 0:
+        return -1
+    return typenum
+
+
+cdef (int, bint) _launch(Py_ssize_t size, Py_ssize_t nbytes, object n_threads, tuple limits):
+    """(threads, stream) as resnorm._parallel decides them; limits = (parallel_min_elements,
+    stream_min_bytes, max_threads)."""
+    cdef int nt
+    if size < <Py_ssize_t>limits[0]:
+        nt = 1
+    elif n_threads is None:
+        nt = omp_get_max_threads()
+    else:
+        nt = <int>n_threads
+    return nt, nbytes >= <Py_ssize_t>limits[1]
+
+
+def rms_norm_ready(x, weight, eps, out, n_threads, tuple limits):
+    """resnorm.rms_norm when every argument is already final (see the section comment),
+    else None."""
+    cdef int typenum = _x_type(x)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t d = cnp.PyArray_DIM(<cnp.ndarray>x, cnp.PyArray_NDIM(<cnp.ndarray>x) - 1)
+    if not (_ready_param(weight, typenum, d)
+            and _ready_scalars(eps, n_threads, typenum, <int>limits[2])):
+        return None
+    y = _ready_out(x, out, weight, None, typenum)
+    if y is None:
+        return None
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>x) // d
+    cdef int nt
+    cdef bint stream
+    nt, stream = _launch(n * d, cnp.PyArray_NBYTES(<cnp.ndarray>y), n_threads, limits)
+    cdef double *rstd = <double *>PyMem_RawMalloc(n * sizeof(double))
+    if rstd == NULL:
+        return None
+    cdef void *w = NULL if weight is None else cnp.PyArray_DATA(<cnp.ndarray>weight)
+    cdef void *px = cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef void *py = cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef double e = <double>eps
+    with nogil:
+        if typenum == cnp.NPY_FLOAT:
+            _rms_forward(<float *>py, rstd, <const float *>px, <const float *>w, n, d, e, nt,
+                         stream)
+        else:
+            _rms_forward(<double *>py, rstd, <const double *>px, <const double *>w, n, d, e,
+                         nt, stream)
+    PyMem_RawFree(rstd)
+    return y
+
+
+def layer_norm_ready(x, weight, bias, eps, out, n_threads, tuple limits):
+    """resnorm.layer_norm when every argument is already final, else None."""
+    cdef int typenum = _x_type(x)
+    if typenum < 0:
+        return None
+    cdef Py_ssize_t d = cnp.PyArray_DIM(<cnp.ndarray>x, cnp.PyArray_NDIM(<cnp.ndarray>x) - 1)
+    if not (_ready_param(weight, typenum, d) and _ready_param(bias, typenum, d)
+            and _ready_scalars(eps, n_threads, typenum, <int>limits[2])):
+        return None
+    y = _ready_out(x, out, weight, bias, typenum)
+    if y is None:
+        return None
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(<cnp.ndarray>x) // d
+    cdef int nt
+    cdef bint stream
+    nt, stream = _launch(n * d, cnp.PyArray_NBYTES(<cnp.ndarray>y), n_threads, limits)
+    cdef double *stats = <double *>PyMem_RawMalloc(2 * n * sizeof(double))
+    if stats == NULL:
+        return None
+    cdef void *w = NULL if weight is None else cnp.PyArray_DATA(<cnp.ndarray>weight)
+    cdef void *b = NULL if bias is None else cnp.PyArray_DATA(<cnp.ndarray>bias)
+    cdef void *px = cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef void *py = cnp.PyArray_DATA(<cnp.ndarray>y)
+    cdef double e = <double>eps
+    with nogil:
+        if typenum == cnp.NPY_FLOAT:
+            _layer_forward(<float *>py, stats, stats + n, <const float *>px, <const float *>w,
+                           <const float *>b, n, d, e, nt, stream)
+        else:
+            _layer_forward(<double *>py, stats, stats + n, <const double *>px,
+                           <const double *>w, <const double *>b, n, d, e, nt, stream)
+    PyMem_RawFree(stats)
+    return y
 
 
 # --------------------------------------------------------------------------- rare rows

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _checks, _norms
-from ._parallel import streams, threads_for
+from ._parallel import PARALLEL_MIN_ELEMENTS, STREAM_MIN_BYTES, streams, threads_for
+
+# What the compiled fast paths of the inference forms need to decide threads and streaming
+# exactly as threads_for / streams do, and to accept n_threads as n_threads_value does.
+_FAST_LIMITS = (PARALLEL_MIN_ELEMENTS, STREAM_MIN_BYTES, _checks.MAX_THREADS)
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,9 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     Inference form of rms_norm_forward (same arguments); out=x normalises in place.
     NumPy reference: resnorm.reference.rms_norm_forward.
     """
+    y = _norms.rms_norm_ready(x, weight, eps, out, n_threads, _FAST_LIMITS)
+    if y is not None:  # every argument was already final: done, no Python-level checks
+        return y
     x, rows, (w,), eps, out_rows, nt, stream = _prepare(
         x, [("weight", weight)], eps, out, n_threads, training=False)
     _norms.rms_norm_forward(out_rows, np.empty(rows.shape[0]), rows, w, eps, nt, stream)
@@ -185,6 +192,9 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None)
     Inference form of layer_norm_forward (same arguments); out=x normalises in place.
     NumPy reference: resnorm.reference.layer_norm_forward.
     """
+    y = _norms.layer_norm_ready(x, weight, bias, eps, out, n_threads, _FAST_LIMITS)
+    if y is not None:
+        return y
     x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
         x, [("weight", weight), ("bias", bias)], eps, out, n_threads, training=False)
     n = rows.shape[0]
