@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from resnorm import bench
+from resnorm.bench import _report as report
 from resnorm.bench._run import LARGE
 from resnorm.bench._targets import DTYPE as TARGET_DTYPE
 
@@ -23,14 +24,15 @@ METHOD = """\
   get few rounds.
 * GB/s counts the op's minimum traffic: every input read once, every output written once
   (parameter gradients and float64 row statistics included).  `x copy` = that GB/s divided
-  by the GB/s of `np.copyto` moving the same number of bytes (reading half, writing half),
-  in the same rounds.  On this machine writes cost more than reads, so an op that reads
-  more than it writes can exceed 1.0.
+  by the GB/s of `np.copyto` moving the same number of bytes (reading half, writing half)
+  on as many threads as the resnorm call uses (split over Python threads; NumPy releases
+  the GIL while copying), in the same rounds.  On this machine writes cost more than
+  reads, so an op that reads more than it writes can exceed 1.0.
 * NumPy: the same computation as a NumPy user writes it, in the input dtype (one thread).
   PyTorch: `torch.nn.functional` / autograd on CPU with `torch.set_num_threads(threads)`.
   `vs X` = X's time / resnorm's time (above 1: resnorm is faster).
-* Thread scaling: resnorm alone on {scaling_threads} threads (more threads than cores is
-  oversubscribed), interleaved.  Latency: {calls} back-to-back calls per timing, median of
+* Thread scaling: resnorm on {scaling_threads} threads (more threads than cores is
+  oversubscribed), interleaved with copies on the same thread counts.  Latency: {calls} back-to-back calls per timing, median of
   {latency_repeats} timings, default `n_threads`."""
 
 def _machine_table(m):
@@ -54,32 +56,27 @@ def render(results, note=None, png=None):
     if note:
         out.append(f"**{note}**\n")
     out.append(f"Measured {meta['started_utc']} (UTC), {meta['duration_s']} s, on "
-               f"{bench.headline(m)}.\n")
+               f"{report.headline(m)}.\n")
     out.append("## How these numbers were made\n")
     out.append(f"```\nenv -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m {meta['command']}\n"
                f"python benchmarks/make_results.py <that json> > benchmarks/RESULTS.md\n```\n")
     out.append(METHOD.format(scaling_threads=", ".join(map(str, meta["scaling_threads"])),
                              **meta["budget"]) + "\n")
-    out.append(bench.caveat(results))
+    out.append(report.caveat(results))
     out.append("Machine and build:\n\n" + _machine_table(m))
     if png:
         out.append(f"![achieved bandwidth vs copy, thread scaling]({png})\n")
-    out.append("## Targets (issue 5)\n\nfloat32; bandwidth targets read the "
-               "preallocated-output row, torch targets the allocating row (torch allocates "
-               "too).\n\n" + bench.targets_table(targets))
+    out.append(report.targets_section(targets))
     large = _large(results.rows)
     if large:
-        out.append(f"## Large shapes, {TARGET_DTYPE}\n\n" + bench.markdown_table(large))
+        out.append(report.kernels_section(large, f"Large shapes, {TARGET_DTYPE}"))
     if results.scaling:
-        out.append("## Thread scaling (resnorm, preallocated output)\n\n"
-                   + bench.scaling_table(results.scaling))
+        out.append(report.scaling_section(results.scaling))
     if results.latency:
-        out.append("## Small-call latency (from Python, argument checks included)\n\n"
-                   + bench.latency_table(results.latency))
-    out.append("## All rows\n")
+        out.append(report.latency_section(results.latency))
     for dtype in dict.fromkeys(r.dtype for r in results.rows):
-        out.append(f"### {dtype}\n\n"
-                   + bench.markdown_table([r for r in results.rows if r.dtype == dtype]))
+        out.append(report.kernels_section([r for r in results.rows if r.dtype == dtype],
+                                          f"All rows, {dtype}"))
     out.append("## Earlier, more specific results\n\n"
                "* [RESULTS_residual.md](RESULTS_residual.md): the fused Pre-Norm add + RMSNorm "
                "against our own separate kernels and the cost of dropout "

@@ -182,7 +182,8 @@ def test_json_round_trip_and_machine_info(tmp_path):
 def _row(op, shape, threads, preallocated, x_copy=1.0, vs_torch=None, kind="forward"):
     return bench.Row(op=op, kind=kind, shape=shape, dtype="float32", threads=threads,
                      preallocated=preallocated, resnorm_us=1.0, traffic_bytes=1000,
-                     gbps=1.0, copy_us=1.0, copy_gbps=1.0, x_copy=x_copy, numpy_us=1.0,
+                     gbps=1.0, copy_us=1.0, copy_gbps=1.0, copy_threads=threads,
+                     x_copy=x_copy, numpy_us=1.0,
                      vs_numpy=1.0, torch_us=None if vs_torch is None else vs_torch,
                      vs_torch=vs_torch, repeats=3)
 
@@ -290,5 +291,5 @@ def test_make_results_renders_every_section(tmp_path):
     for part in ("**provisional**", "python -m resnorm bench --test", "load average",
                  "| simd_level |", "![achieved bandwidth", "## Targets (issue 5)",
                  "## Large shapes, float32", "## Thread scaling", "## Small-call latency",
-                 "### float32", "RESULTS_residual.md"):
+                 "## All rows, float32", "RESULTS_residual.md"):
         assert part in text, part

@@ -123,7 +123,7 @@ def main(argv=None):
     b.add_argument("--sections", nargs="+", choices=SECTIONS,
                    help="default: all (--quick: table latency)")
     b.add_argument("--budget", type=float,
-                   help="seconds of timed rounds per case (default 1.0, --quick 0.12)")
+                   help="seconds of timed rounds per case (default 0.6, --quick 0.12)")
     b.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
     b.add_argument("--json", help="also write results, targets and machine info to this file")
     b.add_argument("--png", help="also draw the bandwidth / scaling chart (needs matplotlib)")

@@ -21,8 +21,7 @@ from . import _ops_norms, _ops_residual  # noqa: F401  (they fill the op registr
 from ._cases import Case, setup
 from ._cases import ops as _ops
 from ._machine import machine_info
-from ._report import (caveat, headline, latency_table, markdown_table, report, scaling_table,
-                      targets_table)
+from ._report import latency_table, markdown_table, report, scaling_table, targets_table
 from ._results import LatencyRow, Results, Row, ScalingRow
 from ._run import FULL_SHAPES, QUICK_OPS, QUICK_SHAPES, SECTIONS, run
 from ._targets import evaluate as evaluate_targets
@@ -31,7 +30,7 @@ from ._timing import time_interleaved
 OPS = _ops()
 
 __all__ = [
-    "Case", "caveat", "evaluate_targets", "FULL_SHAPES", "headline", "latency_table",
+    "Case", "evaluate_targets", "FULL_SHAPES", "latency_table",
     "LatencyRow", "machine_info", "markdown_table", "OPS", "QUICK_OPS", "QUICK_SHAPES",
     "report", "Results", "Row", "run", "scaling_table", "ScalingRow", "SECTIONS", "setup",
     "targets_table", "time_interleaved",

@@ -116,20 +116,40 @@ def caveat(results):
             "absolute times across runs.\n")
 
 
+X_COPY_NOTE = ("x copy: GB/s of the op's minimum traffic / GB/s of np.copyto of the same bytes "
+               "on as many threads, same interleaved rounds.  vs X: X's time / resnorm's "
+               "time.  Medians.\n")
+
+
+def kernels_section(rows, title="Kernels vs NumPy, PyTorch and copy"):
+    return f"## {title}\n\n" + markdown_table(rows) + "\n" + X_COPY_NOTE
+
+
+def scaling_section(scaling):
+    return ("## Thread scaling (resnorm, preallocated output; x copy: against a copy on as "
+            "many threads)\n\n" + scaling_table(scaling))
+
+
+def latency_section(latency):
+    return ("## Small-call latency (from Python, argument checks included)\n\n"
+            + latency_table(latency))
+
+
+def targets_section(targets):
+    return ("## Targets (issue 5)\n\nfloat32.  Bandwidth targets read the preallocated-output "
+            "row; torch targets the allocating row (torch allocates its outputs too).\n\n"
+            + targets_table(targets))
+
+
 def report(results, targets):
     """The whole run as Markdown sections (what the CLI prints)."""
     parts = [f"# resnorm benchmark\n\n{headline(results.machine)}\n"]
     if results.rows:
-        parts.append("## Kernels vs NumPy, PyTorch and copy\n\n" + markdown_table(results.rows)
-                     + "\nx copy: GB/s of the op's minimum traffic / np.copyto GB/s of the same "
-                     "bytes, same interleaved rounds.  vs X: X's time / resnorm's time.  "
-                     "Medians.\n")
+        parts.append(kernels_section(results.rows))
     if results.scaling:
-        parts.append("## Thread scaling (resnorm, preallocated output)\n\n"
-                     + scaling_table(results.scaling))
+        parts.append(scaling_section(results.scaling))
     if results.latency:
-        parts.append("## Small-call latency (from Python, argument checks included)\n\n"
-                     + latency_table(results.latency))
-    parts.append("## Targets (issue 5)\n\n" + targets_table(targets))
+        parts.append(latency_section(results.latency))
+    parts.append(targets_section(targets))
     parts.append(f"{results.meta.get('duration_s')} s.  " + caveat(results))
     return "\n".join(parts)

@@ -19,6 +19,7 @@ class Row:
     gbps: float             # traffic / resnorm time
     copy_us: float          # np.copyto of traffic/2 bytes (it reads and writes them)
     copy_gbps: float
+    copy_threads: int       # the copy ran on as many threads as the resnorm call
     x_copy: float           # gbps / copy_gbps = copy time / resnorm time
     numpy_us: float
     vs_numpy: float         # numpy time / resnorm time
@@ -36,7 +37,7 @@ class ScalingRow:
     threads: int
     us: float
     gbps: float
-    x_copy: float           # against np.copyto (one thread) of the same bytes, same rounds
+    x_copy: float           # against np.copyto of the same bytes on as many threads
     speedup: float          # time on 1 thread / time on `threads`
     repeats: int
 

@@ -2,9 +2,10 @@
 
 * table:   every (op, shape, dtype, threads): resnorm (preallocated and allocating outputs),
            NumPy, PyTorch (torch.set_num_threads(threads)) and np.copyto of the op's minimum
-           traffic, interleaved round by round; medians.
+           traffic on the same threads (_copy), interleaved round by round; medians.
 * scaling: resnorm on 1, 2, all cores and 2 x cores threads (oversubscribed), interleaved
-           with each other and a copy, for the shapes with at least LARGE elements.
+           with each other and copies on the same thread counts, for the shapes with at
+           least LARGE elements.
 * latency: microseconds per call from Python of a (1, 4096) float32 forward.
 """
 import os
@@ -17,6 +18,7 @@ from functools import partial
 import numpy as np
 
 from . import _cases
+from ._copy import CopyReference
 from ._machine import load_average, machine_info
 from ._results import LatencyRow, Results, Row, ScalingRow
 from ._targets import evaluate
@@ -45,7 +47,7 @@ class Budget:
     latency_repeats: int
 
 
-FULL = Budget(seconds=1.0, lo=3, hi=201, calls=2000, latency_repeats=21)
+FULL = Budget(seconds=0.6, lo=3, hi=201, calls=2000, latency_repeats=21)
 QUICK = Budget(seconds=0.12, lo=3, hi=51, calls=1000, latency_repeats=11)
 
 
@@ -93,22 +95,14 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def _copy(traffic, dtype):
-    """(np.copyto of a buffer of traffic/2 bytes: it reads and writes traffic bytes, its
-    bytes moved)."""
-    n = max(1, traffic // (2 * dtype.itemsize))
-    src = np.ones(n, dtype)
-    dst = np.empty_like(src)
-    return (lambda: np.copyto(dst, src)), 2 * src.nbytes
-
-
 # --------------------------------------------------------------------------- sections
 
-def measure_case(case, shape, dtype, threads, torch, budget):
+def measure_case(case, shape, dtype, threads, torch, budget, copies):
     """Rows of one case on `threads` threads: one per output form of resnorm, with the peers
     timed in the same rounds."""
     variants = case.variants()
-    copy, copy_bytes = _copy(case.traffic, dtype)
+    copy, copy_bytes, copy_threads = copies.make(case.traffic, dtype, threads,
+                                                 shape[0] * shape[1])
     fns = [partial(fn, threads) for _, fn in variants] + [case.numpy, copy]
     if case.torch is not None:
         torch.set_num_threads(threads)
@@ -124,25 +118,26 @@ def measure_case(case, shape, dtype, threads, torch, budget):
         rows.append(Row(
             op=case.op, kind=case.kind, shape=tuple(shape), dtype=dtype.name, threads=threads,
             preallocated=preallocated, resnorm_us=t * 1e6, traffic_bytes=case.traffic,
-            gbps=gbps, copy_us=t_copy * 1e6, copy_gbps=copy_gbps, x_copy=gbps / copy_gbps,
+            gbps=gbps, copy_us=t_copy * 1e6, copy_gbps=copy_gbps, copy_threads=copy_threads,
+            x_copy=gbps / copy_gbps,
             numpy_us=t_numpy * 1e6, vs_numpy=t_numpy / t,
             torch_us=None if t_torch is None else t_torch * 1e6,
             vs_torch=None if t_torch is None else t_torch / t, repeats=repeats))
     return rows
 
 
-def measure_scaling(case, shape, dtype, threads, budget):
-    """Rows of resnorm on each thread count (preallocated outputs), interleaved."""
-    copy, copy_bytes = _copy(case.traffic, dtype)
-    fns = [case.resnorm(t) for t in threads] + [copy]
+def measure_scaling(case, shape, dtype, threads, budget, copies):
+    """Rows of resnorm on each thread count (preallocated outputs), interleaved with copies
+    on the same thread counts."""
+    made = [copies.make(case.traffic, dtype, t, shape[0] * shape[1]) for t in threads]
+    fns = [case.resnorm(t) for t in threads] + [copy for copy, _, _ in made]
     times, repeats = time_budgeted(fns, budget.seconds, budget.lo, budget.hi)
-    copy_gbps = copy_bytes / times[-1] / 1e9
-    t1 = times[threads.index(1)] if 1 in threads else None
+    t_resnorm, t_copy = times[:len(threads)], times[len(threads):]
+    t1 = t_resnorm[threads.index(1)] if 1 in threads else None
     return [ScalingRow(op=case.op, shape=tuple(shape), dtype=dtype.name, threads=n,
-                       us=t * 1e6, gbps=case.traffic / t / 1e9,
-                       x_copy=case.traffic / t / 1e9 / copy_gbps,
+                       us=t * 1e6, gbps=case.traffic / t / 1e9, x_copy=tc / t,
                        speedup=None if t1 is None else t1 / t, repeats=repeats)
-            for n, t in zip(threads, times)]
+            for n, t, tc in zip(threads, t_resnorm, t_copy)]
 
 
 def measure_latency(op, torch, budget):
@@ -196,16 +191,18 @@ def run(ops=None, shapes=None, dtypes=None, threads=None, quick=False, use_torch
     latency = LATENCY_OPS if "latency" in sections else []
     bar = Progress(len(table) * len(threads) + len(scaling) + len(latency), progress)
     res = Results(machine=machine_info())
+    copies = CopyReference(max(threads + scaling_threads()))
     for shape, dtype, op in table:
         case = _cases.setup(op, shape, dtype, torch)
         for n in threads:
             bar.step(f"{op} {shape[0]}x{shape[1]} {dtype.name} t={n}")
-            res.rows += measure_case(case, shape, dtype, n, torch, budget)
+            res.rows += measure_case(case, shape, dtype, n, torch, budget, copies)
         del case
     for shape, dtype, op in scaling:
         bar.step(f"scaling {op} {shape[0]}x{shape[1]}")
         res.scaling += measure_scaling(_cases.setup(op, shape, dtype), shape, dtype,
-                                       scaling_threads(), budget)
+                                       scaling_threads(), budget, copies)
+    copies.close()
     for op in latency:
         bar.step(f"latency {op}")
         res.latency += measure_latency(op, torch, budget)
