@@ -1,8 +1,9 @@
 """Writes benchmarks/RESULTS.md from the JSON of a `resnorm bench` run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m resnorm bench \\
-        --json bench.json --png benchmarks/bench.png
-    python benchmarks/make_results.py bench.json --png bench.png > benchmarks/RESULTS.md
+        --json bench-results/bench.json --png docs/img/bench.png
+    python benchmarks/make_results.py bench-results/bench.json --png ../docs/img/bench.png \\
+        > benchmarks/RESULTS.md
 
 The tables are the run's rows, unchanged; the targets are re-evaluated from them by
 resnorm.bench (the same code the CLI uses).  --note adds a line under the title (e.g.
@@ -26,14 +27,19 @@ METHOD = """\
   (parameter gradients and float64 row statistics included).  `x copy` = that GB/s divided
   by the GB/s of `np.copyto` moving the same number of bytes (reading half, writing half)
   on as many threads as the resnorm call uses (split over Python threads; NumPy releases
-  the GIL while copying), in the same rounds.  On this machine writes cost more than
-  reads, so an op that reads more than it writes can exceed 1.0.
+  the GIL while copying), in the same rounds.  Where writes cost more than reads (they
+  do on the EPYC guest these were first measured on), an op that reads more than it
+  writes can exceed 1.0.
 * NumPy: the same computation as a NumPy user writes it, in the input dtype (one thread).
   PyTorch: `torch.nn.functional` / autograd on CPU with `torch.set_num_threads(threads)`.
   `vs X` = X's time / resnorm's time (above 1: resnorm is faster).
 * Thread scaling: resnorm on {scaling_threads} threads (more threads than cores is
-  oversubscribed), interleaved with copies on the same thread counts.  Latency: {calls} back-to-back calls per timing, median of
-  {latency_repeats} timings, default `n_threads`."""
+  oversubscribed), interleaved with copies on the same thread counts.
+* Small-call latency: {calls} back-to-back calls per timing, median of {latency_repeats}
+  timings, default `n_threads`.
+* resnorm and PyTorch each bring an OpenMP runtime; after a parallel region their idle
+  threads spin for a while, so on a machine with few cores they slow each other down in
+  multi-thread rows (`--no-torch` removes PyTorch from the run)."""
 
 def _machine_table(m):
     keys = ["cpu", "cores", "caches", "cpu_simd_flags", "simd_level", "openmp",
@@ -88,7 +94,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="the --json file of a `resnorm bench` run")
     parser.add_argument("--note", help="a line under the title, e.g. 'provisional'")
-    parser.add_argument("--png", help="path of the run's --png chart, relative to RESULTS.md")
+    parser.add_argument("--png", help="path of the run's --png chart, relative to "
+                        "benchmarks/ (e.g. ../docs/img/bench.png)")
     args = parser.parse_args(argv)
     with open(args.json) as f:
         results = bench.Results.from_json(f.read())

@@ -44,16 +44,19 @@ def _bandwidth_panel(ax, rows, ops, shapes, threads, dtype):
 
 
 def _scaling_panel(ax, scaling):
-    for i, key in enumerate(dict.fromkeys((r.op, tuple(r.shape)) for r in scaling)):
-        pts = sorted((r.threads, r.speedup) for r in scaling if (r.op, tuple(r.shape)) == key)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=1,
-                color=f"C{i % 10}", ls="-" if i < 10 else "--",
-                label=f"{key[0]} {key[1][0]}x{key[1][1]}")
+    """Speedup over one thread of every op at the largest shape of the section."""
+    shape = max({tuple(r.shape) for r in scaling}, key=lambda s: s[0] * s[1])
+    rows = [r for r in scaling if tuple(r.shape) == shape]
+    for i, op in enumerate(dict.fromkeys(r.op for r in rows)):
+        pts = sorted((r.threads, r.speedup) for r in rows if r.op == op)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i % 10}",
+                label=op)
     ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(sorted({r.threads for r in rows}))
     ax.set_xlabel("threads (more than cores: oversubscribed)")
     ax.set_ylabel("speedup over 1 thread")
-    ax.set_title("thread scaling (resnorm)")
-    ax.legend(fontsize=6)
+    ax.set_title(f"thread scaling (resnorm), {shape[0]}x{shape[1]} {rows[0].dtype}")
+    ax.legend(fontsize=7)
     ax.grid(True, alpha=0.3)
 
 
@@ -88,6 +91,6 @@ def save_png(results, path):
         _scaling_panel(axes[0][-1], results.scaling)
     fig.suptitle("resnorm: achieved bandwidth vs np.copyto of the same bytes (dashed)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
     return True
