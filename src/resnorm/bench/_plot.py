@@ -1,5 +1,7 @@
 """The PNG chart of a run (needs matplotlib): achieved GB/s of every op against the copy
 bandwidth of the same bytes, one panel per thread count, and the thread scaling."""
+import os
+
 from ._run import LARGE
 
 
@@ -91,6 +93,7 @@ def save_png(results, path):
         _scaling_panel(axes[0][-1], results.scaling)
     fig.suptitle("resnorm: achieved bandwidth vs np.copyto of the same bytes (dashed)")
     fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return True

@@ -220,6 +220,7 @@ def run(ops=None, shapes=None, dtypes=None, threads=None, quick=False, use_torch
         "torch": torch is not None, "budget": asdict(budget),
     }
     if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
         with open(json_path, "w") as f:
             f.write(res.to_json(evaluate(res)))
     return res
