@@ -1,5 +1,6 @@
 """Markdown for a benchmark run: the main table, thread scaling, small-call latency and the
 target check.  Used by the CLI (stdout) and benchmarks/make_results.py (RESULTS.md)."""
+from .._parallel import PARALLEL_MIN_ELEMENTS
 from ._targets import SHAPES as TARGET_SHAPES
 from ._targets import THREADS as TARGET_THREADS
 
@@ -116,9 +117,11 @@ def caveat(results):
             "absolute times across runs.\n")
 
 
-X_COPY_NOTE = ("x copy: GB/s of the op's minimum traffic / GB/s of np.copyto of the same bytes "
-               "on as many threads, same interleaved rounds.  vs X: X's time / resnorm's "
-               "time.  Medians.\n")
+X_COPY_NOTE = (
+    "x copy: GB/s of the op's minimum traffic / GB/s of np.copyto of the same bytes on as "
+    "many threads, same interleaved rounds.  vs X: X's time / resnorm's time.  Medians.  "
+    f"threads: the n_threads asked for; calls on fewer than {PARALLEL_MIN_ELEMENTS} elements "
+    "run on one thread (and so does their copy).\n")
 
 
 def kernels_section(rows, title="Kernels vs NumPy, PyTorch and copy"):
