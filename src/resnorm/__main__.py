@@ -1,6 +1,7 @@
 """The resnorm command line: ``python -m resnorm {bench,explain,demo,info}`` (also the
 ``resnorm`` script)."""
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -15,17 +16,35 @@ def _shape(text):
 
 def _bench(args):
     from . import bench
+    from .bench._plot import save_png
 
-    rows = bench.run(ops=args.ops or bench.OPS, shapes=args.shape, dtypes=args.dtype,
-                     threads=args.threads, quick=args.quick, use_torch=not args.no_torch,
-                     json_path=args.json, progress=not args.no_progress)
-    info = bench.machine_info()
-    print(f"# resnorm benchmark: {info['cpu']}, {info['cores']} cores, simd={info['simd_level']}, "
-          f"openmp={info['openmp']}, torch={info['torch']}\n")
-    print(bench.markdown_table(rows))
-    print("x copy: achieved GB/s of the op's minimum traffic / np.copyto GB/s, same run. "
-          "Medians of interleaved repeats.")
+    if args.png and not _has_matplotlib():
+        args.parser.error("--png needs matplotlib (pip install 'resnorm[plot]')")
+    budget = None
+    if args.budget is not None:
+        base = bench._run.QUICK if args.quick else bench._run.FULL
+        budget = dataclasses.replace(base, seconds=args.budget)
+    try:
+        results = bench.run(ops=args.ops, shapes=args.shape, dtypes=args.dtype,
+                            threads=args.threads, quick=args.quick, use_torch=not args.no_torch,
+                            sections=args.sections, budget=budget,
+                            progress=not args.no_progress, json_path=args.json,
+                            command=" ".join(["resnorm"] + args.argv))
+    except ValueError as err:
+        args.parser.error(str(err))
+    print(bench.report(results, bench.evaluate_targets(results)))
+    if args.png:
+        if save_png(results, args.png):
+            print(f"figure: {args.png}")
     return 0
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _values(text):
@@ -85,16 +104,31 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="resnorm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    b = sub.add_parser("bench", help="time the kernels against NumPy, PyTorch and memcpy")
-    b.add_argument("--quick", action="store_true", help="a small table in a few seconds")
-    b.add_argument("--ops", nargs="+", help="subset of ops (default: all)")
+    from .bench import SECTIONS
+
+    b = sub.add_parser(
+        "bench", help="time the kernels against NumPy, PyTorch and memcpy",
+        description="Times every kernel against NumPy, PyTorch CPU (when installed) and "
+        "np.copyto of the same bytes, interleaved; prints Markdown tables (kernels, thread "
+        "scaling, small-call latency) and the issue's performance targets as MET / NOT MET.",
+        epilog="For honest NumPy timings: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
+        "python -m resnorm bench --quick")
+    b.add_argument("--quick", action="store_true",
+                   help="main ops, 8x768 and 2048x4096 float32, table + latency: under 30 s")
+    b.add_argument("--ops", nargs="+", help="subset of ops (default: all; --quick: the main ones)")
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
-    b.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
-    b.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    b.add_argument("--dtype", nargs="+", choices=["float32", "float64"],
+                   help="default: both (--quick: float32)")
+    b.add_argument("--threads", nargs="+", type=int, help="default: 1, 2 and all cores")
+    b.add_argument("--sections", nargs="+", choices=SECTIONS,
+                   help="default: all (--quick: table latency)")
+    b.add_argument("--budget", type=float,
+                   help="seconds of timed rounds per case (default 0.6, --quick 0.12)")
     b.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    b.add_argument("--json", help="also write results and machine info to this JSON file")
+    b.add_argument("--json", help="also write results, targets and machine info to this file")
+    b.add_argument("--png", help="also draw the bandwidth / scaling chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")
-    b.set_defaults(func=_bench)
+    b.set_defaults(func=_bench, parser=b)
 
     e = sub.add_parser(
         "explain", help="print every step of a norm on a small input, kernel vs reference",
@@ -142,6 +176,7 @@ def main(argv=None):
     i.set_defaults(func=_info)
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     return args.func(args)
 
 

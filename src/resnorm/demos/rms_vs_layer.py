@@ -43,12 +43,12 @@ def _same_input(rng, d=8, rows=4):
 def _time_case(shape, threads, repeats):
     """Both kernels, forward and backward, set up exactly as `python -m resnorm bench` sets
     them up (the same input for both norms, preallocated outputs)."""
-    cases = {op: bench._setup(op, shape, DTYPE, threads, None) for op in bench.OPS}
     result = {"bytes": {}}
-    for pass_, (rms_op, ln_op) in (("forward", ("rms_norm", "layer_norm")),
-                                   ("backward", ("rms_norm_backward", "layer_norm_backward"))):
-        result[pass_] = time_interleaved([cases[rms_op][0], cases[ln_op][0]], repeats)
-        result["bytes"][pass_] = (cases[rms_op][4], cases[ln_op][4])    # minimum traffic
+    for pass_, ops in (("forward", ("rms_norm", "layer_norm")),
+                       ("backward", ("rms_norm_backward", "layer_norm_backward"))):
+        cases = [bench.setup(op, shape, DTYPE) for op in ops]
+        result[pass_] = time_interleaved([c.resnorm(threads) for c in cases], repeats)
+        result["bytes"][pass_] = tuple(c.traffic for c in cases)    # minimum traffic
     return result
 
 
