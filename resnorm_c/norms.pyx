@@ -295,7 +295,8 @@ cdef bint _ready_scalars(object eps, object n_threads, int typenum, int max_thre
         return False
     if n_threads is None:
         return True
-    return type(n_threads) is int and 1 <= <long long>n_threads <= max_threads
+    # compared as Python ints: a C cast would overflow on 2**70
+    return type(n_threads) is int and 1 <= n_threads <= max_threads
 
 
 cdef int _x_type(object x) noexcept:

@@ -83,6 +83,7 @@ def _not_ready_cases():
         "n_threads zero": dict(x=x, n_threads=0),
         "n_threads bool": dict(x=x, n_threads=True),
         "n_threads too many": dict(x=x, n_threads=10**6),
+        "n_threads beyond C long": dict(x=x, n_threads=-(2**70)),
         "n_threads float": dict(x=x, n_threads=2.0),
         "read-only out": dict(x=x, out=np.frombuffer(bytes(x.nbytes), np.float32).reshape(x.shape)),
         "out of wrong shape": dict(x=x, out=np.empty((3, 41), np.float32)),
