@@ -7,7 +7,7 @@ import pytest
 
 import resnorm
 from resnorm import _norms
-from resnorm.norms import _FAST_LIMITS
+from resnorm.norms import _fast_limits
 
 
 def _inputs(dtype=np.float32, shape=(3, 40)):
@@ -19,11 +19,11 @@ def _inputs(dtype=np.float32, shape=(3, 40)):
 
 
 def rms_ready(x, w=None, eps=1e-6, out=None, n_threads=None):
-    return _norms.rms_norm_ready(x, w, eps, out, n_threads, _FAST_LIMITS)
+    return _norms.rms_norm_ready(x, w, eps, out, n_threads, _fast_limits())
 
 
 def layer_ready(x, w=None, b=None, eps=1e-5, out=None, n_threads=None):
-    return _norms.layer_norm_ready(x, w, b, eps, out, n_threads, _FAST_LIMITS)
+    return _norms.layer_norm_ready(x, w, b, eps, out, n_threads, _fast_limits())
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -116,3 +116,15 @@ def test_declined_calls_still_raise_through_the_checked_path():
         resnorm.layer_norm(x, eps=0.0)
     with pytest.raises(ValueError, match="n_threads"):
         resnorm.rms_norm(x, n_threads=0)
+
+
+def test_fast_path_follows_the_parallel_limits_at_call_time(monkeypatch):
+    """Tests (and users) that change resnorm._parallel's limits change the fast path too."""
+    from resnorm import _parallel
+    x, w, _ = _inputs(np.float32, (4, 8))
+    seen = []
+    real = _norms.rms_norm_ready
+    monkeypatch.setattr(_norms, "rms_norm_ready", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(_parallel, "PARALLEL_MIN_ELEMENTS", 0)
+    resnorm.rms_norm(x, w)
+    assert seen and seen[-1][0] == 0

@@ -1,9 +1,12 @@
 """How many threads a call uses and when it streams its output past the caches."""
 from . import _runtime
 
-# Below this many elements a call runs on one thread: starting a team costs more than the
-# work (measured in benchmarks/thread_threshold.py).
-PARALLEL_MIN_ELEMENTS = 1 << 15
+# Below this many elements a call runs on one thread: waking a second thread and meeting it
+# at the barrier costs more than the work.  benchmarks/thread_threshold.py measured the
+# crossing here (2-core AMD EPYC, float32 rows of 1024): at 8192 elements 2 threads take
+# 1.24x (RMSNorm) / 1.03x (LayerNorm) the 1-thread time, at 16384 1.01x / 0.84x, at
+# 32768 0.77x / 0.68x.
+PARALLEL_MIN_ELEMENTS = 1 << 14
 
 # Outputs at least this large are written with non-temporal stores: they would not stay in
 # cache anyway, and skipping the read-for-ownership of each output line saves a third of

@@ -19,11 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _checks, _norms
-from ._parallel import PARALLEL_MIN_ELEMENTS, STREAM_MIN_BYTES, streams, threads_for
+from . import _parallel
+from ._parallel import streams, threads_for
 
-# What the compiled fast paths of the inference forms need to decide threads and streaming
-# exactly as threads_for / streams do, and to accept n_threads as n_threads_value does.
-_FAST_LIMITS = (PARALLEL_MIN_ELEMENTS, STREAM_MIN_BYTES, _checks.MAX_THREADS)
+
+def _fast_limits():
+    """What the compiled fast paths of the inference forms need to decide threads and
+    streaming exactly as threads_for / streams do, and to accept n_threads as
+    n_threads_value does; read at each call, like threads_for reads them."""
+    return (_parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES, _checks.MAX_THREADS)
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     Inference form of rms_norm_forward (same arguments); out=x normalises in place.
     NumPy reference: resnorm.reference.rms_norm_forward.
     """
-    y = _norms.rms_norm_ready(x, weight, eps, out, n_threads, _FAST_LIMITS)
+    y = _norms.rms_norm_ready(x, weight, eps, out, n_threads, _fast_limits())
     if y is not None:  # every argument was already final: done, no Python-level checks
         return y
     x, rows, (w,), eps, out_rows, nt, stream = _prepare(
@@ -192,7 +196,7 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None)
     Inference form of layer_norm_forward (same arguments); out=x normalises in place.
     NumPy reference: resnorm.reference.layer_norm_forward.
     """
-    y = _norms.layer_norm_ready(x, weight, bias, eps, out, n_threads, _FAST_LIMITS)
+    y = _norms.layer_norm_ready(x, weight, bias, eps, out, n_threads, _fast_limits())
     if y is not None:
         return y
     x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
