@@ -170,6 +170,21 @@ cdef inline bint stats_trusted(bint layer, const floating *row, double mean, dou
         return isfinite(var)
 
 
+cdef void rare_row(floating *y, floating *hrow, double *mean, double *rstd,
+                   const floating *residual, const floating *x, const floating *a,
+                   const floating *w, const floating *b, const uint8_t *keep, Py_ssize_t kpos,
+                   double scale, double var, double eps, Py_ssize_t d) noexcept nogil:
+    """A row of add_norm_forward that stats_trusted rejected: h is stored in hrow (which may
+    be y, never w or b), then normalised by the norm kernels' scalar path (rare_rows.pxd).
+    mean NULL: RMSNorm.  Kept out of the kernel's loop, which it would only make longer."""
+    row_residual_add(hrow, residual, x, a, keep, kpos, scale, d, False)
+    if mean != NULL:
+        _ln_forward_careful(y, mean, rstd, hrow, w, b, var, eps, d, False)
+    else:
+        rstd[0] = _rms_rstd_rescaled(hrow, d, eps)
+        row_rms_apply(y, hrow, w, rstd[0], d, False)
+
+
 def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                      double[::1] rstd, const floating[:, ::1] x, const floating[:, ::1] residual,
                      const floating[::1] weight, const floating[::1] bias,
@@ -202,7 +217,6 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
     cdef uint64_t *keep
     cdef uint64_t *keep_next
     cdef uint64_t *swap
-    cdef floating *hrow
     cdef double mu, var
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
@@ -229,17 +243,10 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                               a, w, b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
                               keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
                 else:
-                    # a rare row (rare_rows.pxd): h is stored first, in h (Pre-Norm) or in
-                    # y (Post-Norm), and normalised by the norm kernels' scalar path
-                    hrow = &h[i, 0] if pre else &y[i, 0]
-                    row_residual_add(hrow, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
-                                     i * d % 64, scale, d, False)
-                    if layer:
-                        _ln_forward_careful(&y[i, 0], &mean[i], &rstd[i], hrow, w, b, var, eps,
-                                            d, False)
-                    else:
-                        rstd[i] = _rms_rstd_rescaled(hrow, d, eps)
-                        row_rms_apply(&y[i, 0], hrow, w, rstd[i], d, False)
+                    # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
+                    rare_row(&y[i, 0], &h[i, 0] if pre else &y[i, 0],
+                             &mean[i] if layer else NULL, &rstd[i], &residual[i, 0], &x[i, 0],
+                             a, w, b, <uint8_t *>keep, i * d % 64, scale, var, eps, d)
                     if dp != NULL and i + 1 < hi:
                         extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
                                     (i + 1) * d + d)
