@@ -22,14 +22,18 @@ Every other result is computed row by row, so no result depends on the thread co
 import numpy as np
 
 from cython.parallel cimport prange, threadid
-from libc.math cimport sqrt
+from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
 from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_rms_bwd_dot,
                      row_rms_bwd_apply, row_ln_bwd_sums, row_ln_bwd_apply, row_residual_add,
                      row_residual_reduce, row_residual_norm_apply, row_residual_bwd, row_sigmoid,
-                     span_uniforms, span_keep, span_bits, RN_STREAM_UNFENCED, rn_sfence)
+                     span_uniforms, span_keep, span_bits, RN_STREAM_UNFENCED, rn_sfence,
+                     row_rms_apply)
+# the norm kernels' scalar paths for the few rows the fast paths cannot take
+from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
+                        _ln_backward_careful, _overflowed)
 
 rn_cpu_init()
 
@@ -153,6 +157,34 @@ cdef inline void apply_row(floating *y, floating *hout, const floating *residual
         k += length
 
 
+cdef inline bint stats_trusted(bint layer, const floating *row, double mean, double var,
+                               Py_ssize_t d) noexcept nogil:
+    """False for a row the fast path cannot normalise (rare_rows.pxd): LayerNorm, as in
+    layer_norm_forward; RMSNorm, a float64 sum of squares beyond the double range (float32
+    squares cannot leave it).  row only selects the element type."""
+    if layer:
+        return _ln_stats_trusted(row, mean, var, d)
+    if floating is float:
+        return True
+    else:
+        return isfinite(var)
+
+
+cdef void rare_row(floating *y, floating *hrow, double *mean, double *rstd,
+                   const floating *residual, const floating *x, const floating *a,
+                   const floating *w, const floating *b, const uint8_t *keep, Py_ssize_t kpos,
+                   double scale, double var, double eps, Py_ssize_t d) noexcept nogil:
+    """A row of add_norm_forward that stats_trusted rejected: h is stored in hrow (which may
+    be y, never w or b), then normalised by the norm kernels' scalar path (rare_rows.pxd).
+    mean NULL: RMSNorm.  Kept out of the kernel's loop, which it would only make longer."""
+    row_residual_add(hrow, residual, x, a, keep, kpos, scale, d, False)
+    if mean != NULL:
+        _ln_forward_careful(y, mean, rstd, hrow, w, b, var, eps, d, False)
+    else:
+        rstd[0] = _rms_rstd_rescaled(hrow, d, eps)
+        row_rms_apply(y, hrow, w, rstd[0], d, False)
+
+
 def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                      double[::1] rstd, const floating[:, ::1] x, const floating[:, ::1] residual,
                      const floating[::1] weight, const floating[::1] bias,
@@ -185,7 +217,7 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
     cdef uint64_t *keep
     cdef uint64_t *keep_next
     cdef uint64_t *swap
-    cdef double mu
+    cdef double mu, var
     with nogil:
         for t in prange(nt, schedule="static", num_threads=nt):
             # keep, keep_next: the bits of this row and of the next (from their first group)
@@ -203,12 +235,21 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                     mu = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
                                              i * d % 64, scale, d, False, 0.0) / d
                     mean[i] = mu
-                rstd[i] = 1.0 / sqrt(row_residual_reduce(
-                    &residual[i, 0], &x[i, 0], a, <uint8_t *>keep, i * d % 64, scale, d, True,
-                    mu) / d + eps)
-                apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0], a, w,
-                          b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
-                          keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+                var = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                                          i * d % 64, scale, d, True, mu) / d
+                if stats_trusted(layer, &residual[i, 0], mu, var, d):
+                    rstd[i] = 1.0 / sqrt(var + eps)
+                    apply_row(&y[i, 0], &h[i, 0] if pre else NULL, &residual[i, 0], &x[i, 0],
+                              a, w, b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
+                              keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+                else:
+                    # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
+                    rare_row(&y[i, 0], &h[i, 0] if pre else &y[i, 0],
+                             &mean[i] if layer else NULL, &rstd[i], &residual[i, 0], &x[i, 0],
+                             a, w, b, <uint8_t *>keep, i * d % 64, scale, var, eps, d)
+                    if dp != NULL and i + 1 < hi:
+                        extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
+                                    (i + 1) * d + d)
                 swap = keep
                 keep = keep_next
                 keep_next = swap
@@ -318,8 +359,13 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
                     sum_g = 0.0
                     sum_ghhat = 0.0
                     row_ln_bwd_sums(&sum_g, &sum_ghhat, &dy[i, 0], hp, w, mean[i], rstd[i], d)
-                    row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
-                                     sum_g / d, sum_ghhat / d, d, False)
+                    if _overflowed(sum_g / d, sum_ghhat / d, &dy[i, 0], hp, d):
+                        # h - mean overflowed the element type (rare_rows.pxd)
+                        _ln_backward_careful(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i],
+                                             rstd[i], d)
+                    else:
+                        row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
+                                         sum_g / d, sum_ghhat / d, d, False)
                 else:
                     m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
                     row_rms_bwd_apply(gs, wpart, &dy[i, 0], hp, w, rstd[i], m, d, False)

@@ -6,8 +6,8 @@ from the size of the terms each output is made of (never from the result itself,
 may be a cancellation to ~0).
 
 test_input_table fails while a public function of resnorm is missing here, so a new
-kernel (the residual / dropout family) is covered by every table-driven test once it has
-an entry: input checks, properties, threads, memory, extreme numerics.
+kernel is covered by every table-driven test once it has an entry: input checks,
+properties, threads, memory, extreme numerics.
 """
 import dataclasses
 import inspect
@@ -24,16 +24,29 @@ DTYPES = (np.float32, np.float64)
 # in summation order; float32 rounds every element operation to 2**-24.
 RTOL = {np.dtype(np.float32): 4e-6, np.dtype(np.float64): 1e-12}
 
+# The arguments that are arrays (alpha is one when it is learnable); the others are eps,
+# p, seed and training.
+ARRAY_ARGS = ("x", "residual", "F", "g", "weight", "bias", "alpha", "dy", "dh")
+
 
 @dataclasses.dataclass
 class Inputs:
-    """The arrays of one call of a norm.  weight / bias may be None; eps None means the
-    function's default."""
+    """The arguments of one call of any public function; each function takes those its
+    Op.args name.  weight / bias / dh may be None; eps None means the function's default;
+    alpha None means a fixed 1 (a float: fixed; a 0-d or (D,) array: learnable)."""
     x: np.ndarray
     weight: np.ndarray = None
     bias: np.ndarray = None
     dy: np.ndarray = None
     eps: float = None
+    residual: np.ndarray = None   # fused add + norm: the residual stream
+    dh: np.ndarray = None         # the gradient of h (Pre-Norm: along the residual stream)
+    F: np.ndarray = None          # scaled / gated residual: the branch
+    g: np.ndarray = None          # gated residual: the gate logits, F's shape or (D,)
+    alpha: object = None
+    p: float = 0.0
+    seed: int = 0
+    training: bool = True
 
     @property
     def dtype(self):
@@ -41,17 +54,30 @@ class Inputs:
 
     def arrays(self):
         """name -> array, for the arrays that are set."""
-        return {k: v for k, v in dataclasses.asdict(self).items()
-                if isinstance(v, np.ndarray)}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
 
 
-def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0):
+def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0,
+                alpha="channel", p=0.2, gate="full"):
+    """Random inputs for every function: x (and residual) of magnitude scale around offset,
+    F of magnitude scale, O(1) parameters and gradients.  alpha: 'channel' ((D,) in
+    [0.5, 1]), 'scalar' (0-d), 'fixed' (0.75) or None; gate: 'full' or 'channel'."""
     d = shape[-1]
-    return Inputs(
+    inp = Inputs(
         x=(offset + scale * rng.standard_normal(shape)).astype(dtype),
         weight=(1.0 + 0.5 * rng.standard_normal(d)).astype(dtype) if weight else None,
         bias=rng.standard_normal(d).astype(dtype) if bias else None,
         dy=rng.standard_normal(shape).astype(dtype))
+    inp.residual = (offset + scale * rng.standard_normal(shape)).astype(dtype)
+    inp.dh = rng.standard_normal(shape).astype(dtype)
+    inp.F = (scale * rng.standard_normal(shape)).astype(dtype)
+    inp.g = rng.standard_normal(shape if gate == "full" else d).astype(dtype)
+    a = 0.5 + 0.5 * rng.uniform(size=d)
+    inp.alpha = {"channel": a.astype(dtype), "scalar": np.array(a[0], dtype), "fixed": 0.75,
+                 None: None}[alpha]
+    inp.p, inp.seed = p, int(rng.integers(0, 2**63))
+    return inp
 
 
 def layouts(a):
@@ -71,37 +97,90 @@ def layouts(a):
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    """One public function.  norm: which reference family ('rms' or 'ln'); form:
-    'inference' (returns y), 'training' (returns y, cache) or 'backward' (of the training
-    form `forward`); params: its optional parameter vectors."""
+    """One public function.
+
+    family: the reference it is checked against ('rms', 'ln', 'add_rms', 'add_ln',
+    'add_rms_post', 'add_ln_post', 'scaled', 'gated', 'dropout'); form: 'inference'
+    (returns the outputs), 'training' (returns the outputs and a cache) or 'backward' (of
+    the training form `forward`, given its cache); args: the Inputs fields it takes;
+    returns: the names of the arrays it returns, in order (training forms: besides the
+    cache, whose row statistics are outputs too); kept: training forms, the arguments the
+    cache keeps for backward (out= must not overlap them)."""
     name: str
-    norm: str
+    family: str
     form: str
-    params: tuple
+    args: tuple
+    returns: tuple
     forward: str = None
+    kept: tuple = ()
 
     @property
     def fn(self):
         return getattr(resnorm, self.name)
 
     @property
+    def norm(self):
+        """'rms', 'ln', or None for the residual and dropout functions without a norm."""
+        words = self.family.split("_")
+        return "rms" if "rms" in words else "ln" if "ln" in words else None
+
+    @property
+    def post(self):
+        return self.family.endswith("_post")
+
+    @property
+    def fused(self):
+        return self.family.startswith("add_")
+
+    @property
+    def stats(self):
+        """The row statistics the training form caches, as outputs."""
+        return {"rms": ("rstd",), "ln": ("mean", "rstd"), None: ()}[self.norm]
+
+    @property
+    def data(self):
+        """The arguments of the forward computation that carry the data (not parameters)."""
+        return {"scaled": ("x", "F"), "gated": ("x", "F")}.get(
+            self.family, ("x", "residual") if self.fused else ("x",))
+
+    @property
     def arrays(self):
         """The array arguments a caller passes (the cache is not one)."""
-        return ("dy",) if self.form == "backward" else ("x",) + self.params
+        return tuple(a for a in self.args if a in ARRAY_ARGS)
+
+    @property
+    def partners(self):
+        """The array arguments that must match x (or, in backward, the forward input)."""
+        return tuple(a for a in self.arrays if a != "x")
+
+    @property
+    def parameters(self):
+        return tuple(inspect.signature(self.fn).parameters)
 
     @property
     def output(self):
         """Name of the array out= receives."""
-        return "dx" if self.form == "backward" else "y"
+        if self.form == "backward":
+            return "dx"
+        return "h" if self.family in ("scaled", "gated") else "y"
+
+    @property
+    def buffers(self):
+        """The output buffer arguments, and what each receives."""
+        return {b: t for b, t in (("out", self.output), ("residual_out", "h"))
+                if b in self.parameters}
 
     def default_eps(self):
         fn = OPS[self.forward].fn if self.form == "backward" else self.fn
         return inspect.signature(fn).parameters["eps"].default
 
     def forward_kwargs(self, inp):
-        kw = {"x": inp.x, **{p: getattr(inp, p) for p in self.params}}
-        if inp.eps is not None:
-            kw["eps"] = inp.eps
+        kw = {}
+        for a in self.args:
+            value = getattr(inp, a)
+            if a == "eps" and value is None:
+                continue
+            kw[a] = 1.0 if a == "alpha" and value is None else value
         return kw
 
     def kwargs(self, inp, **extra):
@@ -112,7 +191,7 @@ class Op:
         fwd = OPS[self.forward]
         nt = {"n_threads": extra["n_threads"]} if "n_threads" in extra else {}
         _, cache = fwd.fn(**fwd.forward_kwargs(inp), **nt)
-        return {"dy": inp.dy, "cache": cache, **extra}
+        return {**{a: getattr(inp, a) for a in self.args}, "cache": cache, **extra}
 
     def call(self, inp, **extra):
         """The raw return value of one call."""
@@ -120,43 +199,91 @@ class Op:
 
     def outputs(self, result):
         """The raw return value as name -> array (None for a gradient not computed)."""
-        if self.form == "inference":
-            return {"y": result}
+        cache = None
         if self.form == "training":
-            y, cache = result  # the cache holds one statistic per row, in the rows' shape:
-            lead = y.shape[:-1]
-            stats = ("rstd",) if self.norm == "rms" else ("mean", "rstd")
-            return {"y": y, **{s: getattr(cache, s).reshape(lead) for s in stats}}
-        names = ("dx", "dweight", "dbias")[:len(result)]
-        return dict(zip(names, result))
+            result, cache = result
+        arrays = result if isinstance(result, tuple) else (result,)
+        out = dict(zip(self.returns, arrays, strict=True))
+        if cache is not None:  # one statistic per row, in the rows' shape
+            lead = arrays[0].shape[:-1]
+            out.update({s: getattr(cache, s).reshape(lead) for s in self.stats})
+        return out
 
     def run(self, inp, **extra):
         return self.outputs(self.call(inp, **extra))
 
+    def outputs_names(self):
+        return self.returns + (self.stats if self.form == "training" else ())
+
     def reference(self, inp):
         """name -> (float64 expected value, tolerance) for every output of run()."""
-        eps = self.default_eps() if inp.eps is None else inp.eps
-        want = _REFERENCES[self.norm](inp, eps)
-        return {name: want[name] for name in self.outputs_names(inp)}
-
-    def outputs_names(self, inp):
-        if self.form == "inference":
-            return ("y",)
-        if self.form == "training":
-            return ("y", "rstd") if self.norm == "rms" else ("y", "mean", "rstd")
-        return ("dx", "dweight") + (("dbias",) if self.norm == "ln" else ())
+        forward = OPS[self.forward] if self.form == "backward" else self
+        eps = forward.default_eps() if inp.eps is None and "eps" in forward.args else inp.eps
+        want = _REFERENCES[self.family.replace("_post", "")](self, inp, eps)
+        return {name: want[name] for name in self.outputs_names()}
 
 
-def _rms_reference(inp, eps):
-    x, dy, w = _f64(inp.x), _f64(inp.dy), _f64(inp.weight)
-    y, rstd = ref.rms_norm_forward(x, w, eps)
-    xn = np.abs(x * rstd[..., None])
-    return _with_tolerances(inp, {"y": y, "rstd": rstd}, xn, rstd, lambda: dict(zip(
-        ("dx", "dweight"), ref.rms_norm_backward(dy, x, w, rstd))))
+# --------------------------------------------------------------------------- norms
+
+def norm_reference(kind, x, w, b, dy, eps, dtype):
+    """RMSNorm ('rms') or LayerNorm ('ln') of float64 x, with the tolerances of a kernel of
+    dtype: ({name: (value, tol)} for y, rstd (, mean) and with dy dx, dweight (, dbias)),
+    and |xhat|, the normalised values' magnitudes.
+
+    Valid over the whole float64 range: float64 rows beyond 2**400 (where x**2 may
+    overflow) are computed one at a time on u = x * 2**-e, which is exact, and scaled back:
+        y(x, eps) = y(u, eps * 2**-2e),  rstd(x) = 2**-e rstd(u),  mean(x) = 2**e mean(u),
+        dx(x) = 2**-e dx(u),  dweight and dbias (sums over rows) unchanged.
+    """
+    d = x.shape[-1]
+    rows, dy_rows = x.reshape(-1, d), None if dy is None else dy.reshape(-1, d)
+    big = np.zeros(rows.shape[0], bool)
+    if np.dtype(dtype) == np.float64 and rows.size:
+        big = np.max(np.abs(rows), axis=-1) > 2.0**400
+    groups = [(np.flatnonzero(~big), 0)] + [
+        ([i], int(np.frexp(np.max(np.abs(rows[i])))[1])) for i in np.flatnonzero(big)]
+    parts = []
+    for index, e in groups:
+        if len(index) == 0 and len(groups) > 1:
+            continue
+        part, xhat = _norm_terms(kind, np.ldexp(rows[index], -e), w, b,
+                                 None if dy is None else dy_rows[index],
+                                 np.ldexp(eps, -2 * e), dtype)
+        parts.append((index, e, part, xhat))
+    out = {}
+    for name in parts[0][2]:
+        if parts[0][2][name][0] is None:
+            out[name] = (None, None)
+        elif name in _UNSCALE:  # per row: stacked back in the input's order
+            elementwise = name in ("y", "dx")
+            per_row = (rows.shape[0], d) if elementwise else (rows.shape[0],)
+            value, tol = np.empty(per_row), np.empty(per_row)
+            for index, e, part, _ in parts:
+                v, t = part[name]
+                value[index] = np.ldexp(v, _UNSCALE[name] * e)
+                tol[index] = np.broadcast_to(np.ldexp(t, _UNSCALE[name] * e), v.shape)
+            shape = x.shape if elementwise else x.shape[:-1]
+            out[name] = (value.reshape(shape), tol.reshape(shape))
+        else:  # dweight, dbias: sums over rows, and so are their tolerances
+            out[name] = tuple(sum(part[name][k] for _, _, part, _ in parts) for k in (0, 1))
+    xhat = np.empty(rows.shape)
+    for index, _, _, xh in parts:
+        xhat[index] = xh
+    return out, xhat.reshape(x.shape)
 
 
-def _ln_reference(inp, eps):
-    x, dy, w, b = _f64(inp.x), _f64(inp.dy), _f64(inp.weight), _f64(inp.bias)
+# how each per-row output scales when its row is multiplied by 2**e
+_UNSCALE = {"y": 0, "rstd": -1, "mean": 1, "dx": -1}
+
+
+def _norm_terms(kind, x, w, b, dy, eps, dtype):
+    """norm_reference on (N, D) rows whose squares fit the double range."""
+    if kind == "rms":
+        y, rstd = ref.rms_norm_forward(x, w, eps)
+        xhat = np.abs(x * rstd[..., None])
+        return _with_tolerances(x, w, None, dy, dtype, {"y": y, "rstd": rstd}, xhat, rstd,
+                                lambda: dict(zip(("dx", "dweight"),
+                                                 ref.rms_norm_backward(dy, x, w, rstd)))), xhat
     y, mean, rstd = ref.layer_norm_forward(x, w, b, eps)
     r = rstd[..., None]
     d = x.shape[-1]
@@ -164,31 +291,31 @@ def _ln_reference(inp, eps):
     # of max|x| (32-lane sum / pairwise sum); every xhat then shifts by that times rstd.
     # A mean off by delta also adds delta^2 to the variance: rstd moves by delta^2 rstd^3 / 2.
     slack = (d / 32 + math.log2(d) + 10) * np.finfo(np.float64).eps * _rowmax(x) * r
-    xhat = np.abs((x - mean[..., None]) * r) + slack / RTOL[inp.dtype]
+    xhat = np.abs((x - mean[..., None]) * r)
     rstd_slack = 0.5 * slack[..., 0] ** 2 * rstd
 
     def backward():
         dx, dw, db = ref.layer_norm_backward(dy, x, w, mean, rstd)
         return {"dx": dx, "dweight": dw, "dbias": None if b is None else db}
 
-    return _with_tolerances(inp, {"y": y, "mean": mean, "rstd": rstd}, xhat, rstd, backward,
-                            rstd_slack)
+    return _with_tolerances(x, w, b, dy, dtype, {"y": y, "mean": mean, "rstd": rstd},
+                            xhat + slack / RTOL[np.dtype(dtype)], rstd, backward,
+                            rstd_slack), xhat
 
 
-def _with_tolerances(inp, forward, xhat, rstd, backward, rstd_slack=0.0):
+def _with_tolerances(x, w, b, dy, dtype, forward, xhat, rstd, backward, rstd_slack=0.0):
     """name -> (value, tolerance) for the outputs of a norm whose normalised values have
     magnitude xhat (|x * rstd| for RMSNorm, |(x - mean) * rstd| for LayerNorm).
 
     Tolerance: RTOL times the size of the terms the output is made of, plus a floor for
     results on the subnormal grid, where every rounding is off by up to one step sub of
     the element type: x - mean (amplified by rstd), the products, the sums over rows."""
-    x, dy = _f64(inp.x), _f64(inp.dy)
     d = x.shape[-1]
-    rtol = RTOL[inp.dtype]
-    sub = float(np.finfo(inp.dtype).smallest_subnormal)
+    rtol = RTOL[np.dtype(dtype)]
+    sub = float(np.finfo(dtype).smallest_subnormal)
     r = rstd[..., None]
-    w1 = np.ones(d) if inp.weight is None else np.abs(_f64(inp.weight))
-    b_max = 0.0 if inp.bias is None else np.max(np.abs(_f64(inp.bias)))
+    w1 = np.ones(d) if w is None else np.abs(w)
+    b_max = 0.0 if b is None else np.max(np.abs(b))
     n_rows = x.size // d if d else 0
     out = {"y": (forward["y"], rtol * (_rowmax(xhat * w1) + b_max)
                  + 4 * sub * (1 + r) * (1 + np.max(w1))),
@@ -211,7 +338,118 @@ def _with_tolerances(inp, forward, xhat, rstd, backward, rstd_slack=0.0):
     return out
 
 
-_REFERENCES = {"rms": _rms_reference, "ln": _ln_reference}
+def _norm_reference(op, inp, eps):
+    want, _ = norm_reference(op.norm, _f64(inp.x), _f64(inp.weight),
+                             _f64(inp.bias) if op.norm == "ln" else None, _f64(inp.dy), eps,
+                             inp.dtype)
+    return want
+
+
+# --------------------------------------------------------------------------- fused add + norm
+
+def _fused_reference(op, inp, eps):
+    """The composition of reference steps that resnorm.reference.add_*_norm_* are made of
+    (dropout, add, norm, and back), with the norm step valid over the whole float64 range.
+
+    Tolerance: the norm's, around the float64 h, plus how far the kernel's h may be from
+    it: h = r + alpha * (x * m) rounded in the input dtype, off by dh <= RTOL * (|r| +
+    |alpha x m|) (plus a subnormal step).  Through the norm (rowmax E of dh):
+      y: |w| rstd (dh + (1 + |xhat|) E);  rstd: 2 rstd^2 E;  mean: E;
+      gradient reaching h: 4 rstd^2 max|g| (1 + max|xhat|)^2 E;  dweight: sum |dy| rstd E (2 + max|xhat|).
+    """
+    dtype = inp.dtype
+    rtol, sub = RTOL[dtype], float(np.finfo(dtype).smallest_subnormal)
+    x, r, dy = _f64(inp.x), _f64(inp.residual), _f64(inp.dy)
+    alpha = 1.0 if inp.alpha is None else inp.alpha
+    a = _f64(alpha) if isinstance(alpha, np.ndarray) else float(alpha)
+    d, keep = ref.dropout_forward(x, inp.p, inp.seed, inp.training)
+    m = ref.dropout_forward(np.ones_like(x), inp.p, inp.seed, inp.training)[0]  # multipliers
+    h = r + a * d
+    w, b = _f64(inp.weight), _f64(inp.bias) if op.norm == "ln" else None
+    norm, xhat = norm_reference(op.norm, h, w, b, dy, eps, dtype)
+    err_h = rtol * (np.abs(r) + np.abs(a * d)) + 4 * sub
+    E = _rowmax(err_h)
+    rstd = norm["rstd"][0][..., None]
+    w1 = np.ones(h.shape[-1]) if w is None else np.abs(w)
+    out = {"h": (h, err_h),
+           "y": (norm["y"][0], norm["y"][1] + w1 * rstd * (err_h + (1 + xhat) * E)),
+           "rstd": (norm["rstd"][0], norm["rstd"][1] + 2 * rstd[..., 0] * (rstd * E)[..., 0])}
+    if "mean" in norm:
+        out["mean"] = (norm["mean"][0], norm["mean"][1] + E[..., 0])
+    if dy is None:
+        return out
+    g, xh = _rowmax(np.abs(dy) * w1), _rowmax(xhat)
+    gh, gh_tol = norm["dx"]
+    gh_tol = gh_tol + 4 * rstd * (rstd * E) * g * (1 + xh) ** 2
+    gh_terms = rstd * g * (1 + xh ** 2)        # the size of the norm backward's terms
+    dh = None if op.post else _f64(inp.dh)
+    if dh is not None:
+        gh, gh_tol, gh_terms = gh + dh, gh_tol + rtol * np.abs(dh), gh_terms + np.abs(dh)
+    out["dresidual"] = (gh, gh_tol)
+    # dx = (gh * alpha) * m and dalpha = sum gh * (x * m), products of the rounded gh
+    gh_err = gh_tol + rtol * gh_terms
+    out["dx"] = (a * gh * m, gh_err * np.abs(a) * m + 4 * sub)
+    dw, dw_tol = norm["dweight"]
+    out["dweight"] = (dw, None if dw is None else
+                      dw_tol + _colsum(np.abs(dy) * (rstd * E) * (2 + xh)))
+    out["dbias"] = norm.get("dbias", (None, None))
+    out["dalpha"] = (None, None)
+    if isinstance(alpha, np.ndarray):
+        # (x * m on the subnormal grid is off by up to a step, which gh multiplies)
+        out["dalpha"] = (ref._sum_like(gh * d, alpha),
+                         ref._sum_like(gh_err * np.abs(d) + 4 * sub * (1 + gh_terms), alpha))
+    return out
+
+
+# --------------------------------------------------------------------------- elementwise
+
+def _scaled_reference(op, inp, eps):
+    """h = x + alpha F, dF = alpha dh, dalpha = sum dh F: RTOL of the terms, and a
+    subnormal step per rounding."""
+    rtol, sub = RTOL[inp.dtype], float(np.finfo(inp.dtype).smallest_subnormal)
+    x, F, dh = _f64(inp.x), _f64(inp.F), _f64(inp.dh)
+    alpha = 1.0 if inp.alpha is None else inp.alpha
+    a = _f64(alpha) if isinstance(alpha, np.ndarray) else float(alpha)
+    dx, dF, da = ref.scaled_residual_backward(dh, F, a)
+    learnable = isinstance(alpha, np.ndarray)
+    return {"h": (ref.scaled_residual_forward(x, F, a), rtol * (np.abs(x) + np.abs(a * F)) + 4 * sub),
+            "dx": (dx, rtol * np.abs(dh)),
+            "dF": (dF, rtol * np.abs(dF) + 4 * sub),
+            "dalpha": (da, ref._sum_like(rtol * np.abs(dh * F) + 4 * sub, alpha))
+            if learnable else (None, None)}
+
+
+def _gated_reference(op, inp, eps):
+    """h = x + s F, dF = s dh, dg = dh F s(1-s) (summed over rows for a (D,) g), s = sigmoid(g)."""
+    rtol, sub = RTOL[inp.dtype], float(np.finfo(inp.dtype).smallest_subnormal)
+    x, F, g, dh = _f64(inp.x), _f64(inp.F), _f64(inp.g), _f64(inp.dh)
+    s, ds = ref.sigmoid(g), ref.sigmoid_grad(g)
+    dx, dF, dg = ref.gated_residual_backward(dh, F, g)
+    if g.shape == x.shape:  # dh * ds, on the subnormal grid off by up to a step, times F
+        dg_tol = rtol * np.abs(dh * F * ds) + 4 * sub * (1 + np.abs(F))
+    else:  # sum_rows dh * F in double, of products rounded in the input dtype, times ds
+        n_rows = x.size // x.shape[-1]
+        dg_tol = ds * (rtol * _colsum(np.abs(dh * F)) + n_rows * sub) + 4 * sub
+    return {"h": (ref.gated_residual_forward(x, F, g), rtol * (np.abs(x) + np.abs(s * F)) + 4 * sub),
+            "dx": (dx, rtol * np.abs(dh)), "dF": (dF, rtol * np.abs(dF) + 4 * sub),
+            "dg": (dg, dg_tol)}
+
+
+def _dropout_reference(op, inp, eps):
+    """y = x m, dx = dy m (m = keep / (1 - p)): one rounding each."""
+    rtol, sub = RTOL[inp.dtype], float(np.finfo(inp.dtype).smallest_subnormal)
+    y, _ = ref.dropout_forward(_f64(inp.x), inp.p, inp.seed, inp.training)
+    m = ref.dropout_forward(np.ones(inp.x.shape), inp.p, inp.seed, inp.training)[0]
+    out = {"y": (y, rtol * np.abs(y) + 4 * sub)}
+    if inp.dy is not None:
+        dx = _f64(inp.dy) * m
+        out["dx"] = (dx, rtol * np.abs(dx) + 4 * sub)
+    return out
+
+
+_REFERENCES = {"rms": _norm_reference, "ln": _norm_reference, "add_rms": _fused_reference,
+               "add_ln": _fused_reference, "scaled": _scaled_reference,
+               "gated": _gated_reference, "dropout": _dropout_reference}
 
 
 def _f64(a):
@@ -229,26 +467,92 @@ def _colsum(a):
     return a.reshape(-1, a.shape[-1]).sum(axis=0)
 
 
+# --------------------------------------------------------------------------- the table
+
+def _fused_ops(kind, post):
+    name = ("add_rms_norm" if kind == "rms" else "add_layer_norm") + ("_post" if post else "")
+    family = f"add_{kind}" + ("_post" if post else "")
+    params = ("weight",) if kind == "rms" else ("weight", "bias")
+    args = ("x", "residual") + params + ("eps", "alpha", "p", "seed", "training")
+    returns = ("y",) if post else ("y", "h")
+    grads = ("dx", "dresidual", "dweight") + (("dbias",) if kind == "ln" else ()) + ("dalpha",)
+    kept = ("x",) + (("residual",) if post else ()) + ("weight", "alpha")
+    return [Op(name, family, "inference", args, returns),
+            Op(name + "_forward", family, "training", args, returns, kept=kept),
+            Op(name + "_backward", family, "backward", ("dy",) if post else ("dy", "dh"), grads,
+               forward=name + "_forward")]
+
+
 OPS = {op.name: op for op in [
-    Op("rms_norm", "rms", "inference", ("weight",)),
-    Op("rms_norm_forward", "rms", "training", ("weight",)),
-    Op("rms_norm_backward", "rms", "backward", ("weight",), forward="rms_norm_forward"),
-    Op("layer_norm", "ln", "inference", ("weight", "bias")),
-    Op("layer_norm_forward", "ln", "training", ("weight", "bias")),
-    Op("layer_norm_backward", "ln", "backward", ("weight", "bias"), forward="layer_norm_forward"),
+    Op("rms_norm", "rms", "inference", ("x", "weight", "eps"), ("y",)),
+    Op("rms_norm_forward", "rms", "training", ("x", "weight", "eps"), ("y",),
+       kept=("x", "weight")),
+    Op("rms_norm_backward", "rms", "backward", ("dy",), ("dx", "dweight"),
+       forward="rms_norm_forward"),
+    Op("layer_norm", "ln", "inference", ("x", "weight", "bias", "eps"), ("y",)),
+    Op("layer_norm_forward", "ln", "training", ("x", "weight", "bias", "eps"), ("y",),
+       kept=("x", "weight", "bias")),
+    Op("layer_norm_backward", "ln", "backward", ("dy",), ("dx", "dweight", "dbias"),
+       forward="layer_norm_forward"),
+    *_fused_ops("rms", post=False), *_fused_ops("ln", post=False),
+    *_fused_ops("rms", post=True), *_fused_ops("ln", post=True),
+    Op("scaled_residual", "scaled", "inference", ("x", "F", "alpha"), ("h",)),
+    Op("scaled_residual_forward", "scaled", "training", ("x", "F", "alpha"), ("h",),
+       kept=("F", "alpha")),
+    Op("scaled_residual_backward", "scaled", "backward", ("dh",), ("dx", "dF", "dalpha"),
+       forward="scaled_residual_forward"),
+    Op("gated_residual", "gated", "inference", ("x", "F", "g"), ("h",)),
+    Op("gated_residual_forward", "gated", "training", ("x", "F", "g"), ("h",), kept=("F", "g")),
+    Op("gated_residual_backward", "gated", "backward", ("dh",), ("dx", "dF", "dg"),
+       forward="gated_residual_forward"),
+    Op("dropout", "dropout", "inference", ("x", "p", "seed", "training"), ("y",)),
+    Op("dropout_forward", "dropout", "training", ("x", "p", "seed", "training"), ("y",)),
+    Op("dropout_backward", "dropout", "backward", ("dy",), ("dx",), forward="dropout_forward"),
 ]}
 FORWARDS = [name for name, op in OPS.items() if op.form != "backward"]
 BACKWARDS = [name for name, op in OPS.items() if op.form == "backward"]
 TRAINING = [name for name, op in OPS.items() if op.form == "training"]
+INFERENCE = [name for name, op in OPS.items() if op.form == "inference"]
 
 # Public callables that take no array (build and runtime facts): nothing to check.
 NO_ARRAY_FUNCTIONS = {"build_flags", "get_num_threads", "openmp_enabled", "simd_level"}
+
+# Outputs with one value per row (the rest are elementwise, or sums over rows: dweight,
+# dbias, dalpha, and dg for a per-channel gate).
+ROW_OUTPUTS = ("mean", "rstd")
+ELEMENTWISE_OUTPUTS = ("y", "h", "dx", "dresidual", "dF")
 
 
 def public_functions():
     """Every public function of resnorm (callables in __all__ that are not classes)."""
     return {name for name in resnorm.__all__
             if callable(getattr(resnorm, name)) and not inspect.isclass(getattr(resnorm, name))}
+
+
+def with_data(op, inp, values, split=False):
+    """inp with op's data arguments set so that the computation's input (the norm's x, the
+    fused ops' h = residual + alpha * dropout(x), the scaled / gated residuals' h) is
+    `values`: exactly (residual = values and x = 0, or x = values and F = 0), or with
+    split=True shared between them (residual = values/2, x = values/4; x = F = values/2),
+    which keeps h within the range of values.  Rows of values that are constant stay
+    exactly so in h.  (split=True also halves dropout's x: y = x / (1 - p) must fit.)"""
+    values = np.asarray(values)
+    first, *rest = op.data
+    if not rest:
+        if split and op.family == "dropout":
+            values = values / 2
+        return dataclasses.replace(inp, **{first: values})
+    zero = np.zeros_like(values)
+    if not split:
+        target = "residual" if op.fused else "x"
+        other = "x" if op.fused else "F"
+        return dataclasses.replace(inp, **{target: values, other: zero})
+    constant = np.all(values == values[..., :1], axis=-1, keepdims=True)
+    if op.fused:
+        return dataclasses.replace(inp, residual=np.where(constant, values, values / 2),
+                                   x=np.where(constant, zero, values / 4))
+    return dataclasses.replace(inp, x=np.where(constant, values, values / 2),
+                               F=np.where(constant, zero, values / 2))
 
 
 def assert_close(got, want, tol, what=""):
@@ -270,7 +574,7 @@ def assert_matches_reference(op, inp, got):
         if value is None:
             assert got[name] is None, f"{op.name} {name} should be None"
             continue
-        assert got[name].dtype == (np.float64 if name in ("mean", "rstd") else inp.dtype)
+        assert got[name].dtype == (np.float64 if name in ROW_OUTPUTS else inp.dtype)
         assert_close(got[name], value, tol, f"{op.name} {name}")
 
 

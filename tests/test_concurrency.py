@@ -1,8 +1,10 @@
 """Many Python threads at once, the GIL, and a caller's own thread limits.
 
 * 8 Python threads calling every public function at once, on shared inputs and a shared
-  cache, get bitwise what serial calls get (no shared mutable state in the kernels).
-* The kernels release the GIL: another Python thread runs while a kernel is half-way.
+  cache, get bitwise what serial calls get (no shared mutable state in the kernels; the
+  dropout masks, regenerated from the seed in every call, included).
+* The kernels release the GIL: another Python thread runs while a kernel is half-way
+  (functions with out=), or runs all along a kernel's call (the others).
 * Under a caller's threadpoolctl limit of 1 thread, no OpenMP thread is started, in the
   calling thread and in a Python thread pool whose workers set the limit themselves
   (OpenMP limits are per thread: a limit set in the main thread does not reach pool
@@ -23,34 +25,35 @@ import numpy as np
 import pytest
 
 import resnorm
-from api_table import OPS, Inputs, assert_same_bits, make_inputs
+from api_table import OPS, assert_same_bits, make_inputs, with_data
 
 ALL = pytest.mark.parametrize("op", list(OPS.values()), ids=list(OPS))
 
 
 def _inputs():
+    """{(function, case): inputs}: ordinary inputs, and rows taking the rare paths."""
     rng = np.random.default_rng(31)
     cases = [make_inputs(rng, (3, 7), np.float32),
              make_inputs(rng, (600, 97), np.float64, bias=False),     # runs in parallel
-             make_inputs(rng, (256, 1024), np.float32, offset=1e4),
-             make_inputs(rng, (9, 33), np.float64, weight=False)]
+             make_inputs(rng, (256, 1024), np.float32, offset=1e4, alpha="scalar", p=0.5),
+             make_inputs(rng, (9, 33), np.float64, weight=False, alpha=None, gate="channel")]
     rare = make_inputs(rng, (40, 64), np.float64)
-    rare.x[::3] = 7.0                          # constant rows: the careful LayerNorm path
-    rare.x[1::5] *= 1e300                      # rows beyond the double range
-    cases.append(rare)
-    return cases
+    values = rng.standard_normal((40, 64))
+    values[::3] = 7.0                          # constant rows: the careful LayerNorm path
+    values[1::5] *= 1e300                      # rows beyond the double range
+    inputs = {(name, i): inp for name in OPS for i, inp in enumerate(cases)}
+    for name, op in OPS.items():
+        forward = OPS[op.forward] if op.form == "backward" else op
+        inputs[name, len(cases)] = with_data(forward, rare, values, split=True)
+    return inputs
 
 
 def test_eight_python_threads_get_bitwise_the_serial_results():
-    cases = _inputs()
+    inputs = _inputs()
     # one shared cache per (training form, case): backward reads it from 8 threads at once
-    shared = {}
-    for name, op in OPS.items():
-        if op.form == "backward":
-            for i, inp in enumerate(cases):
-                shared[name, i] = op.kwargs(inp)
-    tasks = [(name, i, nt) for name in OPS for i in range(len(cases))
-             for nt in (1, 2, None)] * 3
+    shared = {(name, i): OPS[name].kwargs(inp) for (name, i), inp in inputs.items()
+              if OPS[name].form == "backward"}
+    tasks = [(name, i, nt) for name, i in inputs for nt in (1, 2, None)] * 3
     np.random.default_rng(0).shuffle(tasks)
 
     def run(task):
@@ -58,7 +61,7 @@ def test_eight_python_threads_get_bitwise_the_serial_results():
         op = OPS[name]
         if op.form == "backward":
             return op.outputs(op.fn(**shared[name, i], n_threads=nt))
-        return op.run(cases[i], n_threads=nt)
+        return op.run(inputs[name, i], n_threads=nt)
 
     serial = [run(t) for t in tasks]
     with ThreadPoolExecutor(max_workers=8) as pool:
@@ -85,26 +88,64 @@ def _seen_half_way(write, out):
     return seen
 
 
+def _ran_alongside(call):
+    """Runs call() in this thread while another Python thread notes the time in a loop;
+    True if that thread never stopped for more than a quarter of the call's duration.  A
+    call holding the GIL stops it for the whole time it holds it."""
+    ticks, stop = [], threading.Event()
+
+    def note():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+
+    worker = threading.Thread(target=note)
+    worker.start()
+    while not ticks:
+        time.sleep(0.0005)
+    start = time.perf_counter()
+    call()
+    end = time.perf_counter()
+    stop.set()
+    worker.join()
+    seen = np.array([start] + [t for t in ticks if start < t < end] + [end])
+    return np.max(np.diff(seen)) < (end - start) / 4
+
+
+def _gil_work(op):
+    """A call of op on one thread that runs ~10-40 ms in its kernel, and its out buffer
+    (None when op has no out=)."""
+    inp = make_inputs(np.random.default_rng(37), (2048, 2048), np.float32)
+    kw = op.kwargs(inp, n_threads=1)
+    if "out" in op.buffers:
+        return (lambda o: op.fn(**kw, out=o)), np.empty_like(inp.x)
+    return (lambda: op.fn(**kw)), None
+
+
 @ALL
 def test_kernels_release_the_gil(op):
     """A kernel on one thread writes its output rows in order.  Seeing it half-way means
-    this thread ran Python code while the kernel ran.  Retried, as this thread must be
-    scheduled during the kernel's ~20 ms (usually it is, on the first or second try)."""
-    inp = make_inputs(np.random.default_rng(37), (2048, 2048), np.float32)
-    out = np.empty_like(inp.x)
-    kw = op.kwargs(inp, n_threads=1)
-    if not any(_seen_half_way(lambda o: op.fn(**kw, out=o), out) for _ in range(40)):
-        pytest.fail("never saw the kernel half-way from another Python thread")
+    this thread ran Python code while the kernel ran.  (Functions without out=: another
+    Python thread ran all along the call.)  Retried, as this thread must be scheduled
+    during the kernel's ~20 ms (usually it is, on the first or second try)."""
+    call, out = _gil_work(op)
+    if out is not None:
+        seen = any(_seen_half_way(call, out) for _ in range(40))
+    else:
+        seen = any(_ran_alongside(call) for _ in range(40))
+    if not seen:
+        pytest.fail("no Python code ran in another thread while the kernel ran")
 
 
 @pytest.mark.skipif(os.name != "posix", reason="ctypes.PyDLL(None) is POSIX-only")
-def test_half_way_check_detects_a_writer_holding_the_gil():
-    """The check above can fail: libc memset called through ctypes.PyDLL keeps the GIL
+def test_gil_checks_detect_a_call_holding_the_gil():
+    """The checks above can fail: libc memset called through ctypes.PyDLL keeps the GIL
     while it writes (through ctypes.CDLL it would release it)."""
     memset = ctypes.PyDLL(None).memset
     memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     out = np.empty((4096, 4096), np.float32)
     assert not any(_seen_half_way(lambda o: memset(o.ctypes.data, 0x3F, o.nbytes), out)
+                   for _ in range(5))
+    assert not any(_ran_alongside(lambda: memset(out.ctypes.data, 0x3F, out.nbytes))
                    for _ in range(5))
 
 

@@ -5,6 +5,7 @@ table, these tests and the public API in step: a new public function, argument o
 row without a test fails here.
 """
 import dataclasses
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -14,12 +15,11 @@ import pytest
 
 import resnorm
 from resnorm import _checks
-from api_table import (BACKWARDS, DTYPES, FORWARDS, NO_ARRAY_FUNCTIONS, OPS, TRAINING,
-                       assert_matches_reference, assert_same_bits, layouts, make_inputs,
-                       public_functions)
+from api_table import (BACKWARDS, DTYPES, ELEMENTWISE_OUTPUTS, FORWARDS, INFERENCE,
+                       NO_ARRAY_FUNCTIONS, OPS, ROW_OUTPUTS, TRAINING, assert_matches_reference,
+                       assert_same_bits, layouts, make_inputs, public_functions, with_data)
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "input-checks.md"
-INFERENCE = [name for name, op in OPS.items() if op.form == "inference"]
 D = 6
 
 
@@ -42,6 +42,9 @@ def test_every_documented_check_has_a_test():
 ARGUMENT_ROWS = {
     "x": "x-", "weight": "partner-", "bias": "partner-", "dy": "partner-", "eps": "eps-",
     "n_threads": "n-threads-", "out": "out-", "cache": "cache-",
+    "residual": "partner-", "dh": "partner-", "F": "partner-", "g": "partner-",
+    "alpha": "alpha-", "p": "dropout-p", "seed": "seed-", "training": "flag-",
+    "return_mask": "flag-", "residual_out": "out-",
 }
 
 
@@ -67,13 +70,8 @@ def test_every_public_function_and_argument_is_covered():
 
 # --------------------------------------------------------------------------- helpers
 
-def good(dtype=np.float32, shape=(4, D), seed=0):
-    return make_inputs(np.random.default_rng(seed), shape, dtype)
-
-
-def partners(op):
-    """The array arguments that must match x: weight / bias, or dy in backward."""
-    return ("dy",) if op.form == "backward" else op.params
+def good(dtype=np.float32, shape=(4, D), seed=0, **kw):
+    return make_inputs(np.random.default_rng(seed), shape, dtype, **kw)
 
 
 def raises(op, exc, arg, inp, **override):
@@ -91,8 +89,23 @@ def each(names, args_of=None):
     return pytest.mark.parametrize("op, arg", pairs, ids=[f"{o.name}-{a}" for o, a in pairs])
 
 
+def taking(arg):
+    """The ops with this argument."""
+    return [name for name, op in OPS.items() if arg in op.parameters]
+
+
+def with_buffers(names):
+    """The ops of names that take an output buffer (out, residual_out)."""
+    return [n for n in names if OPS[n].buffers]
+
+
 def foreign_byte_order(a):
     return a.astype(a.dtype.newbyteorder())
+
+
+def assert_same_outputs(got, want, what):
+    for name, value in want.items():
+        assert_same_bits(got[name], value, f"{what}: {name}")
 
 
 # --------------------------------------------------------------------------- x
@@ -123,11 +136,9 @@ def test_x_not_array_like(op, bad):
 @each(FORWARDS)
 def test_x_python_sequence(op):
     inp = good(np.float64)
+    want = op.run(inp)
     for seq in (inp.x.tolist(), tuple(map(tuple, inp.x))):
-        got = op.call(dataclasses.replace(inp, x=seq))
-        want = op.call(inp)
-        for name, value in op.outputs(want).items():
-            assert_same_bits(op.outputs(got)[name], value, f"{op.name} {name}")
+        assert_same_outputs(op.run(dataclasses.replace(inp, x=seq)), want, op.name)
 
 
 @each(FORWARDS)
@@ -150,18 +161,25 @@ def test_x_no_rows(op, shape, dtype):
     inp = good(dtype, shape)
     got = op.run(inp)
     for name, value in got.items():
-        if name in ("y", "dx"):
-            assert value.shape == shape and value.dtype == dtype
-        elif name in ("mean", "rstd"):
-            assert value.shape == shape[:-1] and value.dtype == np.float64
-        else:  # the sum over no rows
-            assert value.dtype == dtype and np.array_equal(value, np.zeros(D))
+        if name in ELEMENTWISE_OUTPUTS or value.shape == shape:
+            assert value.shape == shape and value.dtype == dtype, name
+        elif name in ROW_OUTPUTS:
+            assert value.shape == shape[:-1] and value.dtype == np.float64, name
+        else:  # the sum over no rows: dweight, dbias, dalpha, a per-channel dg
+            assert value.dtype == dtype and value.shape == (D,), name
+            assert np.array_equal(value, np.zeros(D)), name
+
+
+@functools.lru_cache(maxsize=2)
+def _huge_d_inputs(dtype):
+    """One set of inputs per dtype for every function (they leave them unchanged)."""
+    return make_inputs(np.random.default_rng(3), (2, 2**20), dtype)
 
 
 @each(list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_x_huge_d(op, dtype):
-    inp = make_inputs(np.random.default_rng(3), (2, 2**20), dtype)
+    inp = _huge_d_inputs(dtype)
     assert_matches_reference(op, inp, op.run(inp))
 
 
@@ -173,8 +191,7 @@ def test_layout(op, arg, dtype):
     for layout, view in layouts(getattr(inp, arg)).items():
         before = view.copy()
         got = op.run(dataclasses.replace(inp, **{arg: view}))
-        for name, value in want.items():
-            assert_same_bits(got[name], value, f"{op.name} {name}, {arg} {layout}")
+        assert_same_outputs(got, want, f"{op.name}, {arg} {layout}")
         assert_same_bits(view, before, f"{arg} {layout} modified")
 
 
@@ -189,7 +206,7 @@ def test_masked(op, arg):
 
 # --------------------------------------------------------------------------- partners
 
-@each(list(OPS), args_of=partners)
+@each(list(OPS), args_of=lambda op: op.partners)
 @pytest.mark.parametrize("x_dtype, dtype", [
     (np.float32, np.float64), (np.float64, np.float32), (np.float32, np.float16),
     (np.float32, np.int32), (np.float32, np.bool_), (np.float64, np.complex128),
@@ -199,53 +216,102 @@ def test_partner_dtype(op, arg, x_dtype, dtype):
     raises(op, TypeError, arg, inp, **{arg: getattr(inp, arg).astype(dtype)})
 
 
-@each(list(OPS), args_of=partners)
+@each(list(OPS), args_of=lambda op: op.partners)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_partner_byteorder(op, arg, dtype):
     inp = good(dtype)
     raises(op, TypeError, arg, inp, **{arg: foreign_byte_order(getattr(inp, arg))})
 
 
-@each(list(OPS), args_of=partners)
+@each(list(OPS), args_of=lambda op: op.partners)
 def test_partner_shape(op, arg):
     inp = good()
-    shapes = ([(4, D + 1), (D, 4), (4 * D,), (1, 4, D), (3, D)] if arg == "dy"
-              else [(D + 1,), (D - 1,), (1, D), (D, 1), (), (4, D)])
+    if getattr(inp, arg).shape == inp.x.shape:   # residual, F, g, dy, dh
+        shapes = [(4, D + 1), (D, 4), (4 * D,), (1, 4, D), (3, D)]
+    else:                                        # weight, bias, alpha (which may be 0-d)
+        shapes = [(D + 1,), (D - 1,), (1, D), (D, 1), (4, D)] + ([()] if arg != "alpha" else [])
     for shape in shapes:
         raises(op, ValueError, arg, inp, **{arg: np.ones(shape, np.float32)})
 
 
-@each(list(OPS), args_of=partners)
+@each(list(OPS), args_of=lambda op: [a for a in op.partners if a != "alpha"])
 def test_partner_python(op, arg):
     inp64 = good(np.float64)
     value = getattr(inp64, arg)
     want = op.outputs(op.call(inp64))
     got = op.outputs(op.fn(**{**op.kwargs(inp64), arg: value.tolist()}))
-    for name in want:
-        assert_same_bits(got[name], want[name], f"{op.name} {name} with {arg} as a list")
+    assert_same_outputs(got, want, f"{op.name} with {arg} as a list")
     inp32 = good(np.float32)
     raises(op, TypeError, arg, inp32, **{arg: getattr(inp32, arg).tolist()})
     raises(op, TypeError, arg, inp32, **{arg: 1.0})
     raises(op, ValueError, arg, inp64, **{arg: 1.0})
 
 
+# --------------------------------------------------------------------------- alpha, gate
+
+def _alpha_cases(dtype):
+    """(alpha as passed, the same values as a (D,) array, learnable)."""
+    return [(0.5, np.full(D, 0.5, dtype), False), (np.float32(-2.0), np.full(D, -2.0, dtype), False),
+            (np.array(0.25, dtype), np.full(D, 0.25, dtype), True)]
+
+
+@each(taking("alpha"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alpha_kind(op, dtype):
+    """A real number is a fixed scale and a 0-d array a learnable scalar: both compute what
+    the (D,) array of their value computes; backward's dalpha is None, shape () or (D,)."""
+    inp = good(dtype)
+    backward = [OPS[n] for n in BACKWARDS if OPS[n].forward == op.name]
+    for alpha, vector, learnable in _alpha_cases(dtype):
+        got = op.run(dataclasses.replace(inp, alpha=alpha))
+        assert_same_outputs(got, op.run(dataclasses.replace(inp, alpha=vector)),
+                            f"{op.name} alpha={alpha!r}")
+        for b in backward:
+            case = dataclasses.replace(inp, alpha=alpha)
+            grads = b.run(case)
+            assert (grads["dalpha"] is not None) == learnable
+            if learnable:
+                assert grads["dalpha"].shape == () and grads["dalpha"].dtype == dtype
+            assert_matches_reference(b, case, grads)
+    for bad in ([0.5] * D, None, "0.5", True, np.bool_(True), 1j):
+        raises(op, TypeError, "alpha", inp, alpha=bad)
+
+
+@each(taking("alpha"))
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -float("inf"), np.float64("nan")],
+                         ids=repr)
+def test_alpha_value(op, alpha):
+    raises(op, ValueError, "alpha", good(), alpha=alpha)
+
+
+@each([n for n in OPS if OPS[n].family == "gated"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gate_per_channel(op, dtype):
+    inp = good(dtype, gate="channel")
+    assert inp.g.shape == (D,)
+    got = op.run(inp)
+    assert_matches_reference(op, inp, got)
+    if "dg" in got:
+        assert got["dg"].shape == (D,)
+
+
 # --------------------------------------------------------------------------- eps, n_threads
 
-@each(FORWARDS)
+@each(taking("eps"))
 @pytest.mark.parametrize("eps", [True, np.bool_(False), "1e-5", None, 1j, np.array(1e-5),
                                  [1e-5]], ids=repr)
 def test_eps_type(op, eps):
     raises(op, TypeError, "eps", good(), eps=eps)
 
 
-@each(FORWARDS)
+@each(taking("eps"))
 @pytest.mark.parametrize("eps", [0, 0.0, -0.0, -1e-5, float("nan"), float("inf"),
                                  -float("inf"), np.float32(0)], ids=repr)
 def test_eps_value(op, eps):
     raises(op, ValueError, "eps", good(), eps=eps)
 
 
-@each(FORWARDS)
+@each(taking("eps"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_eps_tiny(op, dtype):
     tiny = float(np.finfo(dtype).tiny)
@@ -253,11 +319,11 @@ def test_eps_tiny(op, dtype):
     raises(op, ValueError, "eps", good(dtype), eps=5e-324)
     # the smallest accepted eps keeps an all-zero row finite, forward and backward:
     # rstd = 1/sqrt(eps) fits the dtype
-    inp = dataclasses.replace(good(dtype), x=np.zeros((4, D), dtype), eps=tiny)
+    inp = dataclasses.replace(with_data(op, good(dtype), np.zeros((4, D), dtype)), eps=tiny)
     backward = [b for b in OPS.values() if b.forward == op.name]
     for each_op in [op] + backward:
         for name, value in each_op.run(inp).items():
-            assert np.all(np.isfinite(value)), f"{each_op.name} {name}"
+            assert value is None or np.all(np.isfinite(value)), f"{each_op.name} {name}"
 
 
 @each(list(OPS))
@@ -276,160 +342,7 @@ def test_n_threads_value(op, nt):
         op.call(good(), n_threads=ok)
 
 
-# --------------------------------------------------------------------------- out
-
-@each(list(OPS))
-def test_out_type(op):
-    inp = good()
-    raises(op, TypeError, "out", inp, out=np.empty_like(inp.x).tolist())
-
-
-@each(list(OPS))
-@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32,
-                                   np.dtype(np.float32).newbyteorder()],
-                         ids=lambda t: np.dtype(t).str)
-def test_out_dtype(op, dtype):
-    inp = good()
-    raises(op, TypeError, "out", inp, out=np.empty(inp.x.shape, dtype))
-
-
-@each(list(OPS))
-@pytest.mark.parametrize("shape", [(4, D + 1), (D, 4), (4 * D,), (1, 4, D)], ids=str)
-def test_out_shape(op, shape):
-    raises(op, ValueError, "out", good(), out=np.empty(shape, np.float32))
-
-
-@each(list(OPS))
-def test_out_read_only(op):
-    inp = good()
-    out = np.zeros_like(inp.x)
-    out.setflags(write=False)
-    raises(op, ValueError, "out", inp, out=out)
-
-
-@each(list(OPS), args_of=lambda op: op.arrays)
-def test_out_overlap(op, arg):
-    """Rank-1 inputs, so that out can overlap a (D,) weight too."""
-    rng = np.random.default_rng(7)
-    inp = make_inputs(rng, (D,), np.float32)
-    buf = rng.standard_normal(2 * D).astype(np.float32)
-    buf0 = buf.copy()
-    kw = op.kwargs(dataclasses.replace(inp, **{arg: buf[:D]}))
-    with pytest.raises(ValueError, match=r"\bout\b"):
-        op.fn(**kw, out=buf[D // 2: D // 2 + D])
-    assert_same_bits(buf, buf0, "written before the error")
-
-
-def _in_place_cases():
-    """(op, argument, shape): out may be exactly x, weight or bias (inference forms) or dy
-    (backward); a (D,) weight or bias has the shape of out only for rank-1 input."""
-    for name in INFERENCE + BACKWARDS:
-        op = OPS[name]
-        for arg in ("dy",) if op.form == "backward" else ("x",) + op.params:
-            for shape in [(D,), (5, D), (2, 3, D)]:
-                if arg == "x" or arg == "dy" or len(shape) == 1:
-                    yield pytest.param(op, arg, shape, id=f"{name}-{arg}-{shape}")
-
-
-@pytest.mark.parametrize("op, arg, shape", list(_in_place_cases()))
-def test_out_in_place(op, arg, shape):
-    inp = make_inputs(np.random.default_rng(9), shape, np.float64)
-    want = op.outputs(op.call(inp))
-    target = getattr(inp, arg).copy()
-    got = op.outputs(op.fn(**{**op.kwargs(inp), arg: target}, out=target))
-    assert got[op.output] is target
-    for name, value in want.items():
-        assert_same_bits(got[name], value, f"{op.name} {name} with out={arg}")
-
-
-@each(TRAINING, args_of=lambda op: ("x",) + op.params)
-def test_out_training(op, arg):
-    inp = good(np.float64, (D,))
-    target = getattr(inp, arg)
-    before = target.copy()
-    raises(op, ValueError, "out", inp, out=target)
-    # also a view of it: any shared memory is refused
-    raises(op, ValueError, "out", inp, out=np.lib.stride_tricks.as_strided(
-        target, shape=(D,), strides=(0,)))
-    assert_same_bits(target, before, f"{arg} modified")
-
-
-@each(BACKWARDS)
-def test_out_cache(op):
-    inp = good(np.float64, (4, 1))
-    kw = op.kwargs(inp)
-    cache = kw["cache"]
-    views = {"x": cache.x.reshape(4, 1), "rstd": cache.rstd.reshape(4, 1)}
-    if op.norm == "ln":
-        views["mean"] = cache.mean.reshape(4, 1)
-    for name, view in views.items():
-        before = view.copy()
-        with pytest.raises(ValueError, match=rf"\bout\b.*\b{name}\b"):
-            op.fn(**kw, out=view)
-        assert_same_bits(view, before, f"cache {name} modified")
-    one = op.kwargs(good(np.float64, (D,)))  # a single row: out may have the weight's shape
-    with pytest.raises(ValueError, match=r"\bout\b.*\bweight\b"):
-        op.fn(**one, out=one["cache"].weight)
-
-
-@each(list(OPS))
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_out_layout(op, dtype):
-    inp = good(dtype, (5, 13))
-    want = op.outputs(op.call(inp))[op.output]
-    buf = np.full((5, 2 * 13), -7.0, dtype)
-    raw = np.zeros(want.nbytes + 1, np.uint8)
-    outs = {"strided": buf[:, ::2], "fortran": np.asfortranarray(np.zeros_like(want)),
-            "misaligned": np.frombuffer(raw.data, dtype, want.size, offset=1).reshape(want.shape)}
-    for layout, out in outs.items():
-        got = op.outputs(op.call(inp, out=out))[op.output]
-        assert got is out
-        assert_same_bits(np.ascontiguousarray(out), want, f"{op.name} out {layout}")
-    assert np.all(buf[:, 1::2] == -7.0), "wrote outside the out view"
-    assert raw[0] == 0, "wrote before the misaligned out"
-
-
-# --------------------------------------------------------------------------- cache
-
-@each(BACKWARDS)
-def test_cache_type(op):
-    inp = good()
-    other = "layer_norm_forward" if op.norm == "rms" else "rms_norm_forward"
-    _, wrong = OPS[other].call(inp)
-    for bad in (wrong, None, (inp.x, inp.weight), {"x": inp.x}):
-        raises(op, TypeError, "cache", inp, cache=bad)
-
-
-@each(BACKWARDS)
-def test_cache_edited(op):
-    inp = good()
-    cache = op.kwargs(inp)["cache"]
-    edits = {
-        "short rstd": {"rstd": cache.rstd[:-1]},
-        "float32 rstd": {"rstd": cache.rstd.astype(np.float32)},
-        "strided rstd": {"rstd": np.repeat(cache.rstd, 2)[::2]},
-        "rstd list": {"rstd": cache.rstd.tolist()},
-        "narrow x": {"x": np.ascontiguousarray(cache.x[:, :-1])},
-        "x view": {"x": cache.x[:, :-1]},
-        "x float16": {"x": cache.x.astype(np.float16)},
-        "x rank 1": {"x": cache.x.ravel()},
-        "short weight": {"weight": cache.weight[:-1]},
-        "float64 weight": {"weight": cache.weight.astype(np.float64)},
-        "shape": {"shape": (99, D)},
-        "shape list": {"shape": [4, D]},
-    }
-    if op.norm == "ln":
-        edits["short mean"] = {"mean": cache.mean[:-1]}
-    for what, change in edits.items():
-        try:
-            op.fn(inp.dy, dataclasses.replace(cache, **change))
-        except ValueError as e:
-            assert "cache" in str(e), what
-        else:
-            pytest.fail(f"a cache with {what} was accepted")
-
-
-# --------------------------------------------------------------------------- dropout
+# --------------------------------------------------------------------------- p, seed, flags
 
 def _dropout_functions():
     """The public functions taking x and a dropout probability p."""
@@ -458,3 +371,230 @@ def test_dropout_p():
             for a in result if isinstance(result, tuple) else (result,):
                 if isinstance(a, np.ndarray):
                     assert np.all(np.isfinite(a)), f"{name}(p={p})"
+
+
+@each(taking("seed"))
+@pytest.mark.parametrize("seed", [1.5, np.float64(1.0), True, np.bool_(False), "1", None, 1j],
+                         ids=repr)
+def test_seed_type(op, seed):
+    raises(op, TypeError, "seed", good(), seed=seed)
+
+
+@each(taking("seed"))
+def test_seed_value(op):
+    for seed in (-1, 2**64, -2**70, np.int64(-1)):
+        raises(op, ValueError, "seed", good(), seed=seed)
+    # the bounds are accepted, and NumPy integers are the same seed as Python ints
+    for seed in (0, 2**64 - 1):
+        op.call(good(), seed=seed)
+    assert_same_outputs(op.run(dataclasses.replace(good(), seed=np.uint64(2**63 + 5))),
+                        op.run(dataclasses.replace(good(), seed=2**63 + 5)), op.name)
+
+
+@each(FORWARDS, args_of=lambda op: [a for a in ("training", "return_mask")
+                                    if a in op.parameters])
+def test_flag_type(op, arg):
+    for bad in (1, 0, None, "yes", 1.0, np.array(True)):
+        raises(op, TypeError, arg, good(), **{arg: bad})
+    assert_same_outputs(op.run(good(), **{arg: np.bool_(False)}),
+                        op.run(good(), **{arg: False}), op.name)
+
+
+# --------------------------------------------------------------------------- out
+
+def _buffers(names):
+    """(op, buffer) pairs: every output buffer argument of every op in names."""
+    return [n for n in names if OPS[n].buffers], lambda op: list(op.buffers)
+
+
+@each(*_buffers(OPS))
+def test_out_type(op, arg):
+    inp = good()
+    raises(op, TypeError, arg, inp, **{arg: np.empty_like(inp.x).tolist()})
+
+
+@each(*_buffers(OPS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32,
+                                   np.dtype(np.float32).newbyteorder()],
+                         ids=lambda t: np.dtype(t).str)
+def test_out_dtype(op, arg, dtype):
+    inp = good()
+    raises(op, TypeError, arg, inp, **{arg: np.empty(inp.x.shape, dtype)})
+
+
+@each(*_buffers(OPS))
+@pytest.mark.parametrize("shape", [(4, D + 1), (D, 4), (4 * D,), (1, 4, D)], ids=str)
+def test_out_shape(op, arg, shape):
+    raises(op, ValueError, arg, good(), **{arg: np.empty(shape, np.float32)})
+
+
+@each(*_buffers(OPS))
+def test_out_read_only(op, arg):
+    inp = good()
+    out = np.zeros_like(inp.x)
+    out.setflags(write=False)
+    raises(op, ValueError, arg, inp, **{arg: out})
+
+
+def _overlap_cases():
+    for name in with_buffers(OPS):
+        op = OPS[name]
+        for buffer in op.buffers:
+            for arg in op.arrays + tuple(b for b in op.buffers if b != buffer):
+                yield pytest.param(op, buffer, arg, id=f"{name}-{buffer}-{arg}")
+
+
+@pytest.mark.parametrize("op, buffer, arg", list(_overlap_cases()))
+def test_out_overlap(op, buffer, arg):
+    """Rank-1 inputs, so that out can overlap a (D,) weight too; arg may also be the other
+    output buffer."""
+    rng = np.random.default_rng(7)
+    inp = make_inputs(rng, (D,), np.float32)
+    buf = rng.standard_normal(2 * D).astype(np.float32)
+    buf0 = buf.copy()
+    if arg in op.buffers:
+        kw = {**op.kwargs(inp), arg: buf[:D]}
+    else:
+        kw = op.kwargs(dataclasses.replace(inp, **{arg: buf[:D]}))
+    with pytest.raises(ValueError, match=rf"\b{buffer}\b"):
+        op.fn(**kw, **{buffer: buf[D // 2: D // 2 + D]})
+    assert_same_bits(buf, buf0, "written before the error")
+
+
+def _in_place_cases():
+    """(op, buffer, argument, shape): inference forms and backward may write over exactly
+    one of their array arguments; a (D,) weight, bias or alpha has the shape of out only
+    for rank-1 input."""
+    for name in with_buffers(INFERENCE + BACKWARDS):
+        op = OPS[name]
+        for buffer in op.buffers:
+            for arg in op.arrays:
+                for shape in [(D,), (5, D), (2, 3, D)]:
+                    if arg not in ("weight", "bias", "alpha") or len(shape) == 1:
+                        yield pytest.param(op, buffer, arg, shape,
+                                           id=f"{name}-{buffer}={arg}-{shape}")
+
+
+@pytest.mark.parametrize("op, buffer, arg, shape", list(_in_place_cases()))
+def test_out_in_place(op, buffer, arg, shape):
+    inp = make_inputs(np.random.default_rng(9), shape, np.float64)
+    want = op.run(inp)
+    target = getattr(inp, arg).copy()
+    got = op.outputs(op.fn(**{**op.kwargs(inp), arg: target}, **{buffer: target}))
+    assert got[op.buffers[buffer]] is target
+    assert_same_outputs(got, want, f"{op.name} with {buffer}={arg}")
+
+
+@each(with_buffers(TRAINING), args_of=lambda op: [(b, a) for b in op.buffers for a in op.kept])
+def test_out_training(op, arg):
+    buffer, kept = arg
+    inp = good(np.float64, (D,))
+    target = getattr(inp, kept)
+    before = target.copy()
+    raises(op, ValueError, buffer, inp, **{buffer: target})
+    # also a view of it: any shared memory is refused
+    raises(op, ValueError, buffer, inp, **{buffer: np.lib.stride_tricks.as_strided(
+        target, shape=(D,), strides=(0,))})
+    assert_same_bits(target, before, f"{kept} modified")
+
+
+@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln")])
+def test_out_cache(op):
+    inp = good(np.float64, (4, 1))
+    kw = op.kwargs(inp)
+    cache = kw["cache"]
+    views = {"x": cache.x.reshape(4, 1), "rstd": cache.rstd.reshape(4, 1)}
+    if op.norm == "ln":
+        views["mean"] = cache.mean.reshape(4, 1)
+    for name, view in views.items():
+        before = view.copy()
+        with pytest.raises(ValueError, match=rf"\bout\b.*\b{name}\b"):
+            op.fn(**kw, out=view)
+        assert_same_bits(view, before, f"cache {name} modified")
+    one = op.kwargs(good(np.float64, (D,)))  # a single row: out may have the weight's shape
+    with pytest.raises(ValueError, match=r"\bout\b.*\bweight\b"):
+        op.fn(**one, out=one["cache"].weight)
+
+
+@each(*_buffers(OPS))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_layout(op, arg, dtype):
+    inp = good(dtype, (5, 13))
+    name = op.buffers[arg]
+    want = op.run(inp)[name]
+    buf = np.full((5, 2 * 13), -7.0, dtype)
+    raw = np.zeros(want.nbytes + 1, np.uint8)
+    outs = {"strided": buf[:, ::2], "fortran": np.asfortranarray(np.zeros_like(want)),
+            "misaligned": np.frombuffer(raw.data, dtype, want.size, offset=1).reshape(want.shape)}
+    for layout, out in outs.items():
+        got = op.run(inp, **{arg: out})[name]
+        assert got is out
+        assert_same_bits(np.ascontiguousarray(out), want, f"{op.name} {arg} {layout}")
+    assert np.all(buf[:, 1::2] == -7.0), "wrote outside the out view"
+    assert raw[0] == 0, "wrote before the misaligned out"
+
+
+# --------------------------------------------------------------------------- cache
+
+@each(BACKWARDS)
+def test_cache_type(op):
+    inp = good()
+    other = TRAINING[(TRAINING.index(op.forward) + 1) % len(TRAINING)]
+    _, wrong = OPS[other].call(inp)
+    for bad in (wrong, None, (inp.x, inp.weight), {"x": inp.x}):
+        raises(op, TypeError, "cache", inp, cache=bad)
+
+
+def _edits(obj, path=()):
+    """(what, path, value): edits that make one field of a cache (or of the dataclasses it
+    holds: alpha, the dropout site) inconsistent with the rest."""
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        where = path + (field.name,)
+        if dataclasses.is_dataclass(value):
+            yield from _edits(value, where)
+        elif isinstance(value, np.ndarray) and value.dtype != bool:
+            other = np.float32 if value.dtype == np.float64 else np.float64
+            yield "short", where, value[:-1]
+            yield "float16", where, value.astype(np.float16)
+            yield "other float", where, value.astype(other)
+            yield "strided", where, np.repeat(value, 2, axis=-1)[..., ::2]
+            yield "list", where, value.tolist()
+            if value.ndim == 2:
+                yield "narrow", where, np.ascontiguousarray(value[:, :-1])
+                yield "rank 1", where, value.ravel()
+    names = {f.name for f in dataclasses.fields(obj)}
+    if "dtype" in names:
+        yield "dtype", path + ("dtype",), np.dtype(np.float16)
+    if "kind" in names:
+        yield "kind", path + ("kind",), "vector"
+    if "p" in names:
+        yield "p", path + ("p",), 2.0
+        yield "seed", path + ("seed",), -1
+        yield "training", path + ("training",), "yes"
+
+
+def _replace(obj, path, value):
+    if len(path) == 1:
+        return dataclasses.replace(obj, **{path[0]: value})
+    return dataclasses.replace(obj, **{path[0]: _replace(getattr(obj, path[0]), path[1:], value)})
+
+
+@each(BACKWARDS)
+def test_cache_edited(op):
+    inp = good()
+    kw = op.kwargs(inp)
+    cache = kw.pop("cache")
+    edits = list(_edits(cache))
+    holds_arrays = any(isinstance(getattr(cache, f.name), np.ndarray)
+                       for f in dataclasses.fields(cache))
+    if holds_arrays:  # (a cache without arrays is defined by its shape: dy must match it)
+        edits += [("shape", ("shape",), (99, D)), ("shape list", ("shape",), [4, D])]
+    assert edits
+    for what, path, value in edits:
+        try:
+            op.fn(**kw, cache=_replace(cache, path, value))
+        except ValueError as e:
+            assert "cache" in str(e), (what, path)
+        else:
+            pytest.fail(f"a cache with {'.'.join(path)} {what} was accepted")

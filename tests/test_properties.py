@@ -2,15 +2,17 @@
 
 Random shapes (rank 1-3, no rows, D = 1 ... 300), layouts of every array (strided,
 negative strides, Fortran order, misaligned, read-only), dtypes, eps, weight / bias
-presence, magnitudes and offsets, constant rows, thread counts, and the two size
-thresholds of resnorm._parallel forced down so that tiny inputs also run on several
-threads and write with streaming stores.  Properties:
+presence, alpha kinds (fixed, learnable scalar, per channel), dropout on / off / p = 1,
+full and per-channel gates, dh present or not, magnitudes and offsets, constant rows,
+thread counts, and the two size thresholds of resnorm._parallel forced down so that tiny
+inputs also run on several threads and write with streaming stores.  Properties:
 
 * every output is within the term-scaled tolerance of resnorm.reference;
 * the inputs are unchanged afterwards, bit for bit;
 * the outputs are bitwise independent of layout, thread count and streaming, and the
-  inference forms give bitwise the y of the training forms;
-* backward matches central finite differences of sum(y * dy) (small float64 cases).
+  inference forms give bitwise the outputs of the training forms;
+* backward matches central finite differences of sum(y * dy) (+ sum(h * dh) where h is
+  an output), for every array argument (small float64 cases).
 """
 import contextlib
 import dataclasses
@@ -21,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resnorm import _parallel
-from api_table import (DTYPES, OPS, Inputs, assert_close, assert_matches_reference,
-                       assert_same_bits, layouts, make_inputs)
+from api_table import (BACKWARDS, DTYPES, INFERENCE, OPS, assert_close,
+                       assert_matches_reference, assert_same_bits, layouts, make_inputs)
 from test_norms_gradients import central_diff
 
 # RESNORM_HYPOTHESIS_EXAMPLES=5000 for a deep run; 100 keeps the suite at a few seconds.
@@ -32,11 +34,19 @@ SETTINGS = settings(max_examples=int(os.environ.get("RESNORM_HYPOTHESIS_EXAMPLES
 
 @dataclasses.dataclass
 class Case:
-    inp: Inputs        # the arrays, in their drawn layouts
-    plain: Inputs      # the same values, C-contiguous
+    inp: object        # the api_table.Inputs, in their drawn layouts
+    plain: object      # the same values, C-contiguous
     n_threads: object
     parallel: bool     # every input, however small, runs on n_threads threads
     stream: bool       # every output is written with streaming stores
+    no_dh: bool        # the Pre-Norm backward gets dh = None (no gradient along the stream)
+
+    def inputs(self, op, plain=False):
+        """The inputs of op (plain: C-contiguous)."""
+        inp = self.plain if plain else self.inp
+        if self.no_dh and "dh" in op.args and op.fused:
+            return dataclasses.replace(inp, dh=None)
+        return inp
 
 
 @contextlib.contextmanager
@@ -54,6 +64,9 @@ def thresholds(parallel, stream):
         _parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES = saved
 
 
+ALPHAS = st.sampled_from(["channel", "scalar", "fixed", None])
+
+
 @st.composite
 def cases(draw):
     dtype = draw(st.sampled_from(DTYPES))
@@ -65,18 +78,24 @@ def cases(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     inp = make_inputs(np.random.default_rng(seed), shape, dtype,
                       weight=draw(st.booleans()), bias=draw(st.booleans()),
-                      scale=scale, offset=offset)
+                      scale=scale, offset=offset, alpha=draw(ALPHAS),
+                      p=draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
+                      gate=draw(st.sampled_from(["full", "channel"])))
+    inp.training = draw(st.booleans())
     if inp.x.size and draw(st.booleans()):  # one constant row
         inp.x.reshape(-1, d)[0] = inp.x.flat[0]
     inp.eps = 10.0 ** draw(st.floats(-12, 1)) if draw(st.booleans()) else None
     plain = dataclasses.replace(inp)
     for name, a in inp.arrays().items():
+        if a.ndim == 0:  # a learnable scalar alpha has no layouts
+            continue
         views = layouts(a)
         choice = draw(st.sampled_from(["contiguous"] + sorted(views)))
         if choice != "contiguous":
             setattr(inp, name, views[choice])
     return Case(inp, plain, draw(st.sampled_from([None, 1, 2, 3, 4])),
-                parallel=draw(st.booleans()), stream=draw(st.booleans()))
+                parallel=draw(st.booleans()), stream=draw(st.booleans()),
+                no_dh=draw(st.booleans()))
 
 
 def _snapshot(inp):
@@ -89,7 +108,8 @@ def test_every_function_matches_the_reference_and_leaves_its_inputs_alone(case):
     before = _snapshot(case.inp)
     with thresholds(case.parallel, case.stream):
         for op in OPS.values():
-            assert_matches_reference(op, case.plain, op.run(case.inp, n_threads=case.n_threads))
+            assert_matches_reference(op, case.inputs(op, plain=True),
+                                     op.run(case.inputs(op), n_threads=case.n_threads))
     for name, a in case.inp.arrays().items():
         assert_same_bits(np.array(a), before[name], f"{name} modified")
 
@@ -98,49 +118,63 @@ def test_every_function_matches_the_reference_and_leaves_its_inputs_alone(case):
 @given(case=cases())
 def test_results_do_not_depend_on_layout_threads_or_streaming(case):
     with thresholds(case.parallel, case.stream):
-        got = {name: op.run(case.inp, n_threads=case.n_threads) for name, op in OPS.items()}
+        got = {name: op.run(case.inputs(op), n_threads=case.n_threads)
+               for name, op in OPS.items()}
     for name, op in OPS.items():
-        want = op.run(case.plain, n_threads=1)
+        want = op.run(case.inputs(op, plain=True), n_threads=1)
         for out, value in want.items():
             assert_same_bits(got[name][out], value, f"{name} {out}")
-    for inference, training in (("rms_norm", "rms_norm_forward"),
-                                ("layer_norm", "layer_norm_forward")):
-        assert_same_bits(got[inference]["y"], got[training]["y"], inference)
+    for inference in INFERENCE:
+        for out, value in got[inference].items():
+            assert_same_bits(value, got[inference + "_forward"][out], f"{inference} {out}")
 
 
 # --------------------------------------------------------------------------- gradients
 
+# the gradient each backward returns for each forward argument, and the cotangent of each
+# forward output (the loss is sum over the outputs of output * cotangent)
+GRADIENTS = {"x": "dx", "residual": "dresidual", "weight": "dweight", "bias": "dbias",
+             "alpha": "dalpha", "F": "dF", "g": "dg"}
+COTANGENTS = {"y": "dy", "h": "dh"}
+
+
 @SETTINGS
-@given(name=st.sampled_from([n for n, op in OPS.items() if op.form == "backward"]),
-       n=st.integers(1, 3), d=st.integers(1, 6), has_w=st.booleans(), has_b=st.booleans(),
+@given(name=st.sampled_from(BACKWARDS), n=st.integers(1, 3), d=st.integers(1, 6),
+       has_w=st.booleans(), has_b=st.booleans(), alpha=ALPHAS,
+       p=st.sampled_from([0.0, 0.3]), gate=st.sampled_from(["full", "channel"]),
        scale=st.floats(0.3, 10), offset=st.floats(-5, 5), eps=st.floats(1e-3, 1.0),
        seed=st.integers(0, 2**32 - 1))
-def test_backward_matches_finite_differences(name, n, d, has_w, has_b, scale, offset, eps, seed):
-    """L = sum(y * R) for a fixed random R: backward(dy=R) is dL/dx, dL/dweight, dL/dbias.
-    Steps h = 1e-6 * scale; error bound 1e-6 times the size of the gradient's terms."""
+def test_backward_matches_finite_differences(name, n, d, has_w, has_b, alpha, p, gate, scale,
+                                             offset, eps, seed):
+    """L = sum(y * R) (+ sum(h * R_h)) for fixed random cotangents R: backward(dy=R,
+    dh=R_h) is dL/d(every array argument).  Steps 1e-6 times the argument's scale; error
+    bound 1e6 times the reference's float64 tolerance, which is 1e-12 times the size of
+    the gradient's terms (api_table): so 1e-6 times the size of the terms; plus the
+    rounding error of L itself over the step, 4 eps sum|y * R| / step."""
     op = OPS[name]
     fwd = OPS[op.forward]
     inp = make_inputs(np.random.default_rng(seed), (n, d), np.float64, weight=has_w,
-                      bias=has_b and op.norm == "ln", scale=scale, offset=offset * scale)
+                      bias=has_b, scale=scale, offset=offset * scale, alpha=alpha, p=p,
+                      gate=gate)
     inp.eps = eps
     got = op.run(inp)
-    rstd = fwd.run(inp)["rstd"]
-    r_max = np.max(np.abs(inp.dy))
-    w_max = 1.0 if inp.weight is None else np.max(np.abs(inp.weight))
-    # dx terms: rstd * |R w| (1 + xhat^2) with |xhat| <= sqrt(d); dw, db: n rows of |R| (xhat)
-    bounds = {"x": np.max(rstd) * r_max * w_max * (1 + d),
-              "weight": n * r_max * np.sqrt(d), "bias": n * r_max}
-    steps = {"x": 1e-6 * scale, "weight": 1e-6, "bias": 1e-6}
-
-    for arg, grad in (("x", "dx"), ("weight", "dweight"), ("bias", "dbias")):
+    want = op.reference(inp)
+    for arg in fwd.arrays:
+        grad = GRADIENTS[arg]
         a = getattr(inp, arg)
-        if a is None:
-            assert got.get(grad) is None
+        if not (isinstance(a, np.ndarray) and grad in got):
+            assert got.get(grad) is None, f"{name} {grad}"
             continue
         probe = dataclasses.replace(inp, **{arg: a.copy()})
 
-        def loss():
-            return float(np.sum(fwd.run(probe)["y"] * inp.dy))
+        def loss(terms=np.sum):
+            outputs = fwd.run(probe)
+            return float(sum(terms(outputs[o] * getattr(inp, c))
+                             for o, c in COTANGENTS.items()
+                             if o in fwd.returns and getattr(inp, c) is not None
+                             and c in op.args))
 
-        numeric = central_diff(loss, getattr(probe, arg), steps[arg])
-        assert_close(got[grad], numeric, 1e-6 * bounds[arg], f"{name} {grad}")
+        step = 1e-6 * (scale if arg in fwd.data else 1.0)
+        rounding = 4 * np.finfo(np.float64).eps * loss(lambda t: np.sum(np.abs(t))) / step
+        numeric = central_diff(loss, getattr(probe, arg), step)
+        assert_close(got[grad], numeric, 1e6 * want[grad][1] + rounding, f"{name} {grad}")

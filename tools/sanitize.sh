@@ -32,11 +32,19 @@ if [ ! -e "$asan_lib" ]; then
     echo "sanitize: libasan not found ($asan_lib); set RESNORM_ASAN_LIB" >&2
     exit 2
 fi
+# libstdc++ goes in right after libasan: loaded later (by a C++ extension such as
+# matplotlib's ft2font or torch), ASan's __cxa_throw interceptor finds no real function
+# and the first C++ exception aborts the process ("CHECK failed: ... real___cxa_throw").
+cxx_lib=$("$cc" -print-file-name=libstdc++.so.6)
+preload="$asan_lib"
+if [ -e "$cxx_lib" ]; then
+    preload="$asan_lib $cxx_lib"
+fi
 mkdir "$work/reports"
 status=0
 (
     cd "$work/src-copy"
-    export LD_PRELOAD="$asan_lib" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+    export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
     export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$work/reports/asan"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan"
     "$python" -m pytest -q -p no:cacheprovider "${@:-tests}"
@@ -48,7 +56,7 @@ status=0
 mkdir "$work/canary"
 (
     cd "$work/src-copy"
-    export LD_PRELOAD="$asan_lib" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+    export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
     export ASAN_OPTIONS="detect_leaks=0:log_path=$work/canary/asan"
     "$python" tools/overflow_canary.py
 ) >/dev/null 2>&1 && canary_status=0 || canary_status=$?

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# valgrind memcheck over tools/valgrind_smoke.py (every public kernel function, ~3000
+# valgrind memcheck over tools/valgrind_smoke.py (every public kernel function, ~9000
 # calls), against a build of the extension with debug info in a temporary copy of the
 # checkout, at the default SIMD level (valgrind hides AVX-512: avx2 on x86-64) and at
 # sse2.  Prints CLEAN or DIRTY; exits 0 only when clean.

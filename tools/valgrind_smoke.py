@@ -1,11 +1,13 @@
 """A small workout of every public kernel function, for tools/valgrind.sh.
 
-Every entry of tests/api_table.OPS on: both dtypes; with and without weight / bias;
-D = 1, 7, 33 and 300; no rows; rank 1 and 3; strided, misaligned and read-only inputs;
-out= (contiguous and strided, and in place); 1, 2 and 3 threads with the size
-thresholds forced down, so that tiny inputs run parallel and stream their stores; rows
-taking the kernels' rare paths (beyond the double range, spanning past FLT_MAX,
-constant, NaN); and a few refused calls.  Checks nothing itself but that the outputs are
+Every entry of tests/api_table.OPS on: both dtypes; with and without weight / bias
+(the residual and dropout functions: one or the other per shape, to keep memcheck's time);
+learnable per-channel, learnable scalar and fixed alpha; dropout on and off; full and
+per-channel gates; D = 1, 7, 33 and 300; no rows; rank 1 and 3; strided, misaligned and
+read-only inputs; out= and residual_out= where a function has them; 1, 2 and 3 threads
+with the size thresholds forced down, so that tiny inputs run parallel and stream their
+stores; rows taking the kernels' rare paths (beyond the double range, spanning past
+FLT_MAX, constant, NaN; for the fused ops, as h); and a few refused calls.  Checks nothing itself but that the outputs are
 what a plain call gives: valgrind memcheck does the checking.
 """
 import dataclasses
@@ -15,42 +17,50 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from api_table import OPS, layouts, make_inputs  # noqa: E402
+from api_table import OPS, layouts, make_inputs, with_data  # noqa: E402
 
 import resnorm  # noqa: E402
 from resnorm import _parallel  # noqa: E402
 
 
 def rare_rows(rng, dtype, d):
+    """(inputs, the data their rows should carry: see api_table.with_data)."""
     inp = make_inputs(rng, (6, d), dtype)
+    values = rng.standard_normal((6, d)).astype(dtype)
     top = np.finfo(dtype).max
-    inp.x[0] = 0.9 * top * np.where(np.arange(d) % 2, 1, -1)
-    inp.x[1] = 7.0
-    inp.x[2] *= 1e300 if dtype == np.float64 else 1e37
-    inp.x[3, d // 2] = np.nan
-    return inp
+    values[0] = 0.9 * top * np.where(np.arange(d) % 2, 1, -1)
+    values[1] = 7.0
+    values[2] *= 1e300 if dtype == np.float64 else 1e37
+    values[3, d // 2] = np.nan
+    return inp, values
 
 
 def main():
     rng = np.random.default_rng(61)
-    cases = []
+    cases, rare = [], []
     for dtype in (np.float32, np.float64):
         for shape in [(3, 1), (2, 7), (5, 33), (4, 300), (0, 5), (9,), (2, 3, 17)]:
             cases.append(make_inputs(rng, shape, dtype))
-            cases.append(make_inputs(rng, shape, dtype, weight=False, bias=False))
-        cases.append(rare_rows(rng, dtype, 45))
+            cases.append(make_inputs(rng, shape, dtype, weight=False, bias=False,
+                                     alpha=["scalar", "fixed"][len(cases) % 2], p=0.0,
+                                     gate="channel"))
+        rare.append(rare_rows(rng, dtype, 45))
     calls = 0
     with np.errstate(all="ignore"):
         for parallel, nts in ((False, (None,)), (True, (1, 2, 3))):
             _parallel.PARALLEL_MIN_ELEMENTS = 0 if parallel else 1 << 15
             _parallel.STREAM_MIN_BYTES = 0 if parallel else 8 << 20
             for op in OPS.values():
-                for inp in cases:
+                forward = OPS[op.forward] if op.form == "backward" else op
+                # the residual and dropout functions: one of the two variants per shape
+                mine = cases if op.norm and not op.fused else cases[len(op.name) % 2::2]
+                for inp in mine + [with_data(forward, i, v, split=True) for i, v in rare]:
                     for nt in nts:
                         want = op.run(inp, n_threads=nt)
-                        out = np.empty(inp.x.shape, inp.x.dtype)
-                        got = op.run(inp, n_threads=nt, out=out)
-                        assert np.array_equal(got[op.output], want[op.output], equal_nan=True)
+                        buffers = {b: np.empty(inp.x.shape, inp.x.dtype) for b in op.buffers}
+                        got = op.run(inp, n_threads=nt, **buffers)
+                        for name in op.buffers.values():
+                            assert np.array_equal(got[name], want[name], equal_nan=True)
                         calls += 2
                     arg = op.arrays[0]
                     for view in layouts(getattr(inp, arg)).values():

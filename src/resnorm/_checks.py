@@ -144,6 +144,33 @@ def training_cache(cache, stat_names):
                          f"must not be built or edited by hand)")
 
 
+def cache_arrays(cache, expected, valid=True):
+    """A cache of the residual and dropout functions as its forward function made it.
+
+    cache.shape / cache.dtype: the forward input's shape (a tuple of ints) and float dtype;
+    expected(n, d, dtype): (array or None, shape, dtype, required) for every array the
+    backward kernel reads, n rows of d.  valid: the cache's other fields passed their own
+    checks.  The kernels trust these shapes, so an edited cache could read out of bounds.
+    """
+    shape, dtype = cache.shape, cache.dtype
+    ok = (valid and isinstance(shape, tuple) and len(shape) >= 1
+          and all(type(s) is int and s >= 0 for s in shape)
+          and isinstance(dtype, np.dtype) and dtype in FLOAT_DTYPES)
+    if ok:
+        for a, want_shape, want_dtype, required in expected(math.prod(shape[:-1]), shape[-1],
+                                                            dtype):
+            if a is None:
+                ok = ok and not required
+            else:
+                ok = ok and (type(a) is np.ndarray and a.dtype == want_dtype
+                             and a.shape == want_shape and a.flags.c_contiguous
+                             and a.flags.aligned)
+    if not ok:
+        raise ValueError(f"cache is not as the forward function returned it: its fields "
+                         f"have inconsistent shapes, dtypes, layouts or values "
+                         f"({type(cache).__name__} must not be built or edited by hand)")
+
+
 # --------------------------------------------------------------------------- residual, dropout
 
 def flag(value, name):
@@ -188,6 +215,7 @@ def residual_scale(alpha, d, dtype, name="alpha"):
     if not isinstance(alpha, np.ndarray):
         raise TypeError(f"{name} must be a real number, or a {dtype} array of shape () or "
                         f"({d},), got {type(alpha).__name__}")
+    not_masked(alpha, name)
     if alpha.dtype != dtype or not alpha.dtype.isnative:
         raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
     if alpha.shape == ():

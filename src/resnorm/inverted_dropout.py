@@ -73,6 +73,15 @@ def dropout_spec(p, seed, training):
                        _checks.flag(training, "training"))
 
 
+def valid_spec(spec):
+    """True for a DropoutSpec as dropout_spec makes it (caches keep one)."""
+    try:
+        return isinstance(spec, DropoutSpec) and dropout_spec(spec.p, spec.seed,
+                                                              spec.training) == spec
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class DropoutCache:
     """What dropout_backward needs: the site (p, seed) and the shape, never the mask."""
@@ -132,5 +141,6 @@ def dropout_backward(dy, cache, *, out=None, n_threads=None):
     if not isinstance(cache, DropoutCache):
         raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
                         f"got {type(cache).__name__}")
+    _checks.cache_arrays(cache, lambda n, d, dtype: [], valid_spec(cache.spec))  # no arrays read
     dy = _checks.like_array(dy, "dy", cache.shape, cache.dtype)
     return _apply(dy, "dy", cache.spec, out, _checks.n_threads_value(n_threads))

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _checks, _residual
 from ._parallel import streams, threads_for
-from .inverted_dropout import DropoutSpec, dropout_spec
+from .inverted_dropout import DropoutSpec, dropout_spec, valid_spec
 from .norms import _finish, _output_rows, _rows, _vector
 
 
@@ -69,6 +69,11 @@ def _not_kept(outputs, kept):
                                  f"backward reads {name}")
 
 
+def _valid_scale(alpha):
+    """A ResidualScale as _residual_scale makes it (kept in caches)."""
+    return isinstance(alpha, ResidualScale) and alpha.kind in ("fixed", "scalar", "channel")
+
+
 # --------------------------------------------------------------------------- fused add + norm
 
 @dataclass(frozen=True)
@@ -94,6 +99,25 @@ class AddNormCache:
     dtype: np.dtype
 
 
+def _check_add_norm_cache(cache):
+    """The arrays add_norm_backward reads, as the forward function made them."""
+    layer, prenorm = cache.op.startswith("add_layer_norm"), "_post" not in cache.op
+    valid = (_valid_scale(cache.alpha) and valid_spec(cache.dropout)
+             and type(cache.has_bias) is bool)
+    learnable = valid and cache.alpha.learnable
+
+    def expected(n, d, dtype):
+        rows = (n, d)
+        return [(cache.h, rows, dtype, prenorm), (cache.x, rows, dtype, learnable or not prenorm),
+                (cache.residual, rows, dtype, not prenorm), (cache.weight, (d,), dtype, False),
+                (cache.alpha.vector, (d,), dtype, learnable),
+                (cache.mean, (n,), np.float64, layer), (cache.rstd, (n,), np.float64, True)]
+
+    # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
+    valid = valid and (prenorm or cache.h is None) and (layer or cache.mean is None)
+    _checks.cache_arrays(cache, expected, valid)
+
+
 def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out, residual_out,
               n_threads, keep_cache):
     """Checks every argument, runs the forward kernel; returns (y, h or None, cache or None)."""
@@ -110,17 +134,26 @@ def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out,
     n_threads = _checks.n_threads_value(n_threads)
 
     rows_x, rows_r = _rows(x), _rows(residual)
-    inputs = {"x": x, "residual": residual, "weight": weight, "bias": bias}
+    inputs = {"x": x, "residual": residual, "weight": weight, "bias": bias,
+              "alpha": scale.vector}
     keeps_x = not prenorm or scale.learnable
     if keep_cache:
         _not_kept({"out": out, "residual_out": residual_out},
-                  {"x": x if keeps_x else None, "residual": None if prenorm else residual})
+                  {"x": x if keeps_x else None, "residual": None if prenorm else residual,
+                   "weight": weight, "alpha": scale.vector if scale.learnable else None})
     if out is not None and residual_out is not None and np.may_share_memory(out, residual_out):
         raise ValueError("out and residual_out must be different, non-overlapping arrays")
     y_rows = _output_rows(out, rows_x, x.shape, inputs)
     h_rows = None
     if prenorm:
         h_rows = _output_rows(residual_out, rows_x, x.shape, inputs, "residual_out")
+    # A rare row (resnorm_c/rare_rows.pxd) is stored as h first (Post-Norm: in y), then
+    # normalised with weight and bias: a buffer that is weight or bias itself (rank-1
+    # input, in place) is written through a temporary.
+    if prenorm:
+        h_rows = _apart_from(h_rows, (weight, bias))
+    else:
+        y_rows = _apart_from(y_rows, (weight, bias))
 
     n = rows_x.shape[0]
     mean = np.empty(n) if layer else None
@@ -139,11 +172,19 @@ def _add_norm(op, x, residual, weight, bias, eps, alpha, p, seed, training, out,
     return y, h, cache
 
 
+def _apart_from(rows, params):
+    """rows, or a fresh buffer when rows shares memory with one of params."""
+    if any(p is not None and np.may_share_memory(rows, p) for p in params):
+        return np.empty_like(rows)
+    return rows
+
+
 def _add_norm_backward(op, dy, dh, cache, n_threads):
     """Checks, runs the backward kernel; returns (dx, dresidual, dweight, dbias, dalpha)."""
     if not isinstance(cache, AddNormCache) or cache.op != op:
         made_by = cache.op if isinstance(cache, AddNormCache) else type(cache).__name__
         raise TypeError(f"cache must be the AddNormCache returned by {op}, got {made_by}")
+    _check_add_norm_cache(cache)
     dtype = cache.dtype
     dy = _checks.like_array(dy, "dy", cache.shape, dtype)
     if dh is not None:
@@ -336,6 +377,24 @@ def _two_inputs(x, F):
     return x, _checks.like_array(F, "F", x.shape, x.dtype)
 
 
+def _scaled_residual(x, F, alpha, out, n_threads, keep_cache):
+    """Checks every argument, runs the kernel; returns (h, cache or None)."""
+    x, F = _two_inputs(x, F)
+    scale = _residual_scale(alpha, x.shape[-1], x.dtype)
+    n_threads = _checks.n_threads_value(n_threads)
+    if keep_cache:
+        _not_kept({"out": out}, {"F": F, "alpha": scale.vector} if scale.learnable else {})
+    rows_x, rows_f = _rows(x), _rows(F)
+    out_rows = _output_rows(out, rows_x, x.shape, {"x": x, "F": F, "alpha": scale.vector})
+    _residual.scaled_residual_forward(out_rows, rows_x, rows_f, scale.vector,
+                                      threads_for(n_threads, rows_x.size),
+                                      streams(out_rows.nbytes))
+    cache = None
+    if keep_cache:
+        cache = ScaledResidualCache(rows_f if scale.learnable else None, scale, x.shape, x.dtype)
+    return _finish(out, out_rows, x.shape), cache
+
+
 def scaled_residual_forward(x, F, alpha, *, out=None, n_threads=None):
     """h = x + alpha * F.  Returns (h, cache).
 
@@ -344,31 +403,24 @@ def scaled_residual_forward(x, F, alpha, *, out=None, n_threads=None):
     Backward (scaled_residual_backward): dx = dh, dF = alpha * dh, dalpha = sum dh * F
     (over rows; and over channels for a scalar alpha).
     NumPy reference: resnorm.reference.scaled_residual_forward.
-    out: optional buffer for h (may be x; not F when alpha is learnable).
+    out: optional buffer for h (may be x; not F or alpha when alpha is learnable).
     """
-    x, F = _two_inputs(x, F)
-    scale = _residual_scale(alpha, x.shape[-1], x.dtype)
-    n_threads = _checks.n_threads_value(n_threads)
-    _not_kept({"out": out}, {"F": F if scale.learnable else None})
-    rows_x, rows_f = _rows(x), _rows(F)
-    out_rows = _output_rows(out, rows_x, x.shape, {"x": x, "F": F})
-    _residual.scaled_residual_forward(out_rows, rows_x, rows_f, scale.vector,
-                                      threads_for(n_threads, rows_x.size),
-                                      streams(out_rows.nbytes))
-    cache = ScaledResidualCache(rows_f if scale.learnable else None, scale, x.shape, x.dtype)
-    return _finish(out, out_rows, x.shape), cache
+    return _scaled_residual(x, F, alpha, out, n_threads, keep_cache=True)
 
 
 def scaled_residual(x, F, alpha, *, out=None, n_threads=None):
-    """h = x + alpha * F.  Inference form of scaled_residual_forward (same arguments).
-    NumPy reference: resnorm.reference.scaled_residual_forward."""
-    return scaled_residual_forward(x, F, alpha, out=out, n_threads=n_threads)[0]
+    """h = x + alpha * F.  Inference form of scaled_residual_forward (same arguments; out
+    may be x or F).  NumPy reference: resnorm.reference.scaled_residual_forward."""
+    return _scaled_residual(x, F, alpha, out, n_threads, keep_cache=False)[0]
 
 
-def _backward_rows(dh, cache, cache_type, forward_name, n_threads):
+def _backward_rows(dh, cache, cache_type, forward_name, n_threads, expected, valid=None):
+    """Checks dh, the cache (its type, valid(), the arrays of expected: see
+    _checks.cache_arrays) and n_threads; returns (dh rows, n_threads, stream)."""
     if not isinstance(cache, cache_type):
         raise TypeError(f"cache must be the {cache_type.__name__} returned by {forward_name}, "
                         f"got {type(cache).__name__}")
+    _checks.cache_arrays(cache, expected, valid is None or valid())
     dh = _rows(_checks.like_array(dh, "dh", cache.shape, cache.dtype))
     n_threads = _checks.n_threads_value(n_threads)
     return dh, threads_for(n_threads, dh.size), streams(dh.nbytes)
@@ -378,8 +430,13 @@ def scaled_residual_backward(dh, cache, *, n_threads=None):
     """dx = dh;  dF = alpha * dh;  dalpha = sum dh * F.  Returns (dx, dF, dalpha);
     dalpha is None for a fixed alpha, else of alpha's shape.
     NumPy reference: resnorm.reference.scaled_residual_backward."""
+    def expected(n, d, dtype):
+        learnable = cache.alpha.learnable
+        return [(cache.branch, (n, d), dtype, learnable),
+                (cache.alpha.vector, (d,), dtype, learnable)]
+
     dh, nt, stream = _backward_rows(dh, cache, ScaledResidualCache, "scaled_residual_forward",
-                                    n_threads)
+                                    n_threads, expected, lambda: _valid_scale(cache.alpha))
     dx, dF = np.empty_like(dh), np.empty_like(dh)
     dalpha = np.empty(dh.shape[1]) if cache.alpha.learnable else None
     _residual.scaled_residual_backward(dx, dF, dalpha, dh, cache.branch, cache.alpha.vector, nt,
@@ -402,18 +459,13 @@ class GatedResidualCache:
     dtype: np.dtype
 
 
-def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
-    """h = x + sigmoid(g) * F,  g of F's shape or (D,) (per channel).  Returns (h, cache).
-
-    Backward (gated_residual_backward): s = sigmoid(g): dx = dh, dF = s * dh,
-    dg = dh * F * s * (1 - s) (summed over rows for a per-channel g).
-    NumPy reference: resnorm.reference.gated_residual_forward.
-    sigmoid is evaluated in float64 (exp of -|g|: no overflow), then rounded to x's dtype.
-    """
+def _gated_residual(x, F, g, out, n_threads, keep_cache):
+    """Checks every argument, runs the kernel; returns (h, cache or None)."""
     x, F = _two_inputs(x, F)
     g = _checks.gate_array(g, x.shape, x.dtype)
     n_threads = _checks.n_threads_value(n_threads)
-    _not_kept({"out": out}, {"F": F, "g": g})
+    if keep_cache:
+        _not_kept({"out": out}, {"F": F, "g": g})
     rows_x, rows_f = _rows(x), _rows(F)
     out_rows = _output_rows(out, rows_x, x.shape, {"x": x, "F": F, "g": g})
     nt, stream = threads_for(n_threads, rows_x.size), streams(out_rows.nbytes)
@@ -427,22 +479,39 @@ def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
         _residual.sigmoid(s64, ds, g64, 1)
         gate, s, ds = None, s64[0].astype(x.dtype), ds[0]
         _residual.scaled_residual_forward(out_rows, rows_x, rows_f, s, nt, stream)
-    cache = GatedResidualCache(rows_f, gate, s, ds, x.shape, x.dtype)
+    cache = GatedResidualCache(rows_f, gate, s, ds, x.shape, x.dtype) if keep_cache else None
     return _finish(out, out_rows, x.shape), cache
 
 
+def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
+    """h = x + sigmoid(g) * F,  g of F's shape or (D,) (per channel).  Returns (h, cache).
+
+    Backward (gated_residual_backward): s = sigmoid(g): dx = dh, dF = s * dh,
+    dg = dh * F * s * (1 - s) (summed over rows for a per-channel g).
+    NumPy reference: resnorm.reference.gated_residual_forward.
+    sigmoid is evaluated in float64 (exp of -|g|: no overflow), then rounded to x's dtype.
+    out: optional buffer for h (may be x; not F or g, which backward reads).
+    """
+    return _gated_residual(x, F, g, out, n_threads, keep_cache=True)
+
+
 def gated_residual(x, F, g, *, out=None, n_threads=None):
-    """h = x + sigmoid(g) * F.  Inference form of gated_residual_forward (same arguments).
-    NumPy reference: resnorm.reference.gated_residual_forward."""
-    return gated_residual_forward(x, F, g, out=out, n_threads=n_threads)[0]
+    """h = x + sigmoid(g) * F.  Inference form of gated_residual_forward (same arguments;
+    out may be x, F or g).  NumPy reference: resnorm.reference.gated_residual_forward."""
+    return _gated_residual(x, F, g, out, n_threads, keep_cache=False)[0]
 
 
 def gated_residual_backward(dh, cache, *, n_threads=None):
     """dx = dh;  dF = sigmoid(g) * dh;  dg = dh * F * s * (1 - s)  (s = sigmoid(g); summed
     over rows for a per-channel g).  Returns (dx, dF, dg), dg of g's shape.
     NumPy reference: resnorm.reference.gated_residual_backward."""
+    def expected(n, d, dtype):
+        full = cache.gate is not None
+        return [(cache.branch, (n, d), dtype, True), (cache.gate, (n, d), dtype, full),
+                (cache.s, (d,), dtype, not full), (cache.ds, (d,), np.float64, not full)]
+
     dh, nt, stream = _backward_rows(dh, cache, GatedResidualCache, "gated_residual_forward",
-                                    n_threads)
+                                    n_threads, expected)
     dx, dF = np.empty_like(dh), np.empty_like(dh)
     if cache.gate is not None:
         dg = np.empty_like(dh)
