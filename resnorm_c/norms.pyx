@@ -11,6 +11,8 @@ N only (never on the thread count), so those are bitwise reproducible too.
 """
 import numpy as np
 
+from resnorm._scratch import give_back, lend_partials
+
 cimport numpy as cnp
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from cython.parallel cimport prange
@@ -98,7 +100,8 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
     cdef const floating *w = opt_ptr(weight)
     cdef double[::1] m = np.empty(n)        # each row's reduction, mean(g * xn)
     cdef bint has_dw = dweight is not None
-    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
+    buffer, (dw_array,) = lend_partials(nb, d, has_dw)
+    cdef double[:, ::1] dw_part = dw_array
     cdef double *part
     with nogil:
         for b in prange(nb, schedule="static", num_threads=n_threads):
@@ -119,6 +122,7 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
                 i = i + g
     if has_dw:
         sum_partials(dweight, dw_part, n_threads)
+    give_back(buffer)
 
 
 # --------------------------------------------------------------------------- LayerNorm
@@ -187,8 +191,9 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
     cdef double[::1] mg = np.empty(n)       # each row's mean(g)
     cdef double[::1] mgx = np.empty(n)      # each row's mean(g * xhat)
     cdef bint has_dw = dweight is not None, has_db = dbias is not None, trusted
-    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
-    cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
+    buffer, (dw_array, db_array) = lend_partials(nb, d, has_dw, has_db)
+    cdef double[:, ::1] dw_part = dw_array
+    cdef double[:, ::1] db_part = db_array
     cdef double *wpart
     cdef double *bpart
     with nogil:
@@ -229,6 +234,7 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
         sum_partials(dweight, dw_part, n_threads)
     if has_db:
         sum_partials(dbias, db_part, n_threads)
+    give_back(buffer)
 
 
 # --------------------------------------------------------------------------- fast paths

@@ -21,6 +21,8 @@ Every other result is computed row by row, so no result depends on the thread co
 """
 import numpy as np
 
+from resnorm._scratch import give_back, lend_partials
+
 from cython.parallel cimport prange, threadid
 from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
@@ -306,9 +308,10 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
     cdef bint pre = h is not None, layer = mean is not None, has_dh = dh is not None
     cdef bint has_dw = dweight is not None, has_db = dbias is not None
     cdef bint has_da = dalpha is not None
-    cdef double[:, ::1] dw_part = np.empty((nb, d if has_dw else 0))
-    cdef double[:, ::1] db_part = np.empty((nb, d if has_db else 0))
-    cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
+    buffer, (dw_array, db_array, da_array) = lend_partials(nb, d, has_dw, has_db, has_da)
+    cdef double[:, ::1] dw_part = dw_array
+    cdef double[:, ::1] db_part = db_array
+    cdef double[:, ::1] da_part = da_array
     cdef floating[:, ::1] scratch = thread_rows(
         np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
     cdef Py_ssize_t nw = mask_words(d)
@@ -383,6 +386,7 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
         sum_partials(dbias, db_part, nt)
     if has_da:
         sum_partials(dalpha, da_part, nt)
+    give_back(buffer)
 
 
 # --------------------------------------------------------------------------- scaled residual
@@ -414,7 +418,8 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
     cdef Py_ssize_t nb = row_blocks(n), blk, i
     cdef const floating *a = opt_ptr(alpha)
     cdef bint has_da = dalpha is not None
-    cdef double[:, ::1] da_part = np.empty((nb, d if has_da else 0))
+    buffer, (da_array,) = lend_partials(nb, d, has_da)
+    cdef double[:, ::1] da_part = da_array
     cdef double *apart
     cdef const floating *fp
     with nogil:
@@ -429,6 +434,7 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
                                  NULL, 0, 1.0, d, stream)
     if has_da:
         sum_partials(dalpha, da_part, n_threads)
+    give_back(buffer)
 
 
 # --------------------------------------------------------------------------- gated residual
