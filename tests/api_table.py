@@ -167,7 +167,8 @@ class Op:
     @property
     def buffers(self):
         """The output buffer arguments, and what each receives."""
-        return {b: t for b, t in (("out", self.output), ("residual_out", "h"))
+        return {b: t for b, t in (("out", self.output), ("residual_out", "h"),
+                                  ("dresidual_out", "dresidual"))
                 if b in self.parameters}
 
     def default_eps(self):

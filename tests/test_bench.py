@@ -97,7 +97,7 @@ def test_time_interleaved_calls_every_function_in_rounds():
 # --------------------------------------------------------------------------- rows
 
 def _small_run(**kw):
-    args = dict(ops=["rms_norm", "add_rms_norm_backward"], shapes=[(4, 32)],
+    args = dict(ops=["rms_norm", "scaled_residual_backward"], shapes=[(4, 32)],
                 dtypes=["float32"], threads=[1], use_torch=False, sections=["table"],
                 budget=TINY, progress=False)
     return bench.run(**{**args, **kw})
@@ -106,8 +106,9 @@ def _small_run(**kw):
 def test_rows_have_consistent_fields():
     res = _small_run()
     forms = [(r.op, r.preallocated) for r in res.rows]
-    # rms_norm takes an output buffer: two rows; the fused backward always allocates: one
-    assert forms == [("rms_norm", True), ("rms_norm", False), ("add_rms_norm_backward", False)]
+    # rms_norm takes an output buffer: two rows; scaled_residual_backward always allocates: one
+    assert forms == [("rms_norm", True), ("rms_norm", False),
+                     ("scaled_residual_backward", False)]
     for r in res.rows:
         assert r.shape == (4, 32) and r.dtype == "float32" and r.threads == 1
         assert r.resnorm_us > 0 and r.numpy_us > 0 and r.copy_us > 0
@@ -117,7 +118,7 @@ def test_rows_have_consistent_fields():
         assert r.vs_numpy == pytest.approx(r.numpy_us / r.resnorm_us)
         assert 3 <= r.repeats <= 5
     assert res.rows[0].kind == "forward" and res.rows[2].kind == "backward"
-    assert res.meta["ops"] == ["rms_norm", "add_rms_norm_backward"]
+    assert res.meta["ops"] == ["rms_norm", "scaled_residual_backward"]
     assert res.meta["load_average_start"] is None or res.meta["load_average_start"] >= 0
 
 

@@ -44,7 +44,7 @@ ARGUMENT_ROWS = {
     "n_threads": "n-threads-", "out": "out-", "cache": "cache-",
     "residual": "partner-", "dh": "partner-", "F": "partner-", "g": "partner-",
     "alpha": "alpha-", "p": "dropout-p", "seed": "seed-", "training": "flag-",
-    "return_mask": "flag-", "residual_out": "out-",
+    "return_mask": "flag-", "residual_out": "out-", "dresidual_out": "out-",
 }
 
 

@@ -383,3 +383,37 @@ def test_backward_leaves_its_inputs_and_the_cache_unchanged(kind, prenorm):
         assert np.array_equal(a, a0)
     for g1, g2 in zip(first, second):
         assert (g1 is None and g2 is None) or np.array_equal(g1, g2)
+
+
+@pytest.mark.parametrize("kind, prenorm", VARIANTS, ids=VARIANT_IDS)
+def test_backward_gradient_buffers(kind, prenorm):
+    """out / dresidual_out receive dx / dresidual with the bits of the allocating call:
+    written directly when contiguous, through a temporary when the buffer is dy or dh."""
+    x, r, w, b, alpha = inputs((6, 40), np.float32, alpha_kind="channel")
+    rng = np.random.default_rng(5)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    dh = rng.standard_normal(x.shape).astype(np.float32) if prenorm else None
+    _, cache = forward(kind, prenorm, x, r, w, b, alpha=alpha, p=0.2, seed=3)
+    want = backward(kind, prenorm, dy, dh, cache)
+    out, dres = np.empty_like(x), np.empty_like(x)
+    got = backward(kind, prenorm, dy, dh, cache, out=out, dresidual_out=dres)
+    assert got[0] is out and got[1] is dres
+    for g, e in zip(got, want):
+        assert (g is None and e is None) or np.array_equal(g, e)
+    in_place = [("out", dy.copy(), "dy")] + ([("dresidual_out", dh.copy(), "dh")] if prenorm else [])
+    for buffer, target, arg in in_place:
+        kw = {"dy": dy, "dh": dh, arg: target}
+        got = backward(kind, prenorm, kw["dy"], kw["dh"], cache, **{buffer: target})
+        assert got[0 if buffer == "out" else 1] is target
+        assert np.array_equal(target, want[0 if buffer == "out" else 1])
+    held = [a for a in (cache.h, cache.x, cache.residual, cache.mean, cache.rstd) if a is not None]
+    for a in held:
+        view = a.reshape(-1)[:x.size].reshape(x.shape) if a.size >= x.size else None
+        if view is None:
+            continue
+        before = view.copy()
+        with pytest.raises(ValueError, match=r"\bout\b.*cache"):
+            backward(kind, prenorm, dy, dh, cache, out=view)
+        assert np.array_equal(view, before)
+    with pytest.raises(ValueError, match="dresidual_out"):
+        backward(kind, prenorm, dy, dh, cache, out=out, dresidual_out=out)

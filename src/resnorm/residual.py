@@ -179,7 +179,7 @@ def _apart_from(rows, params):
     return rows
 
 
-def _add_norm_backward(op, dy, dh, cache, n_threads):
+def _add_norm_backward(op, dy, dh, cache, n_threads, out, dresidual_out):
     """Checks, runs the backward kernel; returns (dx, dresidual, dweight, dbias, dalpha)."""
     if not isinstance(cache, AddNormCache) or cache.op != op:
         made_by = cache.op if isinstance(cache, AddNormCache) else type(cache).__name__
@@ -188,20 +188,46 @@ def _add_norm_backward(op, dy, dh, cache, n_threads):
     dtype = cache.dtype
     dy = _checks.like_array(dy, "dy", cache.shape, dtype)
     if dh is not None:
-        dh = _rows(_checks.like_array(dh, "dh", cache.shape, dtype))
+        dh = _checks.like_array(dh, "dh", cache.shape, dtype)
     n_threads = _checks.n_threads_value(n_threads)
+    inputs = {"dy": dy, "dh": dh}
+    kept = {"h": cache.h, "x": cache.x, "residual": cache.residual, "weight": cache.weight,
+            "alpha": cache.alpha.vector, "mean": cache.mean, "rstd": cache.rstd}
     dy = _rows(dy)
+    dx = _gradient_rows(out, "out", dy, cache.shape, inputs, kept)
+    dresidual = _gradient_rows(dresidual_out, "dresidual_out", dy, cache.shape, inputs, kept)
+    if out is not None and dresidual_out is not None and np.may_share_memory(out,
+                                                                             dresidual_out):
+        raise ValueError("out and dresidual_out must not share memory: they receive "
+                         "different gradients")
     n, d = dy.shape
-    dx, dresidual = np.empty_like(dy), np.empty_like(dy)
     dweight = None if cache.weight is None else np.empty(d, dtype)
     dbias = np.empty(d, dtype) if cache.has_bias else None
     dalpha = np.empty(d) if cache.alpha.learnable else None
     nt, stream = threads_for(n_threads, dy.size), streams(dx.nbytes)
-    _residual.add_norm_backward(dx, dresidual, dweight, dbias, dalpha, dy, dh, cache.h,
-                                cache.x, cache.residual, cache.weight, cache.alpha.vector,
-                                cache.mean, cache.rstd, cache.dropout.kernel_arg(), nt, stream)
-    return (dx.reshape(cache.shape), dresidual.reshape(cache.shape), dweight, dbias,
-            cache.alpha.grad(dalpha, dtype))
+    _residual.add_norm_backward(dx, dresidual, dweight, dbias, dalpha, dy,
+                                None if dh is None else _rows(dh), cache.h, cache.x,
+                                cache.residual, cache.weight, cache.alpha.vector, cache.mean,
+                                cache.rstd, cache.dropout.kernel_arg(), nt, stream)
+    return (_finish(out, dx, cache.shape), _finish(dresidual_out, dresidual, cache.shape),
+            dweight, dbias, cache.alpha.grad(dalpha, dtype))
+
+
+def _gradient_rows(buffer, name, rows, shape, inputs, kept):
+    """Where the kernel writes one gradient: the caller's buffer itself when it is
+    C-contiguous, aligned and apart from every input, else a fresh array that _finish
+    copies into it (so buffer may be dy or dh itself: an in-place call)."""
+    if buffer is None:
+        return np.empty_like(rows)
+    _checks.out_array(buffer, shape, rows.dtype, inputs, name)
+    for what, a in kept.items():  # the cache must stay valid for another call
+        if a is not None and np.may_share_memory(buffer, a):
+            raise ValueError(f"{name} must not share memory with the cache's {what}: "
+                             f"pass a separate buffer")
+    apart = not any(a is not None and np.may_share_memory(buffer, a) for a in inputs.values())
+    if apart and buffer.flags.c_contiguous and buffer.flags.aligned:
+        return buffer.reshape(rows.shape)
+    return np.empty_like(rows)
 
 
 def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
@@ -238,16 +264,19 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
     return y, h
 
 
-def add_rms_norm_backward(dy, dh, cache, *, n_threads=None):
+def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
     """gh = dh + rstd * (g - hn * mean(g*hn)),  g = dy*w,  hn = h*rstd   (gradient reaching h);
     dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum_rows dy*hn;
     dalpha = sum gh * dropout(x)  (over rows, and over channels for a scalar alpha).
 
     dy: gradient of y; dh: gradient arriving along the residual stream (None: zero).
+    out, dresidual_out: optional buffers for dx and dresidual (each may be dy or dh itself;
+    never an array the cache holds).
     Returns (dx, dresidual, dweight, dalpha); dweight is None without weight, dalpha None
     for a fixed alpha.  NumPy reference: resnorm.reference.add_rms_norm_backward.
     """
-    dx, dres, dw, _, da = _add_norm_backward("add_rms_norm_forward", dy, dh, cache, n_threads)
+    dx, dres, dw, _, da = _add_norm_backward("add_rms_norm_forward", dy, dh, cache, n_threads,
+                                             out, dresidual_out)
     return dx, dres, dw, da
 
 
@@ -278,15 +307,18 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, 
     return y, h
 
 
-def add_layer_norm_backward(dy, dh, cache, *, n_threads=None):
+def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
     """gh = dh + rstd * (g - mean(g) - hhat * mean(g*hhat)),  g = dy*w,  hhat = (h - mean)*rstd;
     dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum_rows dy*hhat;
     dbias = sum_rows dy;  dalpha = sum gh * dropout(x).
 
+    out, dresidual_out: optional buffers for dx and dresidual (each may be dy or dh itself;
+    never an array the cache holds).
     Returns (dx, dresidual, dweight, dbias, dalpha) (None for an absent weight / bias or a
     fixed alpha).  dh may be None.  NumPy reference: resnorm.reference.add_layer_norm_backward.
     """
-    return _add_norm_backward("add_layer_norm_forward", dy, dh, cache, n_threads)
+    return _add_norm_backward("add_layer_norm_forward", dy, dh, cache, n_threads, out,
+                              dresidual_out)
 
 
 def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
@@ -315,16 +347,18 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, s
                      training, out, None, n_threads, keep_cache=False)[0]
 
 
-def add_rms_norm_post_backward(dy, cache, *, n_threads=None):
+def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
     """gh = rstd * (g - hn * mean(g*hn)),  g = dy*w,  hn = h*rstd,  h recomputed;
     dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum dy*hn;
     dalpha = sum gh*dropout(x).
 
+    out, dresidual_out: optional buffers for dx and dresidual (each may be dy itself; never
+    an array the cache holds).
     Returns (dx, dresidual, dweight, dalpha).
     NumPy reference: resnorm.reference.add_rms_norm_post_backward.
     """
     dx, dres, dw, _, da = _add_norm_backward("add_rms_norm_post_forward", dy, None, cache,
-                                             n_threads)
+                                             n_threads, out, dresidual_out)
     return dx, dres, dw, da
 
 
@@ -350,15 +384,18 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=
                      seed, training, out, None, n_threads, keep_cache=False)[0]
 
 
-def add_layer_norm_post_backward(dy, cache, *, n_threads=None):
+def add_layer_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
     """gh = rstd * (g - mean(g) - hhat * mean(g*hhat)),  g = dy*w,  h recomputed;
     dresidual = gh;  dx = gh * alpha * keep/(1-p);  dweight = sum dy*hhat;  dbias = sum dy;
     dalpha = sum gh * dropout(x).
 
+    out, dresidual_out: optional buffers for dx and dresidual (each may be dy itself; never
+    an array the cache holds).
     Returns (dx, dresidual, dweight, dbias, dalpha).
     NumPy reference: resnorm.reference.add_layer_norm_post_backward.
     """
-    return _add_norm_backward("add_layer_norm_post_forward", dy, None, cache, n_threads)
+    return _add_norm_backward("add_layer_norm_post_forward", dy, None, cache, n_threads, out,
+                              dresidual_out)
 
 
 # --------------------------------------------------------------------------- scaled residual

@@ -126,11 +126,12 @@ def _add_norm_backward(name, layer, prenorm):
     def setup(shape, dtype, torch):
         x, r, w, b, dy, dh = arrays(shape, dtype, ["x", "r", "w", "b", "dy", "dh"])
         params = (w, b) if layer else (w,)
+        dx, dres = np.empty_like(x), np.empty_like(x)
         if prenorm:
             forward = residual.add_layer_norm_forward if layer else residual.add_rms_norm_forward
             (_, h), cache = forward(x, r, *params)
             backward = residual.add_layer_norm_backward if layer else residual.add_rms_norm_backward
-            call = lambda n: backward(dy, dh, cache, n_threads=n)
+            call = lambda n, **buf: backward(dy, dh, cache, n_threads=n, **buf)
         else:
             forward = (residual.add_layer_norm_post_forward if layer
                        else residual.add_rms_norm_post_forward)
@@ -138,7 +139,7 @@ def _add_norm_backward(name, layer, prenorm):
             h = x + r   # a NumPy user keeps h; resnorm recomputes it from x and r
             backward = (residual.add_layer_norm_post_backward if layer
                         else residual.add_rms_norm_post_backward)
-            call = lambda n: backward(dy, cache, n_threads=n)
+            call = lambda n, **buf: backward(dy, cache, n_threads=n, **buf)
         rstd = column(cache.rstd, dtype)
         if layer:
             mean = column(cache.mean, dtype)
@@ -168,7 +169,8 @@ def _add_norm_backward(name, layer, prenorm):
         # gradients; reads the float64 row statistics
         n_stats = 2 if layer else 1
         traffic = 5 * x.nbytes + (1 + len(params)) * w.nbytes + n_stats * shape[0] * 8
-        return Case(traffic, alloc=call, numpy=ref, torch=tfn)
+        return Case(traffic, out=lambda n: call(n, out=dx, dresidual_out=dres), alloc=call,
+                    numpy=ref, torch=tfn)
 
 
 _add_norm_backward("add_rms_norm_backward", layer=False, prenorm=True)
