@@ -214,20 +214,17 @@ def _add_norm_backward(op, dy, dh, cache, n_threads, out, dresidual_out):
 
 
 def _gradient_rows(buffer, name, rows, shape, inputs, kept):
-    """Where the kernel writes one gradient: the caller's buffer itself when it is
-    C-contiguous, aligned and apart from every input, else a fresh array that _finish
-    copies into it (so buffer may be dy or dh itself: an in-place call)."""
-    if buffer is None:
-        return np.empty_like(rows)
-    _checks.out_array(buffer, shape, rows.dtype, inputs, name)
+    """Where the kernel writes one gradient: as _output_rows, but never memory of an input
+    (the fused backward kernel reads dy and dh while it writes), so buffer may be dy or dh
+    itself only through a fresh array that _finish copies into it."""
+    target = _output_rows(buffer, rows, shape, inputs, name)
     for what, a in kept.items():  # the cache must stay valid for another call
-        if a is not None and np.may_share_memory(buffer, a):
+        if buffer is not None and a is not None and np.may_share_memory(buffer, a):
             raise ValueError(f"{name} must not share memory with the cache's {what}: "
                              f"pass a separate buffer")
-    apart = not any(a is not None and np.may_share_memory(buffer, a) for a in inputs.values())
-    if apart and buffer.flags.c_contiguous and buffer.flags.aligned:
-        return buffer.reshape(rows.shape)
-    return np.empty_like(rows)
+    if any(a is not None and np.may_share_memory(target, a) for a in inputs.values()):
+        return np.empty_like(rows)
+    return target
 
 
 def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
