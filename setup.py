@@ -19,7 +19,14 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-KERNEL_MODULES = ["runtime", "norms", "residual", "layers"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "resnorm_c"))
+import primitives  # noqa: E402  (the registry of the core's primitives)
+
+# The C core, compiled once, into resnorm._core (the other modules import its tables).
+CORE_SOURCES = [f"resnorm_c/core/{name}.c" for name in
+                ("level_sse2", "level_avx2", "level_avx512", "level_portable", "dispatch")]
+# The Cython modules that run the kernels.
+KERNEL_MODULES = ["norms", "residual", "layers"]
 
 CYTHON_DIRECTIVES = {
     "language_level": 3,
@@ -32,9 +39,11 @@ CYTHON_DIRECTIVES = {
 
 
 def _compiler_kind(compiler):
-    """'msvc', 'apple-clang', 'clang' or 'gcc' for the compiler setuptools will use."""
+    """'apple-clang', 'clang' or 'gcc' for the compiler setuptools will use (the core needs
+    GCC or Clang: vector extensions and target attributes; MSVC cannot build it)."""
     if compiler.compiler_type == "msvc":
-        return "msvc"
+        sys.exit("resnorm: MSVC cannot build resnorm (the core needs GCC or Clang vector "
+                 "extensions); use clang, or WSL on Windows")
     cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
     cc = shlex.split(os.environ.get("CC", "")) or cc
     try:
@@ -48,8 +57,6 @@ def _compiler_kind(compiler):
 
 def _openmp_flags(kind):
     """(compile flags, link flags) that enable OpenMP for this compiler."""
-    if kind == "msvc":
-        return ["/openmp"], []
     if kind == "apple-clang":
         return ["-Xpreprocessor", "-fopenmp"], ["-lomp"]
     return ["-fopenmp"], ["-fopenmp"]
@@ -57,11 +64,9 @@ def _openmp_flags(kind):
 
 def _base_flags(kind):
     # No -ffast-math and no -march=native: results must be IEEE-exact and the wheel must run
-    # on any x86-64. Wider vectors are reached through runtime dispatch in resnorm_c/simd.h.
-    # -ffp-contract=off keeps a*b+c from becoming an FMA on some dispatch levels only, so
-    # every level computes bitwise the same numbers.
-    if kind == "msvc":
-        return ["/O2", "/fp:precise"]
+    # on any x86-64. Wider vectors are reached through runtime dispatch (resnorm_c/core/
+    # dispatch.c). -ffp-contract=off keeps a*b+c from becoming an FMA on some dispatch levels
+    # only, so every level computes bitwise the same numbers.
     return ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
 
 
@@ -122,15 +127,15 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
-extensions = [
-    Extension(
-        f"resnorm._{name}",
-        [f"resnorm_c/{name}.pyx"],
-        include_dirs=["resnorm_c", numpy.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    )
-    for name in KERNEL_MODULES
-]
+def _extension(name, sources):
+    return Extension(f"resnorm._{name}", sources,
+                     include_dirs=["resnorm_c", "resnorm_c/core", numpy.get_include()],
+                     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
+
+
+primitives.generate()  # resnorm_c/core/primitives.h and resnorm_c/primitives.pxd
+extensions = [_extension("core", ["resnorm_c/core.pyx"] + CORE_SOURCES)]
+extensions += [_extension(name, [f"resnorm_c/{name}.pyx"]) for name in KERNEL_MODULES]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives=CYTHON_DIRECTIVES),

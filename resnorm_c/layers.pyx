@@ -24,7 +24,10 @@ from libc.math cimport sqrt
 from libc.string cimport memcpy
 
 from blas cimport gemm
-from common cimport floating
+from primitives cimport (element, rn_import_core, rn_gelu, rn_gelu_backward, rn_gelu_tanh,
+                         rn_gelu_tanh_backward, rn_exp_shifted)
+
+rn_import_core()
 
 cdef extern from "blas_timer.h" nogil:
     int rn_blas_timing
@@ -63,24 +66,24 @@ def blas_seconds(bint reset=False):
 
 # --------------------------------------------------------------------------- Linear
 
-cdef void _linear_forward_rows(floating *out, const floating *x, const floating *w,
-                               const floating *b, Py_ssize_t i0, Py_ssize_t i1,
+cdef void _linear_forward_rows(element *out, const element *x, const element *w,
+                               const element *b, Py_ssize_t i0, Py_ssize_t i1,
                                Py_ssize_t d_in, Py_ssize_t d_out) noexcept nogil:
     """Rows i0..i1 of out := x @ w^T + b."""
     cdef Py_ssize_t i
-    cdef floating beta = 0
+    cdef element beta = 0
     if b != NULL:
         # start from the bias and let gemm add the product (beta = 1): BLAS would otherwise
         # spend the same pass zeroing out
         for i in range(i0, i1):
-            memcpy(out + i * d_out, b, d_out * sizeof(floating))
+            memcpy(out + i * d_out, b, d_out * sizeof(element))
         beta = 1
-    gemm(False, True, <int>(i1 - i0), <int>d_out, <int>d_in, <floating>1, x + i0 * d_in,
+    gemm(False, True, <int>(i1 - i0), <int>d_out, <int>d_in, <element>1, x + i0 * d_in,
          <int>d_in, w, <int>d_in, beta, out + i0 * d_out, <int>d_out)
 
 
-def linear_forward(floating[:, ::1] out, const floating[:, ::1] x,
-                   const floating[:, ::1] weight, const floating[::1] bias, int n_threads,
+def linear_forward(element[:, ::1] out, const element[:, ::1] x,
+                   const element[:, ::1] weight, const element[::1] bias, int n_threads,
                    bint parallel_gemm):
     """out (N, out_f) := x (N, in_f) @ weight^T + bias;  weight is (out_f, in_f), as in torch.
 
@@ -90,7 +93,7 @@ def linear_forward(floating[:, ::1] out, const floating[:, ::1] x,
     """
     cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
     cdef Py_ssize_t t, nt = n_tasks(n, parallel_gemm)
-    cdef const floating *b = NULL
+    cdef const element *b = NULL
     if n == 0:
         return
     if bias is not None:
@@ -101,16 +104,16 @@ def linear_forward(floating[:, ::1] out, const floating[:, ::1] x,
                                  (t + 1) * n // nt, d_in, d_out)
 
 
-cdef void _linear_backward_weight(floating *dw, floating *db, const floating *dy,
-                                  const floating *x, Py_ssize_t j0, Py_ssize_t j1,
+cdef void _linear_backward_weight(element *dw, element *db, const element *dy,
+                                  const element *x, Py_ssize_t j0, Py_ssize_t j1,
                                   Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t n,
                                   Py_ssize_t d_in, Py_ssize_t d_out) noexcept nogil:
     """dweight[j0:j1, k0:k1] += dy[:, j0:j1]^T @ x[:, k0:k1]; with db, also
     dbias[j0:j1] += sum_rows dy[:, j0:j1], rows added in order (a fixed summation order)."""
     cdef Py_ssize_t i, j, m
     cdef double acc[BLOCK]
-    gemm(True, False, <int>(j1 - j0), <int>(k1 - k0), <int>n, <floating>1, dy + j0,
-         <int>d_out, x + k0, <int>d_in, <floating>1, dw + j0 * d_in + k0, <int>d_in)
+    gemm(True, False, <int>(j1 - j0), <int>(k1 - k0), <int>n, <element>1, dy + j0,
+         <int>d_out, x + k0, <int>d_in, <element>1, dw + j0 * d_in + k0, <int>d_in)
     if db == NULL:
         return
     while j0 < j1:          # BLOCK columns at a time (one task spans all of them when serial)
@@ -121,13 +124,13 @@ cdef void _linear_backward_weight(floating *dw, floating *db, const floating *dy
             for j in range(m):
                 acc[j] += dy[i * d_out + j0 + j]
         for j in range(m):
-            db[j0 + j] += <floating>acc[j]
+            db[j0 + j] += <element>acc[j]
         j0 += m
 
 
-def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1] dbias,
-                    const floating[:, ::1] dy, const floating[:, ::1] x,
-                    const floating[:, ::1] weight, int n_threads, bint parallel_gemm):
+def linear_backward(element[:, ::1] dx, element[:, ::1] dweight, element[::1] dbias,
+                    const element[:, ::1] dy, const element[:, ::1] x,
+                    const element[:, ::1] weight, int n_threads, bint parallel_gemm):
     """dx := dy @ weight;  dweight += dy^T @ x;  dbias += sum_rows dy  (gradients accumulate).
 
     Forward: y = x @ weight^T + bias.  NumPy reference: resnorm.nn.reference.linear_backward.
@@ -138,7 +141,7 @@ def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1]
     cdef Py_ssize_t n = x.shape[0], d_in = x.shape[1], d_out = weight.shape[0]
     cdef Py_ssize_t t, u, v, nx = n_tasks(n, parallel_gemm)
     cdef Py_ssize_t nu = n_tasks(d_out, parallel_gemm), nv = n_tasks(d_in, parallel_gemm)
-    cdef floating *db = NULL
+    cdef element *db = NULL
     if n == 0:
         return
     if dbias is not None:
@@ -148,8 +151,8 @@ def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1]
                         if nx + nu * nv > 1 else 1):
             if t < nx:
                 gemm(False, False, <int>((t + 1) * n // nx - t * n // nx), <int>d_in,
-                     <int>d_out, <floating>1, &dy[0, 0] + (t * n // nx) * d_out, <int>d_out,
-                     &weight[0, 0], <int>d_in, <floating>0, &dx[0, 0] + (t * n // nx) * d_in,
+                     <int>d_out, <element>1, &dy[0, 0] + (t * n // nx) * d_out, <int>d_out,
+                     &weight[0, 0], <int>d_in, <element>0, &dx[0, 0] + (t * n // nx) * d_in,
                      <int>d_in)
             else:
                 u = (t - nx) // nv
@@ -161,66 +164,28 @@ def linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1]
 
 # --------------------------------------------------------------------------- GELU
 
-cdef extern from "vmath.h" nogil:
-    void rn_gelu_f32(float *y, const float *x, Py_ssize_t n)
-    void rn_gelu_f64(double *y, const double *x, Py_ssize_t n)
-    void rn_gelu_backward_f32(float *dx, const float *dy, const float *x, Py_ssize_t n)
-    void rn_gelu_backward_f64(double *dx, const double *dy, const double *x, Py_ssize_t n)
-    void rn_gelu_tanh_f32(float *y, const float *x, Py_ssize_t n)
-    void rn_gelu_tanh_f64(double *y, const double *x, Py_ssize_t n)
-    void rn_gelu_tanh_backward_f32(float *dx, const float *dy, const float *x, Py_ssize_t n)
-    void rn_gelu_tanh_backward_f64(double *dx, const double *dy, const double *x,
-                                   Py_ssize_t n)
-    void rn_exp_shifted_f32(float *p, const float *s, float m, float scale, Py_ssize_t n)
-    void rn_exp_shifted_f64(double *p, const double *s, double m, double scale, Py_ssize_t n)
-
 cdef enum:
     CHUNK = 4096  # elements per task of the elementwise loops
 
 
-cdef inline void _gelu(floating *y, const floating *x, Py_ssize_t n,
-                       bint approximate) noexcept nogil:
-    if floating is float:
-        if approximate:
-            rn_gelu_tanh_f32(y, x, n)
-        else:
-            rn_gelu_f32(y, x, n)
-    else:
-        if approximate:
-            rn_gelu_tanh_f64(y, x, n)
-        else:
-            rn_gelu_f64(y, x, n)
-
-
-cdef inline void _gelu_backward(floating *dx, const floating *dy, const floating *x,
-                                Py_ssize_t n, bint approximate) noexcept nogil:
-    if floating is float:
-        if approximate:
-            rn_gelu_tanh_backward_f32(dx, dy, x, n)
-        else:
-            rn_gelu_backward_f32(dx, dy, x, n)
-    else:
-        if approximate:
-            rn_gelu_tanh_backward_f64(dx, dy, x, n)
-        else:
-            rn_gelu_backward_f64(dx, dy, x, n)
-
-
-def gelu_forward(floating[::1] out, const floating[::1] x, bint approximate, int n_threads):
+def gelu_forward(element[::1] out, const element[::1] x, bint approximate, int n_threads):
     """out := x * Phi(x) = 0.5 * x * (1 + erf(x / sqrt(2)))            (exact, torch default)
     or      0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))      (approximate="tanh").
 
-    Elementwise over flat arrays (resnorm_c/vmath.h); out may be x.
+    Elementwise over flat arrays (resnorm_c/core/vmath.h); out may be x.
     NumPy reference: resnorm.nn.reference.gelu.
     """
     cdef Py_ssize_t c, lo, n = x.shape[0]
     with nogil:
         for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=n_threads):
             lo = c * CHUNK
-            _gelu(&out[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo), approximate)
+            if approximate:
+                rn_gelu_tanh(&out[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo))
+            else:
+                rn_gelu(&out[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo))
 
 
-def gelu_backward(floating[::1] dx, const floating[::1] dy, const floating[::1] x,
+def gelu_backward(element[::1] dx, const element[::1] dy, const element[::1] x,
                   bint approximate, int n_threads):
     """dx := dy * gelu'(x).   Exact: gelu'(x) = Phi(x) + x * phi(x), phi(x) = exp(-x^2/2)/sqrt(2 pi).
     tanh form, s = sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3):
@@ -232,58 +197,57 @@ def gelu_backward(floating[::1] dx, const floating[::1] dy, const floating[::1] 
     with nogil:
         for c in prange((n + CHUNK - 1) // CHUNK, schedule="static", num_threads=n_threads):
             lo = c * CHUNK
-            _gelu_backward(&dx[lo], &dy[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo),
-                           approximate)
+            if approximate:
+                rn_gelu_tanh_backward(&dx[lo], &dy[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo))
+            else:
+                rn_gelu_backward(&dx[lo], &dy[lo], &x[lo], min(<Py_ssize_t>CHUNK, n - lo))
 
 
 # --------------------------------------------------------------------------- softmax
 
-cdef inline void _softmax_row(floating *p, const floating *s, Py_ssize_t n_valid,
-                              Py_ssize_t n, floating scale) noexcept nogil:
+cdef inline void _softmax_row(element *p, const element *s, Py_ssize_t n_valid,
+                              Py_ssize_t n, element scale) noexcept nogil:
     """p[:n_valid] := softmax(scale * s[:n_valid]);  p[n_valid:n] := 0 (masked positions).
 
     Stable: the row maximum is subtracted before exp, so no exp overflows; the sum is in
     double.  p may be s.
     """
     cdef Py_ssize_t j
-    cdef floating m = s[0], e
+    cdef element m = s[0], e
     cdef double total = 0.0
     for j in range(1, n_valid):
         if s[j] > m:
             m = s[j]
-    if floating is float:
-        rn_exp_shifted_f32(p, s, m, scale, n_valid)
-    else:
-        rn_exp_shifted_f64(p, s, m, scale, n_valid)
+    rn_exp_shifted(p, s, m, scale, n_valid)
     for j in range(n_valid):
         total += p[j]
-    e = <floating>(1.0 / total)
+    e = <element>(1.0 / total)
     for j in range(n_valid):
         p[j] = p[j] * e
     for j in range(n_valid, n):
         p[j] = 0
 
 
-cdef inline void _softmax_backward_row(floating *ds, const floating *dp, const floating *p,
+cdef inline void _softmax_backward_row(element *ds, const element *dp, const element *p,
                                        Py_ssize_t n_valid, Py_ssize_t n,
-                                       floating scale) noexcept nogil:
+                                       element scale) noexcept nogil:
     """ds := scale * p * (dp - sum_j p_j dp_j), the gradient of s for p = softmax(scale * s).
 
     Masked positions (p = 0) get 0.  ds may be dp.
     """
     cdef Py_ssize_t j
     cdef double dot = 0.0
-    cdef floating c
+    cdef element c
     for j in range(n_valid):
         dot += p[j] * dp[j]
-    c = <floating>dot
+    c = <element>dot
     for j in range(n_valid):
         ds[j] = scale * p[j] * (dp[j] - c)
     for j in range(n_valid, n):
         ds[j] = 0
 
 
-def softmax_forward(floating[:, ::1] out, const floating[:, ::1] s, double scale, bint causal,
+def softmax_forward(element[:, ::1] out, const element[:, ::1] s, double scale, bint causal,
                     int n_threads):
     """out[r] := softmax(scale * s[r]) for each row r.  causal: row r sees only columns
     j <= r % T (T = row length, rows taken as (..., T, T) matrices); the rest get 0.
@@ -294,10 +258,10 @@ def softmax_forward(floating[:, ::1] out, const floating[:, ::1] s, double scale
     cdef Py_ssize_t r, n = s.shape[0], t = s.shape[1]
     with nogil:
         for r in prange(n, schedule="static", num_threads=n_threads):
-            _softmax_row(&out[r, 0], &s[r, 0], r % t + 1 if causal else t, t, <floating>scale)
+            _softmax_row(&out[r, 0], &s[r, 0], r % t + 1 if causal else t, t, <element>scale)
 
 
-def softmax_backward(floating[:, ::1] ds, const floating[:, ::1] dp, const floating[:, ::1] p,
+def softmax_backward(element[:, ::1] ds, const element[:, ::1] dp, const element[:, ::1] p,
                      double scale, bint causal, int n_threads):
     """ds[r] := scale * p[r] * (dp[r] - sum_j p[r, j] dp[r, j]).  ds may be dp.
 
@@ -307,7 +271,7 @@ def softmax_backward(floating[:, ::1] ds, const floating[:, ::1] dp, const float
     with nogil:
         for r in prange(n, schedule="static", num_threads=n_threads):
             _softmax_backward_row(&ds[r, 0], &dp[r, 0], &p[r, 0], r % t + 1 if causal else t,
-                                  t, <floating>scale)
+                                  t, <element>scale)
 
 
 # --------------------------------------------------------------------------- attention
@@ -317,19 +281,19 @@ def softmax_backward(floating[:, ::1] ds, const floating[:, ::1] dp, const float
 # qkv (row stride 3D), which gemm reads directly: no reshapes, no copies.  One task per
 # (batch, head): its T x T scores stay in cache between the two products.
 
-cdef void _attention_forward_head(floating *out, floating *att, const floating *qkv, int t,
-                                  int d, int dh, bint causal, floating scale) noexcept nogil:
+cdef void _attention_forward_head(element *out, element *att, const element *qkv, int t,
+                                  int d, int dh, bint causal, element scale) noexcept nogil:
     """One (batch, head): att := softmax(q k^T * scale) (causal mask), out := att @ v.
     Pointers are offset to this batch and head; rows of qkv have stride 3d, of out d."""
     cdef int i
-    gemm(False, True, t, t, dh, <floating>1, qkv, 3 * d, qkv + d, 3 * d, <floating>0, att, t)
+    gemm(False, True, t, t, dh, <element>1, qkv, 3 * d, qkv + d, 3 * d, <element>0, att, t)
     for i in range(t):
         _softmax_row(att + i * t, att + i * t, i + 1 if causal else t, t, scale)
-    gemm(False, False, t, dh, t, <floating>1, att, t, qkv + 2 * d, 3 * d, <floating>0, out, d)
+    gemm(False, False, t, dh, t, <element>1, att, t, qkv + 2 * d, 3 * d, <element>0, out, d)
 
 
-def attention_forward(floating[:, :, ::1] out, floating[:, :, :, ::1] att,
-                      const floating[:, :, ::1] qkv, bint causal, int n_threads,
+def attention_forward(element[:, :, ::1] out, element[:, :, :, ::1] att,
+                      const element[:, :, ::1] qkv, bint causal, int n_threads,
                       bint parallel_gemm):
     """For each batch b and head h:  att[b, h] := softmax(q k^T / sqrt(dh)) (causal: mask
     j > i), out[b, :, h*dh:(h+1)*dh] := att[b, h] @ v.
@@ -339,7 +303,7 @@ def attention_forward(floating[:, :, ::1] out, floating[:, :, :, ::1] att,
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>out.shape[2]
     cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
-    cdef floating scale = <floating>(1.0 / sqrt(dh))
+    cdef element scale = <element>(1.0 / sqrt(dh))
     if nb == 0 or t == 0:
         return
     with nogil:
@@ -351,24 +315,24 @@ def attention_forward(floating[:, :, ::1] out, floating[:, :, :, ::1] att,
                                     t, d, dh, causal, scale)
 
 
-cdef void _attention_backward_head(floating *dqkv, floating *ds, const floating *dout,
-                                   const floating *qkv, const floating *att, int t, int d,
-                                   int dh, bint causal, floating scale) noexcept nogil:
+cdef void _attention_backward_head(element *dqkv, element *ds, const element *dout,
+                                   const element *qkv, const element *att, int t, int d,
+                                   int dh, bint causal, element scale) noexcept nogil:
     """One (batch, head) of attention_backward; ds is this head's T x T scratch."""
     cdef int i
     cdef int ld = 3 * d
-    gemm(False, True, t, t, dh, <floating>1, dout, d, qkv + 2 * d, ld, <floating>0, ds, t)
-    gemm(True, False, t, dh, t, <floating>1, att, t, dout, d, <floating>0, dqkv + 2 * d, ld)
+    gemm(False, True, t, t, dh, <element>1, dout, d, qkv + 2 * d, ld, <element>0, ds, t)
+    gemm(True, False, t, dh, t, <element>1, att, t, dout, d, <element>0, dqkv + 2 * d, ld)
     for i in range(t):
         _softmax_backward_row(ds + i * t, ds + i * t, att + i * t, i + 1 if causal else t, t,
                               scale)
-    gemm(False, False, t, dh, t, <floating>1, ds, t, qkv + d, ld, <floating>0, dqkv, ld)
-    gemm(True, False, t, dh, t, <floating>1, ds, t, qkv, ld, <floating>0, dqkv + d, ld)
+    gemm(False, False, t, dh, t, <element>1, ds, t, qkv + d, ld, <element>0, dqkv, ld)
+    gemm(True, False, t, dh, t, <element>1, ds, t, qkv, ld, <element>0, dqkv + d, ld)
 
 
-def attention_backward(floating[:, :, ::1] dqkv, floating[:, :, :, ::1] datt,
-                       const floating[:, :, ::1] dout, const floating[:, :, ::1] qkv,
-                       const floating[:, :, :, ::1] att, bint causal, int n_threads,
+def attention_backward(element[:, :, ::1] dqkv, element[:, :, :, ::1] datt,
+                       const element[:, :, ::1] dout, const element[:, :, ::1] qkv,
+                       const element[:, :, :, ::1] att, bint causal, int n_threads,
                        bint parallel_gemm):
     """Gradients of attention_forward.  Per (b, h), with P = att[b, h], dO = dout[b, :, head]:
         dP = dO v^T,   dv = P^T dO,
@@ -379,7 +343,7 @@ def attention_backward(floating[:, :, ::1] dqkv, floating[:, :, :, ::1] datt,
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>dout.shape[2]
     cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
-    cdef floating scale = <floating>(1.0 / sqrt(dh))
+    cdef element scale = <element>(1.0 / sqrt(dh))
     if nb == 0 or t == 0:
         return
     with nogil:

@@ -20,15 +20,15 @@ from libc.float cimport DBL_MIN, FLT_MIN
 from libc.math cimport isfinite, sqrt
 from libc.string cimport memset
 
-from common cimport (floating, rn_cpu_init, row_sum, row_sumsq, row_sumsqdev, row_rms_bwd_dot,
-                     row_ln_bwd_sums, row_rms_apply, row_ln_apply, row_rms_bwd_apply_rows,
-                     row_ln_bwd_apply_rows, row_blocks, sum_partials, opt_ptr, RN_GROUP,
-                     omp_get_max_threads)
+from common cimport row_blocks, sum_partials, opt_ptr, RN_GROUP, omp_get_max_threads
+from primitives cimport (element, rn_import_core, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
+                         rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
+                         rn_ln_bwd_apply_rows)
 # the scalar paths for the few rows the fast paths cannot take (see rare_rows.pxd)
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
 
-rn_cpu_init()
+rn_import_core()
 cnp.import_array()
 
 
@@ -39,8 +39,8 @@ cpdef Py_ssize_t n_row_blocks(Py_ssize_t n_rows) noexcept:
 
 # --------------------------------------------------------------------------- RMSNorm
 
-def rms_norm_forward(floating[:, ::1] out, double[::1] rstd, const floating[:, ::1] x,
-                     const floating[::1] weight, double eps, int n_threads, bint stream=False):
+def rms_norm_forward(element[:, ::1] out, double[::1] rstd, const element[:, ::1] x,
+                     const element[::1] weight, double eps, int n_threads, bint stream=False):
     """y := x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), per row.
 
     Backward (rms_norm_backward): dx = rstd*(g - x*rstd^2*mean(g*x)), g = dy*w;
@@ -49,14 +49,14 @@ def rms_norm_forward(floating[:, ::1] out, double[::1] rstd, const floating[:, :
     out (N, D) may be x itself (in place); rstd (N,) float64 receives the row statistic.
     weight may be None (w = 1).  stream: write out with non-temporal stores.
     """
-    cdef const floating *w = opt_ptr(weight)
+    cdef const element *w = opt_ptr(weight)
     if x.shape[0] > 0:
         with nogil:
             _rms_forward(&out[0, 0], &rstd[0], &x[0, 0], w, x.shape[0], x.shape[1], eps,
                          n_threads, stream)
 
 
-cdef void _rms_forward(floating *out, double *rstd, const floating *x, const floating *w,
+cdef void _rms_forward(element *out, double *rstd, const element *x, const element *w,
                        Py_ssize_t n, Py_ssize_t d, double eps, int n_threads,
                        bint stream) noexcept nogil:
     """rms_norm_forward over n rows of d (row pointers: x + i*d); one thread runs a plain
@@ -70,21 +70,21 @@ cdef void _rms_forward(floating *out, double *rstd, const floating *x, const flo
             _rms_forward_row(out + i * d, &rstd[i], x + i * d, w, d, eps, stream)
 
 
-cdef inline void _rms_forward_row(floating *y, double *rstd, const floating *x,
-                                  const floating *w, Py_ssize_t d, double eps,
+cdef inline void _rms_forward_row(element *y, double *rstd, const element *x,
+                                  const element *w, Py_ssize_t d, double eps,
                                   bint stream) noexcept nogil:
     # one reduction: the sum of squares, accumulated in double
-    cdef double sumsq = row_sumsq(x, d)
-    if floating is double and not isfinite(sumsq):
+    cdef double sumsq = rn_sumsq(x, d)
+    if element is double and not isfinite(sumsq):
         # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
         rstd[0] = _rms_rstd_rescaled(x, d, eps)
     else:
         rstd[0] = 1.0 / sqrt(sumsq / d + eps)
-    row_rms_apply(y, x, w, rstd[0], d, stream)
+    rn_rms_apply(y, x, w, rstd[0], d, stream)
 
 
-def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating[:, ::1] dy,
-                      const floating[:, ::1] x, const floating[::1] weight,
+def rms_norm_backward(element[:, ::1] dx, element[::1] dweight, const element[:, ::1] dy,
+                      const element[:, ::1] x, const element[::1] weight,
                       const double[::1] rstd, int n_threads, bint stream=False):
     """dx := rstd * (g - xn * mean(g*xn)),  g = dy*w,  xn = x*rstd;   dw := sum_rows dy * xn.
 
@@ -97,7 +97,7 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
     cdef Py_ssize_t nb = n_row_blocks(n), b, i, r, g
-    cdef const floating *w = opt_ptr(weight)
+    cdef const element *w = opt_ptr(weight)
     cdef double[::1] m = np.empty(n)        # each row's reduction, mean(g * xn)
     cdef bint has_dw = dweight is not None
     buffer, (dw_array,) = lend_partials(nb, d, has_dw)
@@ -116,8 +116,8 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
             while i < (b + 1) * n // nb:
                 g = min(<Py_ssize_t>RN_GROUP, (b + 1) * n // nb - i)
                 for r in range(i, i + g):
-                    m[r] = row_rms_bwd_dot(&dy[r, 0], &x[r, 0], w, rstd[r], d) / d
-                row_rms_bwd_apply_rows(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, &rstd[i], &m[i],
+                    m[r] = rn_rms_bwd_dot(&dy[r, 0], &x[r, 0], w, rstd[r], d) / d
+                rn_rms_bwd_apply_rows(&dx[i, 0], part, &dy[i, 0], &x[i, 0], w, &rstd[i], &m[i],
                                        <int>g, d, stream)
                 i = i + g
     if has_dw:
@@ -127,9 +127,9 @@ def rms_norm_backward(floating[:, ::1] dx, floating[::1] dweight, const floating
 
 # --------------------------------------------------------------------------- LayerNorm
 
-def layer_norm_forward(floating[:, ::1] out, double[::1] mean, double[::1] rstd,
-                       const floating[:, ::1] x, const floating[::1] weight,
-                       const floating[::1] bias, double eps, int n_threads, bint stream=False):
+def layer_norm_forward(element[:, ::1] out, double[::1] mean, double[::1] rstd,
+                       const element[:, ::1] x, const element[::1] weight,
+                       const element[::1] bias, double eps, int n_threads, bint stream=False):
     """y := (x - mean) * rstd * w + b,  mean = mean(x),  rstd = 1/sqrt(mean((x-mean)^2) + eps).
 
     Backward (layer_norm_backward): xhat = (x-mean)*rstd, g = dy*w,
@@ -140,16 +140,16 @@ def layer_norm_forward(floating[:, ::1] out, double[::1] mean, double[::1] rstd,
     E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
     weight and bias may be None, independently.  out may be x itself.
     """
-    cdef const floating *w = opt_ptr(weight)
-    cdef const floating *b = opt_ptr(bias)
+    cdef const element *w = opt_ptr(weight)
+    cdef const element *b = opt_ptr(bias)
     if x.shape[0] > 0:
         with nogil:
             _layer_forward(&out[0, 0], &mean[0], &rstd[0], &x[0, 0], w, b, x.shape[0],
                            x.shape[1], eps, n_threads, stream)
 
 
-cdef void _layer_forward(floating *out, double *mean, double *rstd, const floating *x,
-                         const floating *w, const floating *b, Py_ssize_t n, Py_ssize_t d,
+cdef void _layer_forward(element *out, double *mean, double *rstd, const element *x,
+                         const element *w, const element *b, Py_ssize_t n, Py_ssize_t d,
                          double eps, int n_threads, bint stream) noexcept nogil:
     """layer_norm_forward over n rows of d; one thread runs a plain loop."""
     cdef Py_ssize_t i
@@ -161,22 +161,22 @@ cdef void _layer_forward(floating *out, double *mean, double *rstd, const floati
             _layer_forward_row(out + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
 
 
-cdef inline void _layer_forward_row(floating *y, double *mean, double *rstd, const floating *x,
-                                    const floating *w, const floating *b, Py_ssize_t d,
+cdef inline void _layer_forward_row(element *y, double *mean, double *rstd, const element *x,
+                                    const element *w, const element *b, Py_ssize_t d,
                                     double eps, bint stream) noexcept nogil:
     # two reductions: the mean, then the mean squared deviation from it
-    mean[0] = row_sum(x, d) / d
-    cdef double var = row_sumsqdev(x, d, mean[0]) / d
+    mean[0] = rn_sum(x, d) / d
+    cdef double var = rn_sumsqdev(x, d, mean[0]) / d
     if _ln_stats_trusted(x, mean[0], var, d):
         rstd[0] = 1.0 / sqrt(var + eps)
-        row_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
     else:
         _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
 
 
-def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1] dbias,
-                        const floating[:, ::1] dy, const floating[:, ::1] x,
-                        const floating[::1] weight, const double[::1] mean,
+def layer_norm_backward(element[:, ::1] dx, element[::1] dweight, element[::1] dbias,
+                        const element[:, ::1] dy, const element[:, ::1] x,
+                        const element[::1] weight, const double[::1] mean,
                         const double[::1] rstd, int n_threads, bint stream=False):
     """dx := rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
     dw := sum_rows dy * xhat;  db := sum_rows dy.
@@ -187,7 +187,7 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1]
     cdef Py_ssize_t nb = n_row_blocks(n), b, i, r, g
-    cdef const floating *w = opt_ptr(weight)
+    cdef const element *w = opt_ptr(weight)
     cdef double[::1] mg = np.empty(n)       # each row's mean(g)
     cdef double[::1] mgx = np.empty(n)      # each row's mean(g * xhat)
     cdef bint has_dw = dweight is not None, has_db = dbias is not None, trusted
@@ -213,12 +213,12 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
                 trusted = True
                 for r in range(i, i + g):
                     # two reductions in one pass: sum(g) and sum(g * xhat)
-                    row_ln_bwd_sums(&mg[r], &mgx[r], &dy[r, 0], &x[r, 0], w, mean[r], rstd[r], d)
+                    rn_ln_bwd_sums(&mg[r], &mgx[r], &dy[r, 0], &x[r, 0], w, mean[r], rstd[r], d)
                     mg[r] = mg[r] / d
                     mgx[r] = mgx[r] / d
                     trusted = trusted and not _overflowed(mg[r], mgx[r], &dy[r, 0], &x[r, 0], d)
                 if trusted:
-                    row_ln_bwd_apply_rows(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w,
+                    rn_ln_bwd_apply_rows(&dx[i, 0], wpart, bpart, &dy[i, 0], &x[i, 0], w,
                                           &mean[i], &rstd[i], &mg[i], &mgx[i], <int>g, d, stream)
                 else:
                     for r in range(i, i + g):
@@ -226,7 +226,7 @@ def layer_norm_backward(floating[:, ::1] dx, floating[::1] dweight, floating[::1
                             _ln_backward_careful(&dx[r, 0], wpart, bpart, &dy[r, 0], &x[r, 0],
                                                  w, mean[r], rstd[r], d)
                         else:
-                            row_ln_bwd_apply_rows(&dx[r, 0], wpart, bpart, &dy[r, 0], &x[r, 0],
+                            rn_ln_bwd_apply_rows(&dx[r, 0], wpart, bpart, &dy[r, 0], &x[r, 0],
                                                   w, &mean[r], &rstd[r], &mg[r], &mgx[r], 1, d,
                                                   stream)
                 i = i + g

@@ -24,10 +24,10 @@
 from libc.float cimport DBL_EPSILON, FLT_MAX
 from libc.math cimport fabs, frexp, isfinite, ldexp, sqrt
 
-from common cimport floating, row_ln_apply
+from primitives cimport element, rn_ln_apply
 
 
-cdef inline bint _overflowed(double mg, double mgx, const floating *dy, const floating *x,
+cdef inline bint _overflowed(double mg, double mgx, const element *dy, const element *x,
                              Py_ssize_t d) noexcept nogil:
     """True when a LayerNorm backward row of finite inputs got non-finite reductions: x - mean
     overflowed the element type, and the row needs _ln_backward_careful.  A row holding
@@ -42,7 +42,7 @@ cdef inline bint _overflowed(double mg, double mgx, const floating *dy, const fl
     return True
 
 
-cdef inline int _row_exponent(const floating *x, Py_ssize_t d) noexcept nogil:
+cdef inline int _row_exponent(const element *x, Py_ssize_t d) noexcept nogil:
     """e with max|x| < 2**e <= 2 max|x|, so x * 2**-e lies in (-1, 1);  0 (no scaling)
     when the row holds inf or NaN: nothing to rescue, the non-finite result stands."""
     cdef double amax = 0.0, a
@@ -57,7 +57,7 @@ cdef inline int _row_exponent(const floating *x, Py_ssize_t d) noexcept nogil:
     return e
 
 
-cdef inline double _rms_rstd_rescaled(const floating *x, Py_ssize_t d, double eps) noexcept nogil:
+cdef inline double _rms_rstd_rescaled(const element *x, Py_ssize_t d, double eps) noexcept nogil:
     """rstd of a row whose sum of squares overflowed: computed on u = x * 2**-e."""
     cdef int e = _row_exponent(x, d)
     cdef double sumsq = 0.0, u
@@ -68,12 +68,12 @@ cdef inline double _rms_rstd_rescaled(const floating *x, Py_ssize_t d, double ep
     return ldexp(1.0 / sqrt(sumsq / d + ldexp(eps, -2 * e)), -e)
 
 
-cdef inline bint _ln_stats_trusted(const floating *x, double mean, double var,
+cdef inline bint _ln_stats_trusted(const element *x, double mean, double var,
                                    Py_ssize_t d) noexcept nogil:
     """False for the rows _ln_forward_careful must see (and for rows holding inf/NaN).
     x only selects the element type."""
     cdef double mean_error
-    if floating is double:
+    if element is double:
         # finite, and well above the rounding error of a mean of d equal values
         # (at most (d/32 + 6) half-ulps of it for the 32-lane sum of rowops.h)
         mean_error = (d + 8) * DBL_EPSILON * mean
@@ -83,7 +83,7 @@ cdef inline bint _ln_stats_trusted(const floating *x, double mean, double var,
         return d * var <= 0.25 * <double>FLT_MAX * <double>FLT_MAX
 
 
-cdef inline bint _row_is_constant(const floating *x, Py_ssize_t d) noexcept nogil:
+cdef inline bint _row_is_constant(const element *x, Py_ssize_t d) noexcept nogil:
     cdef Py_ssize_t k
     for k in range(1, d):
         if x[k] != x[0]:
@@ -91,8 +91,8 @@ cdef inline bint _row_is_constant(const floating *x, Py_ssize_t d) noexcept nogi
     return True
 
 
-cdef inline void _ln_forward_careful(floating *y, double *mean, double *rstd, const floating *x,
-                                     const floating *w, const floating *b, double var,
+cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, const element *x,
+                                     const element *w, const element *b, double var,
                                      double eps, Py_ssize_t d, bint stream) noexcept nogil:
     """One LayerNorm row that _ln_stats_trusted rejected (see the top of this file).
     y may be x itself: x is read in full before y is written, then element by element."""
@@ -102,9 +102,9 @@ cdef inline void _ln_forward_careful(floating *y, double *mean, double *rstd, co
     if _row_is_constant(x, d):
         mean[0] = x[0]
         rstd[0] = 1.0 / sqrt(eps)
-        row_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
         return
-    if floating is double:
+    if element is double:
         if not isfinite(var):
             e = _row_exponent(x, d)
     if e != 0:
@@ -132,10 +132,10 @@ cdef inline void _ln_forward_careful(floating *y, double *mean, double *rstd, co
             v = v * w[k]
         if b != NULL:
             v = v + b[k]
-        y[k] = <floating>v
+        y[k] = <element>v
 
 
-cdef inline (int, double, double) _xhat_scale(const floating *x, Py_ssize_t d, double mean,
+cdef inline (int, double, double) _xhat_scale(const element *x, Py_ssize_t d, double mean,
                                               double rstd) noexcept nogil:
     """(e, mean * 2**-e, rstd * 2**e) such that xhat = (x * 2**-e - mean * 2**-e) *
     (rstd * 2**e) is formed without overflow in double.  Scaling is needed only when the
@@ -147,11 +147,11 @@ cdef inline (int, double, double) _xhat_scale(const floating *x, Py_ssize_t d, d
     return e, ldexp(mean, -e), ldexp(rstd, e)
 
 
-cdef inline void _ln_backward_careful(floating *dx, double *dw_part, double *db_part,
-                                      const floating *dy, const floating *x, const floating *w,
+cdef inline void _ln_backward_careful(element *dx, double *dw_part, double *db_part,
+                                      const element *dy, const element *x, const element *w,
                                       double mean, double rstd, Py_ssize_t d) noexcept nogil:
     """One LayerNorm-backward row whose sums overflowed (or hold inf/NaN): the same
-    formulas as row_ln_bwd_sums / row_ln_bwd_apply, in double, with xhat formed as in
+    formulas as rn_ln_bwd_sums / row_ln_bwd_apply, in double, with xhat formed as in
     _xhat_scale.  dx may be x or dy itself (read before written, element by element)."""
     cdef int e
     cdef double mu, ru, xhat, g, sum_g = 0.0, sum_gxhat = 0.0, mg, mgx
@@ -171,4 +171,4 @@ cdef inline void _ln_backward_careful(floating *dx, double *dw_part, double *db_
             dw_part[k] += dy[k] * xhat
         if db_part != NULL:
             db_part[k] += dy[k]
-        dx[k] = <floating>(rstd * ((g - mg) - xhat * mgx))
+        dx[k] = <element>(rstd * ((g - mg) - xhat * mgx))

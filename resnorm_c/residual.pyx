@@ -28,16 +28,16 @@ from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memset
 
-from common cimport (floating, rn_cpu_init, opt_ptr, row_blocks, sum_partials, row_rms_bwd_dot,
-                     row_rms_bwd_apply, row_ln_bwd_sums, row_ln_bwd_apply, row_residual_add,
-                     row_residual_reduce, row_residual_norm_apply, row_residual_bwd, row_sigmoid,
-                     span_uniforms, span_keep, span_bits, RN_STREAM_UNFENCED, rn_sfence,
-                     row_rms_apply)
+from common cimport opt_ptr, row_blocks, sum_partials, RN_STREAM_UNFENCED, rn_sfence
+from primitives cimport (element, rn_import_core, rn_rms_bwd_dot, rn_rms_bwd_apply_rows,
+                         rn_ln_bwd_sums, rn_ln_bwd_apply_rows, rn_residual_add, rn_residual_reduce,
+                         rn_residual_norm_apply, rn_residual_bwd, rn_sigmoid, rn_philox_uniforms,
+                         rn_dropout_keep, rn_dropout_bits, rn_rms_apply)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
 
-rn_cpu_init()
+rn_import_core()
 
 cdef enum:
     DROPOUT_CHUNK = 8192  # elements per task of the flat dropout kernels
@@ -70,11 +70,11 @@ cdef inline uint64_t extend_bits(uint64_t *words, const rn_dropout *dp, uint64_t
     end - 1, into words (word j: group first_group + j); returns the new `made`."""
     cdef uint64_t need = (end + 63) // 64
     if need > made:
-        span_bits(words + (made - first_group), dp.seed, made, need - made, dp.threshold)
+        rn_dropout_bits(words + (made - first_group), dp.seed, made, need - made, dp.threshold)
     return need if need > made else made
 
 
-cdef inline const floating *at(const floating *p, Py_ssize_t k) noexcept nogil:
+cdef inline const element *at(const element *p, Py_ssize_t k) noexcept nogil:
     """p + k for an optional row (NULL stays NULL)."""
     if p == NULL:
         return NULL
@@ -89,7 +89,7 @@ cdef object thread_rows(object dtype, Py_ssize_t itemsize, int n_threads, Py_ssi
 
 # --------------------------------------------------------------------------- dropout
 
-def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout, int n_threads,
+def dropout_forward(element[::1] out, const element[::1] x, rn_dropout dropout, int n_threads,
                     bint stream=False):
     """y := x * m,  m_k = scale if uniform(seed, k) >= threshold else 0  (flat index k).
 
@@ -111,7 +111,7 @@ def dropout_forward(floating[::1] out, const floating[::1] x, rn_dropout dropout
                 # interleave finely
                 length = min(<Py_ssize_t>SEGMENT, end - k)
                 extend_bits(words, &dropout, k // 64, k // 64, k + length)
-                row_residual_add(&out[k], NULL, &x[k], NULL, <uint8_t *>words, 0, dropout.scale,
+                rn_residual_add(&out[k], NULL, &x[k], NULL, <uint8_t *>words, 0, dropout.scale,
                                  length, unfenced)
                 k = k + length
             if stream:
@@ -125,7 +125,7 @@ def dropout_mask(uint8_t[::1] keep, rn_dropout dropout, int n_threads):
     with nogil:
         for c in prange(n_chunks, schedule="static", num_threads=n_threads):
             k0 = c * DROPOUT_CHUNK
-            span_keep(&keep[k0], dropout.seed, k0, min(<Py_ssize_t>DROPOUT_CHUNK, n - k0),
+            rn_dropout_keep(&keep[k0], dropout.seed, k0, min(<Py_ssize_t>DROPOUT_CHUNK, n - k0),
                       dropout.threshold)
 
 
@@ -133,14 +133,14 @@ def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):
     """u[k] := the 32-bit Philox uniform of flat element start + k (for tests and teaching).
     NumPy reference: resnorm.reference.dropout_uniforms."""
     with nogil:
-        span_uniforms(&u[0], seed, start, u.shape[0])
+        rn_philox_uniforms(&u[0], seed, start, u.shape[0])
 
 
 # --------------------------------------------------------------------------- fused add + norm
 
-cdef inline void apply_row(floating *y, floating *hout, const floating *residual,
-                           const floating *x, const floating *a, const floating *w,
-                           const floating *b, double mean, double rstd, const uint8_t *keep,
+cdef inline void apply_row(element *y, element *hout, const element *residual,
+                           const element *x, const element *a, const element *w,
+                           const element *b, double mean, double rstd, const uint8_t *keep,
                            Py_ssize_t kpos, uint64_t *next_words, const rn_dropout *dp,
                            uint64_t next_start, Py_ssize_t d, int stream) noexcept nogil:
     """y (and hout) of one row from its cached x and residual, slice by slice; between
@@ -151,7 +151,7 @@ cdef inline void apply_row(floating *y, floating *hout, const floating *residual
     cdef uint64_t first = next_start // 64, made = next_start // 64
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
-        row_residual_norm_apply(y + k, hout + k if hout != NULL else NULL, residual + k, x + k,
+        rn_residual_norm_apply(y + k, hout + k if hout != NULL else NULL, residual + k, x + k,
                                 at(a, k), keep, kpos + k, scale, at(w, k), at(b, k), mean, rstd,
                                 length, stream)
         if next_words != NULL:
@@ -159,38 +159,38 @@ cdef inline void apply_row(floating *y, floating *hout, const floating *residual
         k += length
 
 
-cdef inline bint stats_trusted(bint layer, const floating *row, double mean, double var,
+cdef inline bint stats_trusted(bint layer, const element *row, double mean, double var,
                                Py_ssize_t d) noexcept nogil:
     """False for a row the fast path cannot normalise (rare_rows.pxd): LayerNorm, as in
     layer_norm_forward; RMSNorm, a float64 sum of squares beyond the double range (float32
     squares cannot leave it).  row only selects the element type."""
     if layer:
         return _ln_stats_trusted(row, mean, var, d)
-    if floating is float:
+    if element is float:
         return True
     else:
         return isfinite(var)
 
 
-cdef void rare_row(floating *y, floating *hrow, double *mean, double *rstd,
-                   const floating *residual, const floating *x, const floating *a,
-                   const floating *w, const floating *b, const uint8_t *keep, Py_ssize_t kpos,
+cdef void rare_row(element *y, element *hrow, double *mean, double *rstd,
+                   const element *residual, const element *x, const element *a,
+                   const element *w, const element *b, const uint8_t *keep, Py_ssize_t kpos,
                    double scale, double var, double eps, Py_ssize_t d) noexcept nogil:
     """A row of add_norm_forward that stats_trusted rejected: h is stored in hrow (which may
     be y, never w or b), then normalised by the norm kernels' scalar path (rare_rows.pxd).
     mean NULL: RMSNorm.  Kept out of the kernel's loop, which it would only make longer."""
-    row_residual_add(hrow, residual, x, a, keep, kpos, scale, d, False)
+    rn_residual_add(hrow, residual, x, a, keep, kpos, scale, d, False)
     if mean != NULL:
         _ln_forward_careful(y, mean, rstd, hrow, w, b, var, eps, d, False)
     else:
         rstd[0] = _rms_rstd_rescaled(hrow, d, eps)
-        row_rms_apply(y, hrow, w, rstd[0], d, False)
+        rn_rms_apply(y, hrow, w, rstd[0], d, False)
 
 
-def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
-                     double[::1] rstd, const floating[:, ::1] x, const floating[:, ::1] residual,
-                     const floating[::1] weight, const floating[::1] bias,
-                     const floating[::1] alpha, double eps, rn_dropout dropout, int n_threads,
+def add_norm_forward(element[:, ::1] y, element[:, ::1] h, double[::1] mean,
+                     double[::1] rstd, const element[:, ::1] x, const element[:, ::1] residual,
+                     const element[::1] weight, const element[::1] bias,
+                     const element[::1] alpha, double eps, rn_dropout dropout, int n_threads,
                      bint stream=False):
     """h := residual + alpha * dropout(x), then y := norm(h):
     RMSNorm (mean None):   y = h * rstd * w,                rstd = 1/sqrt(mean(h^2) + eps)
@@ -208,9 +208,9 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
     """
     cdef Py_ssize_t n = x.shape[0], d = x.shape[1], t, i, lo, hi
     cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
-    cdef const floating *w = opt_ptr(weight)
-    cdef const floating *b = opt_ptr(bias)
-    cdef const floating *a = opt_ptr(alpha)
+    cdef const element *w = opt_ptr(weight)
+    cdef const element *b = opt_ptr(bias)
+    cdef const element *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
     cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef bint pre = h is not None, layer = mean is not None
@@ -234,10 +234,10 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                 # RMSNorm's mean of h^2)
                 mu = 0.0
                 if layer:
-                    mu = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                    mu = rn_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
                                              i * d % 64, scale, d, False, 0.0) / d
                     mean[i] = mu
-                var = row_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                var = rn_residual_reduce(&residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
                                           i * d % 64, scale, d, True, mu) / d
                 if stats_trusted(layer, &residual[i, 0], mu, var, d):
                     rstd[i] = 1.0 / sqrt(var + eps)
@@ -259,9 +259,9 @@ def add_norm_forward(floating[:, ::1] y, floating[:, ::1] h, double[::1] mean,
                 rn_sfence()
 
 
-cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
-                             const floating *gh, const floating *dh, const floating *x,
-                             const floating *a, const uint8_t *keep, Py_ssize_t kpos,
+cdef inline void through_add(element *dx, element *dresidual, double *apart,
+                             const element *gh, const element *dh, const element *x,
+                             const element *a, const uint8_t *keep, Py_ssize_t kpos,
                              uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
                              Py_ssize_t d, int stream) noexcept nogil:
     """Backward of one row of h = residual + a*(x*m), given the gradient gh reaching h from
@@ -272,18 +272,18 @@ cdef inline void through_add(floating *dx, floating *dresidual, double *apart,
     cdef uint64_t first = next_start // 64, made = next_start // 64
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
-        row_residual_bwd(dx + k, dresidual + k, apart + k if apart != NULL else NULL, gh + k,
+        rn_residual_bwd(dx + k, dresidual + k, apart + k if apart != NULL else NULL, gh + k,
                          at(dh, k), at(x, k), at(a, k), keep, kpos + k, scale, length, stream)
         if next_words != NULL:
             made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
 
 
-def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[::1] dweight,
-                      floating[::1] dbias, double[::1] dalpha, const floating[:, ::1] dy,
-                      const floating[:, ::1] dh, const floating[:, ::1] h,
-                      const floating[:, ::1] x, const floating[:, ::1] residual,
-                      const floating[::1] weight, const floating[::1] alpha,
+def add_norm_backward(element[:, ::1] dx, element[:, ::1] dresidual, element[::1] dweight,
+                      element[::1] dbias, double[::1] dalpha, const element[:, ::1] dy,
+                      const element[:, ::1] dh, const element[:, ::1] h,
+                      const element[:, ::1] x, const element[:, ::1] residual,
+                      const element[::1] weight, const element[::1] alpha,
                       const double[::1] mean, const double[::1] rstd, rn_dropout dropout,
                       int n_threads, bint stream=False):
     """gh := dh + J_norm(h)^T dy, the gradient reaching h, with g = dy*w:
@@ -301,8 +301,8 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
     cdef Py_ssize_t n = dy.shape[0], d = dy.shape[1]
     cdef Py_ssize_t nb = row_blocks(n), blk, i, lo, hi
     cdef int nt = max(1, n_threads), unfenced = RN_STREAM_UNFENCED if stream else 0
-    cdef const floating *w = opt_ptr(weight)
-    cdef const floating *a = opt_ptr(alpha)
+    cdef const element *w = opt_ptr(weight)
+    cdef const element *a = opt_ptr(alpha)
     cdef const rn_dropout *dp = active(&dropout)
     cdef double scale = dropout.scale if dp != NULL else 1.0
     cdef bint pre = h is not None, layer = mean is not None, has_dh = dh is not None
@@ -312,19 +312,19 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
     cdef double[:, ::1] dw_part = dw_array
     cdef double[:, ::1] db_part = db_array
     cdef double[:, ::1] da_part = da_array
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), nt, d)
+    cdef element[:, ::1] scratch = thread_rows(
+        np.float32 if element is float else np.float64, sizeof(element), nt, d)
     cdef Py_ssize_t nw = mask_words(d)
     cdef uint64_t[:, ::1] masks = np.zeros((nt, 2 * nw if dp != NULL else 1), np.uint64)
-    cdef floating *gs
+    cdef element *gs
     cdef uint64_t *keep
     cdef uint64_t *keep_next
     cdef uint64_t *swap
-    cdef const floating *hp
+    cdef const element *hp
     cdef double *wpart
     cdef double *bpart
     cdef double *apart
-    cdef double m, sum_g, sum_ghhat
+    cdef double m, sum_g, sum_ghhat, mean_g, mean_ghhat
     with nogil:
         for blk in prange(nb, schedule="static", num_threads=nt):
             # gs: the gradient reaching this row of h (in Post-Norm first h itself);
@@ -352,7 +352,7 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
                 if pre:
                     hp = &h[i, 0]
                 else:
-                    row_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
+                    rn_residual_add(gs, &residual[i, 0], &x[i, 0], a, <uint8_t *>keep,
                                      i * d % 64, scale, d, False)
                     hp = gs
                 # the norm backward leaves the gradient reaching h in gs
@@ -361,17 +361,19 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
                     # thread-private (Cython shares a variable written only through a pointer)
                     sum_g = 0.0
                     sum_ghhat = 0.0
-                    row_ln_bwd_sums(&sum_g, &sum_ghhat, &dy[i, 0], hp, w, mean[i], rstd[i], d)
+                    rn_ln_bwd_sums(&sum_g, &sum_ghhat, &dy[i, 0], hp, w, mean[i], rstd[i], d)
                     if _overflowed(sum_g / d, sum_ghhat / d, &dy[i, 0], hp, d):
                         # h - mean overflowed the element type (rare_rows.pxd)
                         _ln_backward_careful(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i],
                                              rstd[i], d)
                     else:
-                        row_ln_bwd_apply(gs, wpart, bpart, &dy[i, 0], hp, w, mean[i], rstd[i],
-                                         sum_g / d, sum_ghhat / d, d, False)
+                        mean_g = sum_g / d
+                        mean_ghhat = sum_ghhat / d
+                        rn_ln_bwd_apply_rows(gs, wpart, bpart, &dy[i, 0], hp, w, &mean[i],
+                                             &rstd[i], &mean_g, &mean_ghhat, 1, d, False)
                 else:
-                    m = row_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
-                    row_rms_bwd_apply(gs, wpart, &dy[i, 0], hp, w, rstd[i], m, d, False)
+                    m = rn_rms_bwd_dot(&dy[i, 0], hp, w, rstd[i], d) / d
+                    rn_rms_bwd_apply_rows(gs, wpart, &dy[i, 0], hp, w, &rstd[i], &m, 1, d, False)
                 through_add(&dx[i, 0], &dresidual[i, 0], apart, gs, &dh[i, 0] if has_dh else NULL,
                             &x[i, 0] if has_da else NULL, a, <uint8_t *>keep, i * d % 64,
                             keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
@@ -391,8 +393,8 @@ def add_norm_backward(floating[:, ::1] dx, floating[:, ::1] dresidual, floating[
 
 # --------------------------------------------------------------------------- scaled residual
 
-def scaled_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
-                            const floating[:, ::1] branch, const floating[::1] alpha,
+def scaled_residual_forward(element[:, ::1] out, const element[:, ::1] x,
+                            const element[:, ::1] branch, const element[::1] alpha,
                             int n_threads, bint stream=False):
     """h := x + alpha * F  (alpha (D,), or None: 1).  The gated residual with a per-channel
     gate is this op with alpha = sigmoid(g).
@@ -400,15 +402,15 @@ def scaled_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
     out may be x or F itself.
     """
     cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
-    cdef const floating *a = opt_ptr(alpha)
+    cdef const element *a = opt_ptr(alpha)
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], a, NULL, 0, 1.0, d, stream)
+            rn_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], a, NULL, 0, 1.0, d, stream)
 
 
-def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, double[::1] dalpha,
-                             const floating[:, ::1] dh, const floating[:, ::1] branch,
-                             const floating[::1] alpha, int n_threads, bint stream=False):
+def scaled_residual_backward(element[:, ::1] dx, element[:, ::1] dbranch, double[::1] dalpha,
+                             const element[:, ::1] dh, const element[:, ::1] branch,
+                             const element[::1] alpha, int n_threads, bint stream=False):
     """dx := dh;  dF := dh * alpha;  dalpha (float64, per channel) := sum_rows dh * F.
 
     dalpha None: not wanted (branch may then be None).
@@ -416,12 +418,12 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
     """
     cdef Py_ssize_t n = dh.shape[0], d = dh.shape[1]
     cdef Py_ssize_t nb = row_blocks(n), blk, i
-    cdef const floating *a = opt_ptr(alpha)
+    cdef const element *a = opt_ptr(alpha)
     cdef bint has_da = dalpha is not None
     buffer, (da_array,) = lend_partials(nb, d, has_da)
     cdef double[:, ::1] da_part = da_array
     cdef double *apart
-    cdef const floating *fp
+    cdef const element *fp
     with nogil:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             apart = NULL
@@ -430,7 +432,7 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
                 memset(apart, 0, d * sizeof(double))
             for i in range(blk * n // nb, (blk + 1) * n // nb):
                 fp = &branch[i, 0] if has_da else NULL
-                row_residual_bwd(&dbranch[i, 0], &dx[i, 0], apart, &dh[i, 0], NULL, fp, a,
+                rn_residual_bwd(&dbranch[i, 0], &dx[i, 0], apart, &dh[i, 0], NULL, fp, a,
                                  NULL, 0, 1.0, d, stream)
     if has_da:
         sum_partials(dalpha, da_part, n_threads)
@@ -439,48 +441,48 @@ def scaled_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch, doub
 
 # --------------------------------------------------------------------------- gated residual
 
-def sigmoid(floating[:, ::1] s, floating[:, ::1] ds, const floating[:, ::1] g, int n_threads):
+def sigmoid(element[:, ::1] s, element[:, ::1] ds, const element[:, ::1] g, int n_threads):
     """s := 1/(1 + exp(-g));  ds := s*(1-s), both computed in double (ds may be None)."""
     cdef Py_ssize_t i, n = g.shape[0], d = g.shape[1]
     cdef bint has_ds = ds is not None
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            row_sigmoid(&s[i, 0], &ds[i, 0] if has_ds else NULL, &g[i, 0], d)
+            rn_sigmoid(&s[i, 0], &ds[i, 0] if has_ds else NULL, &g[i, 0], d)
 
 
-def gated_residual_forward(floating[:, ::1] out, const floating[:, ::1] x,
-                           const floating[:, ::1] branch, const floating[:, ::1] gate,
+def gated_residual_forward(element[:, ::1] out, const element[:, ::1] x,
+                           const element[:, ::1] branch, const element[:, ::1] gate,
                            int n_threads, bint stream=False):
     """h := x + sigmoid(g) * F, g of F's shape (a per-channel g goes through
     scaled_residual_forward).  NumPy reference: resnorm.reference.gated_residual_forward."""
     cdef Py_ssize_t i, n = x.shape[0], d = x.shape[1]
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, d)
-    cdef floating *s
+    cdef element[:, ::1] scratch = thread_rows(
+        np.float32 if element is float else np.float64, sizeof(element), n_threads, d)
+    cdef element *s
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
             s = &scratch[threadid(), 0]
-            row_sigmoid(s, NULL, &gate[i, 0], d)
-            row_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], s, NULL, 0, 1.0, d, stream)
+            rn_sigmoid(s, NULL, &gate[i, 0], d)
+            rn_residual_add(&out[i, 0], &x[i, 0], &branch[i, 0], s, NULL, 0, 1.0, d, stream)
 
 
-def gated_residual_backward(floating[:, ::1] dx, floating[:, ::1] dbranch,
-                            floating[:, ::1] dgate, const floating[:, ::1] dh,
-                            const floating[:, ::1] branch, const floating[:, ::1] gate,
+def gated_residual_backward(element[:, ::1] dx, element[:, ::1] dbranch,
+                            element[:, ::1] dgate, const element[:, ::1] dh,
+                            const element[:, ::1] branch, const element[:, ::1] gate,
                             int n_threads, bint stream=False):
     """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
     NumPy reference: resnorm.reference.gated_residual_backward."""
     cdef Py_ssize_t i, n = dh.shape[0], d = dh.shape[1]
-    cdef floating[:, ::1] scratch = thread_rows(
-        np.float32 if floating is float else np.float64, sizeof(floating), n_threads, 3 * d)
-    cdef floating *s
+    cdef element[:, ::1] scratch = thread_rows(
+        np.float32 if element is float else np.float64, sizeof(element), n_threads, 3 * d)
+    cdef element *s
     with nogil:
         for i in prange(n, schedule="static", num_threads=n_threads):
             # s, s + d, s + 2d: sigmoid(g), its derivative s(1-s), and dh * s(1-s)
             s = &scratch[threadid(), 0]
-            row_sigmoid(s, s + d, &gate[i, 0], d)
-            row_residual_bwd(&dbranch[i, 0], &dx[i, 0], NULL, &dh[i, 0], NULL, NULL, s, NULL, 0,
+            rn_sigmoid(s, s + d, &gate[i, 0], d)
+            rn_residual_bwd(&dbranch[i, 0], &dx[i, 0], NULL, &dh[i, 0], NULL, NULL, s, NULL, 0,
                              1.0, d, stream)
-            row_residual_add(s + 2 * d, NULL, &dh[i, 0], s + d, NULL, 0, 1.0, d, False)
-            row_residual_add(&dgate[i, 0], NULL, &branch[i, 0], s + 2 * d, NULL, 0, 1.0, d,
+            rn_residual_add(s + 2 * d, NULL, &dh[i, 0], s + d, NULL, 0, 1.0, d, False)
+            rn_residual_add(&dgate[i, 0], NULL, &branch[i, 0], s + 2 * d, NULL, 0, 1.0, d,
                              stream)

@@ -1,4 +1,4 @@
-"""Derives the polynomial coefficients of resnorm_c/vmath.h and reports their accuracy.
+"""Derives the polynomial coefficients of resnorm_c/core/vmath.h and reports their accuracy.
 
     python tools/fit_vmath.py
 

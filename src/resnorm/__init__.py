@@ -1,7 +1,7 @@
 """resnorm: fast, honest CPU kernels for the pieces that hold a deep Transformer together."""
 from . import reference
-from ._runtime import build_flags, openmp_enabled, simd_level
-from ._runtime import get_max_threads as get_num_threads
+from ._core import build_flags, openmp_enabled, simd_level
+from ._core import get_max_threads as get_num_threads
 from .explain import explain
 from .inverted_dropout import DropoutCache, dropout, dropout_backward, dropout_forward
 from .norms import (

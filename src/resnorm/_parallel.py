@@ -1,5 +1,5 @@
 """How many threads a call uses and when it streams its output past the caches."""
-from . import _runtime
+from . import _core
 
 # Below this many elements a call runs on one thread: waking a second thread and meeting it
 # at the barrier costs more than the work.  benchmarks/thread_threshold.py measured the
@@ -19,7 +19,7 @@ def threads_for(n_threads, n_elements):
     but 1 when the work is too small to pay for a parallel region."""
     if n_elements < PARALLEL_MIN_ELEMENTS:
         return 1
-    return _runtime.get_max_threads() if n_threads is None else n_threads
+    return _core.get_max_threads() if n_threads is None else n_threads
 
 
 def streams(nbytes):

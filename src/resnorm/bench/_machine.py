@@ -6,7 +6,7 @@ from importlib import metadata
 
 import numpy as np
 
-from .. import _runtime
+from .. import _core
 
 # installed versions (Cython: the one installed now; cython_build: the one that built us)
 _VERSIONED = ["numpy", "scipy", "torch", "Cython", "matplotlib", "threadpoolctl"]
@@ -59,7 +59,7 @@ def _version(dist):
 def _cython_build_version():
     """The Cython that generated the extension, read from the ABI module name of its
     function type ('_cython_3_3_1' -> '3.3.1'); None when it does not look like that."""
-    module = type(_runtime.simd_level).__module__
+    module = type(_core.simd_level).__module__
     return module[len("_cython_"):].replace("_", ".") if module.startswith("_cython_") else None
 
 
@@ -82,10 +82,10 @@ def machine_info():
         "cores": os.cpu_count(),
         "caches": _cache_sizes(),
         "cpu_simd_flags": simd_flags,
-        "simd_level": _runtime.simd_level(),
-        "openmp": _runtime.openmp_enabled(),
-        "omp_max_threads": _runtime.get_max_threads(),
-        "build_flags": _runtime.build_flags(),
+        "simd_level": _core.simd_level(),
+        "openmp": _core.openmp_enabled(),
+        "omp_max_threads": _core.get_max_threads(),
+        "build_flags": _core.build_flags(),
         "compiler": sysconfig.get_config_var("CC"),
         "cython_build": _cython_build_version(),
         "python": platform.python_version(),

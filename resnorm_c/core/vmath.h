@@ -1,11 +1,11 @@
 /* Loops of the Transformer layers that call exp or erfc once per element: GELU (exact and
- * tanh forms, forward and backward) and the exponentials of the attention softmax.
+ * tanh forms, forward and backward) and the exponentials of the attention softmax (typed
+ * template; element.h includes it after vec.h).
  *
  * float32: libm's expf/erff are scalar calls, which made GELU a quarter of a training step.
  * Here exp and erfc are written with +, *, / and integer bit operations only, so the loops
- * vectorise.  With GCC on x86-64 Linux each loop is compiled three times (AVX-512, AVX2,
- * baseline) and the loader picks the widest the CPU has (target_clones).  -ffp-contract=off
- * (setup.py) keeps every level from fusing a*b+c, so all levels give bitwise the same numbers.
+ * vectorise at every level; -ffp-contract=off (setup.py) keeps every level from fusing
+ * a*b+c, so all levels give bitwise the same numbers.
  *
  * float64: libm exp / erfc (accuracy first; float64 runs are for checking, not speed).
  *
@@ -14,19 +14,8 @@
  * <= 3e-6 wherever |gelu(x)| > 1e-6 (no cancellation in the negative tail: the tail is
  * computed as 0.5 * erfc(|x|/sqrt 2) directly, not as 1 + erf(x)).
  */
-#ifndef RESNORM_VMATH_H
-#define RESNORM_VMATH_H
-
-#include <Python.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
-
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define RN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define RN_CLONES
-#endif
+#ifndef RN_VMATH_SCALARS
+#define RN_VMATH_SCALARS
 
 /* exp(x) for float: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite: ln2 = hi + lo, hi has few bits
  * so n*hi is exact), exp(r) = 1 + r + r^2 q(r), then the exponent field gets n.  q is a
@@ -79,41 +68,38 @@ static inline float rn_erfcf(float z, float *gauss)
 #define RN_SQRT_2_OVER_PI 0.79788456080286535588
 #define RN_GELU_CUBIC 0.044715
 
+#endif /* RN_VMATH_SCALARS */
+
 /* ---- exact GELU: y = x Phi(x), Phi(x) = 1 - erfc(x/sqrt2)/2 (x >= 0) or erfc(|x|/sqrt2)/2 */
 
-RN_CLONES static void rn_gelu_f32(float *y, const float *x, Py_ssize_t n)
+static void RN_NAME(gelu)(RN_T *y, const RN_T *x, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
+#if RN_TFLOAT
         float g;
         const float e = rn_erfcf(fabsf(x[i]) * (float)RN_INV_SQRT2, &g);
         const float phi = x[i] >= 0.0f ? 1.0f - 0.5f * e : 0.5f * e;
         y[i] = x[i] * phi;
+#else
+        y[i] = x[i] * 0.5 * erfc(-x[i] * RN_INV_SQRT2);
+#endif
     }
 }
 
 /* dx = dy (Phi(x) + x phi(x)),  phi(x) = exp(-x^2/2) / sqrt(2 pi) */
-RN_CLONES static void rn_gelu_backward_f32(float *dx, const float *dy, const float *x,
-                                           Py_ssize_t n)
+static void RN_NAME(gelu_backward)(RN_T *dx, const RN_T *dy, const RN_T *x, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
+#if RN_TFLOAT
         float g;
         const float e = rn_erfcf(fabsf(x[i]) * (float)RN_INV_SQRT2, &g);
         const float phi = x[i] >= 0.0f ? 1.0f - 0.5f * e : 0.5f * e;
         dx[i] = dy[i] * (phi + x[i] * (float)RN_INV_SQRT_2PI * g);
-    }
-}
-
-static void rn_gelu_f64(double *y, const double *x, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++)
-        y[i] = x[i] * 0.5 * erfc(-x[i] * RN_INV_SQRT2);
-}
-
-static void rn_gelu_backward_f64(double *dx, const double *dy, const double *x, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++)
+#else
         dx[i] = dy[i] * (0.5 * erfc(-x[i] * RN_INV_SQRT2)
                          + x[i] * RN_INV_SQRT_2PI * exp(-0.5 * x[i] * x[i]));
+#endif
+    }
 }
 
 /* ---- tanh GELU: y = 0.5 x (1 + tanh(u)) = x s,  s = sigmoid(2u) = 1 / (1 + e),
@@ -123,63 +109,43 @@ static void rn_gelu_backward_f64(double *dx, const double *dy, const double *x, 
  * (not inf * 0) where e overflows or underflows.  u is computed from x clamped to +-CLAMP,
  * where the sigmoid has saturated (float: exp's own clamp; double: e = inf or 0), which
  * keeps x^3 finite for any input. */
-#define RN_GELU_TANH_BODY(T, EXP, CLAMP)                                                      \
-    const T xc = x[i] > (T)(CLAMP) ? (T)(CLAMP) : (x[i] < (T)-(CLAMP) ? (T)-(CLAMP) : x[i]);  \
-    const T e = EXP((T)-2 * (T)RN_SQRT_2_OVER_PI * (xc + (T)RN_GELU_CUBIC * xc * xc * xc));   \
-    const T s = (T)1 / ((T)1 + e);
+#if RN_TFLOAT
+#define RN_EXP_ rn_expf
+#define RN_CLAMP_ 20
+#else
+#define RN_EXP_ exp
+#define RN_CLAMP_ 30
+#endif
+#define RN_GELU_TANH_S_                                                                       \
+    const RN_T xc = x[i] > (RN_T)RN_CLAMP_ ? (RN_T)RN_CLAMP_                                  \
+                    : (x[i] < (RN_T)-RN_CLAMP_ ? (RN_T)-RN_CLAMP_ : x[i]);                    \
+    const RN_T e = RN_EXP_((RN_T)-2 * (RN_T)RN_SQRT_2_OVER_PI                                 \
+                           * (xc + (RN_T)RN_GELU_CUBIC * xc * xc * xc));                      \
+    const RN_T s = (RN_T)1 / ((RN_T)1 + e);
 
-#define RN_GELU_TANH_GRAD(T)                                                           \
-    (s + xc * (T)2 / ((T)2 + e + (T)1 / e) * (T)RN_SQRT_2_OVER_PI                             \
-             * ((T)1 + (T)(3 * RN_GELU_CUBIC) * xc * xc))
-
-RN_CLONES static void rn_gelu_tanh_f32(float *y, const float *x, Py_ssize_t n)
+static void RN_NAME(gelu_tanh)(RN_T *y, const RN_T *x, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
-        RN_GELU_TANH_BODY(float, rn_expf, 20)
+        RN_GELU_TANH_S_
         y[i] = x[i] * s;
     }
 }
 
-RN_CLONES static void rn_gelu_tanh_backward_f32(float *dx, const float *dy, const float *x,
-                                                Py_ssize_t n)
+static void RN_NAME(gelu_tanh_backward)(RN_T *dx, const RN_T *dy, const RN_T *x, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
-        RN_GELU_TANH_BODY(float, rn_expf, 20)
-        dx[i] = dy[i] * RN_GELU_TANH_GRAD(float);
+        RN_GELU_TANH_S_
+        dx[i] = dy[i] * (s + xc * (RN_T)2 / ((RN_T)2 + e + (RN_T)1 / e) * (RN_T)RN_SQRT_2_OVER_PI
+                                 * ((RN_T)1 + (RN_T)(3 * RN_GELU_CUBIC) * xc * xc));
     }
 }
-
-static void rn_gelu_tanh_f64(double *y, const double *x, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        RN_GELU_TANH_BODY(double, exp, 30)
-        y[i] = x[i] * s;
-    }
-}
-
-static void rn_gelu_tanh_backward_f64(double *dx, const double *dy, const double *x,
-                                      Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        RN_GELU_TANH_BODY(double, exp, 30)
-        dx[i] = dy[i] * RN_GELU_TANH_GRAD(double);
-    }
-}
+#undef RN_GELU_TANH_S_
+#undef RN_CLAMP_
 
 /* ---- softmax exponentials: p[j] = exp(scale * (s[j] - m)) */
-
-RN_CLONES static void rn_exp_shifted_f32(float *p, const float *s, float m, float scale,
-                                         Py_ssize_t n)
+static void RN_NAME(exp_shifted)(RN_T *p, const RN_T *s, RN_T m, RN_T scale, Py_ssize_t n)
 {
     for (Py_ssize_t j = 0; j < n; j++)
-        p[j] = rn_expf(scale * (s[j] - m));
+        p[j] = RN_EXP_(scale * (s[j] - m));
 }
-
-static void rn_exp_shifted_f64(double *p, const double *s, double m, double scale,
-                               Py_ssize_t n)
-{
-    for (Py_ssize_t j = 0; j < n; j++)
-        p[j] = exp(scale * (s[j] - m));
-}
-
-#endif
+#undef RN_EXP_

@@ -4,7 +4,8 @@
  * (seed, element index) alone: no state, nothing to advance, the same on every thread
  * count, ISA level and machine.  Backward regenerates a mask instead of storing it.
  *
- * Included by cpu_level.h once per level (RN_LEVEL, RN_ISA, RN_VBYTES defined).
+ * An untyped template: level.h includes it once per level (RN_LEVEL, RN_ISA, RN_VBYTES
+ * defined).  RN_PNAME(base) is rn_<base>_<level>, e.g. rn_dropout_bits_avx2.
  *
  * Element -> uniform map.  Flat element index i (C order) belongs to group G = i / 64.  A
  * group is sixteen Philox blocks with counters 16G + l (l = 0..15) and key (seed low 32
@@ -188,8 +189,9 @@ static void RN_PNAME(philox_uniforms)(uint32_t *u, uint64_t seed, uint64_t start
 #undef ST_
 }
 
-/* keep[k] := 1 if the uniform of element start + k is >= threshold, else 0 (the mask that
- * dropout applies; dropout_mult in rowops.h turns it into multipliers directly). */
+/* keep[k] := 1 if the uniform of element start + k is >= threshold, else 0: the mask that
+ * dropout applies, one byte per element, for return_mask and teaching (the kernels use
+ * dropout_bits' words, which vec.h's vmult turns into multipliers). */
 static void RN_PNAME(dropout_keep)(uint8_t *keep, uint64_t seed, uint64_t start, Py_ssize_t n,
                                    uint32_t threshold)
 {

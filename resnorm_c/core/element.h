@@ -1,0 +1,24 @@
+/* Instantiates the typed templates for one element type at one level: level.h includes it
+ * once per element type, with RN_T, RN_TS and RN_TFLOAT defined (see vec.h). */
+#include "vec.h"
+#include "reduce.h"
+#include "apply.h"
+#include "backward.h"
+#include "residual_rows.h"
+#include "partials.h"
+#include "vmath.h"
+
+/* vec.h's names, defined again for the next element type */
+#undef RN_PFV_X
+#undef RN_PFV_DY_X
+#undef RN_ELEMENTWISE
+#undef RN_KEEP
+#undef RN_ITYPE
+#undef RN_NHALF
+#undef RN_HVEC
+#undef RN_DVEC
+#undef RN_VEC
+#undef RN_NACC
+#undef RN_DW
+#undef RN_W
+#undef RN_NAME

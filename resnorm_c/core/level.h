@@ -1,0 +1,35 @@
+/* The whole core at one level: each level_<name>.c defines RN_LEVEL (3 avx512 | 2 avx2 |
+ * 1 sse2 | 0 portable), RN_ISA (the name) and RN_VBYTES (native vector bytes), puts the
+ * level's target attribute in force, and includes this file.  It instantiates every
+ * template and defines the level's table of primitives, rn_ops_<name>, filled by member
+ * name (primitives.h). */
+
+#include "rn_base.h"
+#include "primitives.h"
+
+/* the untyped primitives */
+#include "philox.h"
+#define RN_UNTYPED
+#include "partials.h"
+#undef RN_UNTYPED
+
+/* the typed primitives, once per element type of primitives.py's ELEMENT_TYPES */
+#define RN_T float
+#define RN_TS f32
+#define RN_TFLOAT 1
+#include "element.h"
+#undef RN_T
+#undef RN_TS
+#undef RN_TFLOAT
+
+#define RN_T double
+#define RN_TS f64
+#define RN_TFLOAT 0
+#include "element.h"
+#undef RN_T
+#undef RN_TS
+#undef RN_TFLOAT
+
+#define RN_EXPAND_(M, A) M(A)
+const rn_ops RN_CAT(rn_ops_, RN_ISA) = RN_EXPAND_(RN_LEVEL_TABLE, RN_ISA);
+#undef RN_EXPAND_

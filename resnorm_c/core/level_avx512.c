@@ -1,0 +1,16 @@
+/* The core compiled for AVX-512F (chosen at import when the CPU has it: dispatch.c). */
+#include "rn_base.h"
+#if RN_X86
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
+#pragma GCC target("avx512f")
+#endif
+#define RN_LEVEL 3
+#define RN_ISA avx512
+#define RN_VBYTES 64
+#include "level.h"
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+#endif
