@@ -1,5 +1,5 @@
-# Shared Cython declarations of the kernel modules: the OpenMP stub, the core's constants,
-# and the fixed row blocks through which every reduction over rows goes.
+# Shared Cython declarations of the kernels: the OpenMP stub, the core's constants, and the
+# fixed row blocks through which every reduction over rows goes.
 from cython.parallel cimport prange
 
 from primitives cimport element, rn_accumulate, rn_narrow
@@ -23,11 +23,11 @@ cdef extern from "core.h" nogil:
     void rn_sfence()
 
 
-cdef inline const element *opt_ptr(const element[::1] v) noexcept:
-    """The data of an optional vector (weight, bias, alpha), NULL for None."""
-    if v is None:
+cdef inline const element *at(const element *p, Py_ssize_t k) noexcept nogil:
+    """p + k for an optional row (NULL stays NULL)."""
+    if p == NULL:
         return NULL
-    return &v[0]
+    return p + k
 
 
 # ---- reductions over rows: fixed row blocks, one float64 partial row per block ----
@@ -46,15 +46,22 @@ cdef inline Py_ssize_t row_blocks(Py_ssize_t n_rows) noexcept nogil:
     return max(1, min(MAX_ROW_BLOCKS, nb))
 
 
-cdef inline void sum_partials(element[::1] out, double[:, ::1] part, int n_threads) noexcept:
-    """out[j] := sum_b part[b, j], added in block order b = 0, 1, ... for every j.
-    (part is overwritten: row 0 accumulates the total.)"""
-    cdef Py_ssize_t nb = part.shape[0], d = part.shape[1]
-    cdef Py_ssize_t n_tasks = (d + REDUCE_COLUMNS - 1) // REDUCE_COLUMNS, t, j0, m, b
-    with nogil:
+cdef inline void sum_columns(element *out, double *part, Py_ssize_t nb, Py_ssize_t d,
+                             Py_ssize_t j0) noexcept nogil:
+    cdef Py_ssize_t b, m = min(<Py_ssize_t>REDUCE_COLUMNS, d - j0)
+    for b in range(1, nb):
+        rn_accumulate(part + j0, part + b * d + j0, m)
+    rn_narrow(out + j0, part + j0, m)
+
+
+cdef inline void sum_partials(element *out, double *part, Py_ssize_t nb, Py_ssize_t d,
+                              int n_threads) noexcept nogil:
+    """out[j] := sum_b part[b, j] for the (nb, d) partial rows, added in block order
+    b = 0, 1, ... for every j.  (part is overwritten: row 0 accumulates the total.)"""
+    cdef Py_ssize_t n_tasks = (d + REDUCE_COLUMNS - 1) // REDUCE_COLUMNS, t
+    if n_threads == 1 or n_tasks == 1:
+        for t in range(n_tasks):
+            sum_columns(out, part, nb, d, t * REDUCE_COLUMNS)
+    else:
         for t in prange(n_tasks, schedule="static", num_threads=n_threads):
-            j0 = t * REDUCE_COLUMNS
-            m = min(REDUCE_COLUMNS, d - j0)
-            for b in range(1, nb):
-                rn_accumulate(&part[0, j0], &part[b, j0], m)
-            rn_narrow(&out[j0], &part[0, j0], m)
+            sum_columns(out, part, nb, d, t * REDUCE_COLUMNS)

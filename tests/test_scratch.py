@@ -1,53 +1,60 @@
-"""The pool that lends the backward kernels their float64 partial-sum scratch."""
+"""The pool that lends the kernels their scratch (the float64 partial sums of backward, row
+statistics, per-thread rows and keep masks): resnorm._api's lend / give back."""
 import threading
 
 import numpy as np
 import pytest
 
 import resnorm
-from resnorm import _scratch
+from resnorm import _api
+
+KEEP_BUFFERS, KEEP_MAX_BYTES = _api.scratch_limits()
 
 
 @pytest.fixture(autouse=True)
 def empty_pool():
-    with _scratch._lock:
-        saved = list(_scratch._free)
-        _scratch._free.clear()
+    _api.clear_scratch_pool()
     yield
-    with _scratch._lock:
-        _scratch._free[:] = saved
+    _api.clear_scratch_pool()
 
 
-def test_views_have_the_asked_shapes_and_do_not_overlap():
-    buffer, (a, b, c) = _scratch.lend_partials(5, 7, True, False, True)
-    assert a.shape == (5, 7) and b.shape == (5, 0) and c.shape == (5, 7)
-    assert a.dtype == c.dtype == np.float64 and a.flags.c_contiguous and c.flags.c_contiguous
-    assert not np.shares_memory(a, c)
-    assert np.shares_memory(a, buffer) and np.shares_memory(c, buffer)
-
-
-def test_a_returned_buffer_is_lent_again_whole():
-    buffer, _ = _scratch.lend_partials(4, 100, True)
-    _scratch.give_back(buffer)
-    again, (small,) = _scratch.lend_partials(2, 10, True)
-    assert again is buffer and again.size == 400 and small.shape == (2, 10)
+def test_a_returned_buffer_is_lent_again():
+    first = _api.lend_scratch(4000)
+    del first                                   # given back
+    assert _api.scratch_pool() == [4000]
+    again = _api.lend_scratch(100)              # the smallest kept buffer that fits
+    assert _api.scratch_pool() == []
+    del again
+    assert _api.scratch_pool() == [4000]
 
 
 def test_a_lent_buffer_is_not_lent_twice():
-    first, _ = _scratch.lend_partials(4, 100, True)
-    second, _ = _scratch.lend_partials(4, 100, True)
-    assert not np.shares_memory(first, second)
+    first = _api.lend_scratch(4000)
+    second = _api.lend_scratch(4000)
+    del first, second
+    assert _api.scratch_pool() == [4000, 4000]
 
 
 def test_pool_keeps_a_bounded_number_of_buffers_and_drops_big_ones():
-    lent = [_scratch.lend_partials(1, 10 + k, True)[0] for k in range(_scratch.KEEP_BUFFERS + 3)]
-    for buffer in lent:
-        _scratch.give_back(buffer)
-    assert len(_scratch._free) == _scratch.KEEP_BUFFERS
-    assert sorted(b.size for b in _scratch._free) == [b.size for b in lent[-_scratch.KEEP_BUFFERS:]]
-    big = np.empty(_scratch.KEEP_MAX_BYTES // 8 + 1)
-    _scratch.give_back(big)
-    assert all(b is not big for b in _scratch._free)
+    lent = [_api.lend_scratch(1000 + k) for k in range(KEEP_BUFFERS + 3)]
+    sizes = [1000 + k for k in range(KEEP_BUFFERS + 3)]
+    del lent
+    assert _api.scratch_pool() == sizes[-KEEP_BUFFERS:]   # the largest ones are kept
+    big = _api.lend_scratch(KEEP_MAX_BYTES + 1)
+    del big
+    assert KEEP_MAX_BYTES + 1 not in _api.scratch_pool()
+
+
+def test_backward_calls_give_their_scratch_back():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((64, 300)).astype(np.float32)
+    _, cache = resnorm.layer_norm_forward(x, np.ones(300, np.float32), np.zeros(300, np.float32))
+    resnorm.layer_norm_backward(np.ones_like(x), cache)
+    kept = _api.scratch_pool()
+    assert len(kept) == 1
+    for _ in range(10):
+        resnorm.layer_norm_backward(np.ones_like(x), cache)
+    assert _api.scratch_pool() == kept          # reused, not allocated again
 
 
 def test_concurrent_backward_calls_match_serial_ones():

@@ -1,27 +1,39 @@
-"""How many threads a call uses and when it streams its output past the caches."""
-from . import _core
+"""How many threads a call uses and when it streams its output past the caches.
 
-# Below this many elements a call runs on one thread: waking a second thread and meeting it
-# at the barrier costs more than the work.  benchmarks/thread_threshold.py measured the
-# crossing here (2-core AMD EPYC, float32 rows of 1024): at 8192 elements 2 threads take
-# 1.24x (RMSNorm) / 1.03x (LayerNorm) the 1-thread time, at 16384 1.01x / 0.84x, at
-# 32768 0.77x / 0.68x.
-PARALLEL_MIN_ELEMENTS = 1 << 14
+The rule is the compiled call path's (resnorm_c/launch.pxi), applied there to every kernel
+call; resnorm.nn and the benchmark ask it here.  PARALLEL_MIN_ELEMENTS (below it a call runs
+on one thread) and STREAM_MIN_BYTES (outputs from this size on are written with streaming
+stores) read and set the limits the call path uses, for experiments and tests: results are
+the same for any value, only speed changes.
+"""
+import sys
+import types
 
-# Outputs at least this large are written with non-temporal stores: they would not stay in
-# cache anyway, and skipping the read-for-ownership of each output line saves a third of
-# the traffic of a forward pass.  Smaller outputs stay in cache for whoever reads them next.
-STREAM_MIN_BYTES = 8 << 20
+from ._api import launch_limits, set_launch_limits, stream_output, threads_for
 
+__all__ = ["PARALLEL_MIN_ELEMENTS", "STREAM_MIN_BYTES", "streams", "threads_for"]
 
-def threads_for(n_threads, n_elements):
-    """The thread count for a call over n_elements: n_threads (None: the OpenMP default),
-    but 1 when the work is too small to pay for a parallel region."""
-    if n_elements < PARALLEL_MIN_ELEMENTS:
-        return 1
-    return _core.get_max_threads() if n_threads is None else n_threads
+streams = stream_output
 
 
-def streams(nbytes):
-    """True when an output of nbytes should be written with streaming stores."""
-    return nbytes >= STREAM_MIN_BYTES
+class _Limits(types.ModuleType):
+    """This module, with the two limits as properties of the call path's values."""
+
+    @property
+    def PARALLEL_MIN_ELEMENTS(self):
+        return launch_limits()[0]
+
+    @PARALLEL_MIN_ELEMENTS.setter
+    def PARALLEL_MIN_ELEMENTS(self, value):
+        set_launch_limits(value, None)
+
+    @property
+    def STREAM_MIN_BYTES(self):
+        return launch_limits()[1]
+
+    @STREAM_MIN_BYTES.setter
+    def STREAM_MIN_BYTES(self, value):
+        set_launch_limits(None, value)
+
+
+sys.modules[__name__].__class__ = _Limits

@@ -1,4 +1,4 @@
-"""Inverted dropout with a counter-based mask: checks, then one compiled kernel call.
+"""Inverted dropout with a counter-based mask.
 
 Training:  y = x * keep / (1 - p), keep_k = 1 with probability 1 - p.   Eval: y = x.
 
@@ -15,132 +15,121 @@ Forms, as in resnorm.norms:
 
 Use a different seed for every dropout site and every step (for example a hash of (step,
 layer)): the same seed gives the same mask for every array of the same size.
+
+Each function is one call into the compiled call path (resnorm._api).
 """
-from dataclasses import dataclass
+from . import _api
+from ._api import DropoutCache, DropoutSpec, dropout_spec, valid_spec
 
-import numpy as np
-
-from . import _checks, _residual
-from ._parallel import streams, threads_for
-from .norms import _finish, _output_rows, _rows
-
-_TWO_32 = 4294967296.0
-
-
-@dataclass(frozen=True)
-class DropoutSpec:
-    """One dropout site: the probability p, the seed, and whether the call is training."""
-    p: float
-    seed: int
-    training: bool
-
-    @property
-    def active(self):
-        """False for eval mode and for p = 0: then dropout is exactly the identity."""
-        return self.training and self.p > 0.0
-
-    @property
-    def threshold(self):
-        """Elements whose uniform is below this are dropped: floor(p * 2**32), exact in
-        double.  For p = 1 (all dropped) the multiplier is 0 instead: 2**32 would not fit."""
-        return 0xFFFFFFFF if self.p == 1.0 else int(self.p * _TWO_32)
-
-    @property
-    def scale(self):
-        """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
-        return 0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p)
-
-    def kernel_arg(self):
-        """The Dropout struct the kernels of resnorm_c/residual.pyx take."""
-        if not self.active:
-            return {"on": False, "seed": 0, "threshold": 0, "scale": 1.0}
-        return {"on": True, "seed": self.seed, "threshold": self.threshold, "scale": self.scale}
-
-    def mask(self, shape, n_threads):
-        """The boolean keep-mask of an array of this shape (what the kernels apply)."""
-        if not self.active:
-            return np.ones(shape, dtype=bool)
-        if self.p == 1.0:
-            return np.zeros(shape, dtype=bool)
-        keep = np.empty(int(np.prod(shape)), dtype=np.uint8)
-        _residual.dropout_mask(keep, self.kernel_arg(), threads_for(n_threads, keep.size))
-        return keep.view(bool).reshape(shape)
-
-
-def dropout_spec(p, seed, training):
-    """Checks p, seed and training; returns their DropoutSpec."""
-    return DropoutSpec(_checks.probability(p), _checks.seed_value(seed),
-                       _checks.flag(training, "training"))
-
-
-def valid_spec(spec):
-    """True for a DropoutSpec as dropout_spec makes it (caches keep one)."""
-    try:
-        return isinstance(spec, DropoutSpec) and dropout_spec(spec.p, spec.seed,
-                                                              spec.training) == spec
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass(frozen=True)
-class DropoutCache:
-    """What dropout_backward needs: the site (p, seed) and the shape, never the mask."""
-    spec: DropoutSpec
-    shape: tuple
-    dtype: np.dtype
-    mask: np.ndarray | None  # bool keep-mask, only with return_mask=True
-
-
-def _apply(a, name, spec, out, n_threads):
-    """a * multipliers of spec (a copy of a when dropout is inactive)."""
-    rows = _rows(a)
-    out_rows = _output_rows(out, rows, a.shape, {name: a})
-    if not spec.active:
-        np.copyto(out_rows, rows)
-    else:
-        _residual.dropout_forward(out_rows.reshape(-1), rows.reshape(-1), spec.kernel_arg(),
-                                  threads_for(n_threads, rows.size), streams(out_rows.nbytes))
-    return _finish(out, out_rows, a.shape)
+__all__ = ["DropoutCache", "DropoutSpec", "dropout", "dropout_backward", "dropout_forward",
+           "dropout_spec", "valid_spec"]
 
 
 def dropout_forward(x, p, *, seed, training=True, out=None, n_threads=None, return_mask=False):
-    """y = x * keep / (1 - p) in training (keep_k = [uniform(seed, k) >= floor(p * 2**32)]),
-    y = x in eval mode (training=False) and for p = 0 (a copy, bitwise equal).
+    """Inverted dropout, keeping what backward needs (the site, never the mask).
 
-    Training form: returns (y, cache) for dropout_backward.  Backward: dx = dy * keep / (1 - p),
-    the mask regenerated from (seed, k).  NumPy reference: resnorm.reference.dropout_forward.
+    ``y = x * keep / (1 - p)`` in training, with ``keep_k = [uniform(seed, k) >=
+    floor(p * 2**32)]``; ``y = x`` (a copy, bitwise equal) in eval mode and for p = 0.
 
-    x: float32/float64 array of any shape; p in [0, 1] (p = 1: y = x * 0); seed: int in
-    [0, 2**64).  return_mask: also compute the boolean keep-mask, as cache.mask.
-    out: optional output buffer (may be x itself).  n_threads: None = OpenMP default.
+    Parameters
+    ----------
+    x : array_like of float32 or float64
+        Any shape.
+    p : float
+        Drop probability in [0, 1] (p = 1: y = x * 0).
+    seed : int
+        In [0, 2**64).
+    training : bool, default True
+    out : ndarray, optional
+        Buffer for y (may be x itself).
+    n_threads : int, optional
+        None uses the OpenMP default.
+    return_mask : bool, default False
+        Also compute the boolean keep-mask, as ``cache.mask``.
+
+    Returns
+    -------
+    y : ndarray
+    cache : DropoutCache
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument.
+
+    See Also
+    --------
+    resnorm.reference.dropout_forward : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.dropout_forward(np.ones(8), 0.5, seed=3, return_mask=True)
+    >>> np.array_equal(y, np.where(cache.mask, 2.0, 0.0))
+    True
     """
-    x = _checks.float_array(x, "x")
-    spec = dropout_spec(p, seed, training)
-    n_threads = _checks.n_threads_value(n_threads)
-    mask = spec.mask(x.shape, n_threads) if _checks.flag(return_mask, "return_mask") else None
-    y = _apply(x, "x", spec, out, n_threads)
-    return y, DropoutCache(spec, x.shape, x.dtype, mask)
+    return _api.dropout_forward(x, p, seed, training, out, n_threads, return_mask)
 
 
 def dropout(x, p, *, seed, training=True, out=None, n_threads=None):
-    """y = x * keep / (1 - p) in training, y = x in eval (see dropout_forward).
+    """Inverted dropout: ``y = x * keep / (1 - p)`` in training, ``y = x`` in eval.
 
-    Inference form of dropout_forward (same arguments, no cache).
-    NumPy reference: resnorm.reference.dropout_forward.
+    The inference form of :func:`dropout_forward` (same arguments, no cache).
+
+    Parameters
+    ----------
+    x : array_like of float32 or float64
+    p : float
+    seed : int
+    training : bool, default True
+    out : ndarray, optional
+    n_threads : int, optional
+
+    Returns
+    -------
+    y : ndarray
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> resnorm.dropout(np.ones(4), 0.5, seed=1, training=False)
+    array([1., 1., 1., 1.])
     """
-    return dropout_forward(x, p, seed=seed, training=training, out=out, n_threads=n_threads)[0]
+    return _api.dropout(x, p, seed, training, out, n_threads)
 
 
 def dropout_backward(dy, cache, *, out=None, n_threads=None):
-    """dx = dy * keep / (1 - p): the same mask as forward, regenerated from (seed, k).
+    """Gradient of :func:`dropout_forward`: ``dx = dy * keep / (1 - p)``, the same mask,
+    regenerated from (seed, k).
 
-    dy: gradient of y (shape and dtype of the forward input).  cache: from dropout_forward.
-    out: optional buffer for dx (may be dy itself).
-    NumPy reference: resnorm.reference.dropout_backward.
+    Parameters
+    ----------
+    dy : ndarray
+        Gradient of y, the forward input's shape and dtype.
+    cache : DropoutCache
+    out : ndarray, optional
+        Buffer for dx (may be dy itself).
+    n_threads : int, optional
+
+    Returns
+    -------
+    dx : ndarray
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments or a cache not made by :func:`dropout_forward`.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.dropout_forward(np.ones(8), 0.5, seed=3)
+    >>> np.array_equal(resnorm.dropout_backward(np.ones(8), cache), y)
+    True
     """
-    if not isinstance(cache, DropoutCache):
-        raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
-                        f"got {type(cache).__name__}")
-    _checks.cache_arrays(cache, lambda n, d, dtype: [], valid_spec(cache.spec))  # no arrays read
-    dy = _checks.like_array(dy, "dy", cache.shape, cache.dtype)
-    return _apply(dy, "dy", cache.spec, out, _checks.n_threads_value(n_threads))
+    return _api.dropout_backward(dy, cache, out, n_threads)

@@ -1,4 +1,4 @@
-"""RMSNorm and LayerNorm over the last axis: checks, then one compiled kernel call.
+"""RMSNorm and LayerNorm over the last axis.
 
 Two forms of each norm:
 
@@ -13,211 +13,248 @@ float64 (RMSNorm: rstd; LayerNorm: mean and rstd).  Everything else is recompute
 Inputs of any rank (..., D) are normalised over the last axis.  Non-contiguous (or
 misaligned) inputs are copied once into a contiguous buffer; contiguous inputs are read
 in place.  Inputs are never modified, unless ``out`` is the input itself.
+
+Each function is one call into the compiled call path (resnorm._api), which checks the
+arguments (docs/input-checks.md), picks threads and output buffers, and runs the kernel.
 """
-from dataclasses import dataclass
+from . import _api
+from ._api import LayerNormCache, RMSNormCache
 
-import numpy as np
-
-from . import _checks, _norms
-from . import _parallel
-from ._parallel import streams, threads_for
-
-
-def _fast_limits():
-    """What the compiled fast paths of the inference forms need to decide threads and
-    streaming exactly as threads_for / streams do, and to accept n_threads as
-    n_threads_value does; read at each call, like threads_for reads them."""
-    return (_parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES, _checks.MAX_THREADS)
-
-
-@dataclass(frozen=True)
-class RMSNormCache:
-    """What rms_norm_backward needs: the input rows and their rstd."""
-    x: np.ndarray              # (N, D) the rows the kernel read
-    weight: np.ndarray | None  # (D,) or None
-    rstd: np.ndarray           # (N,) float64, 1/sqrt(mean(x^2) + eps)
-    shape: tuple               # shape of the original input, given back to dx
-
-
-@dataclass(frozen=True)
-class LayerNormCache:
-    """What layer_norm_backward needs: the input rows, their mean and rstd."""
-    x: np.ndarray              # (N, D)
-    weight: np.ndarray | None  # (D,) or None
-    has_bias: bool             # whether a dbias is wanted
-    mean: np.ndarray           # (N,) float64
-    rstd: np.ndarray           # (N,) float64, 1/sqrt(var + eps)
-    shape: tuple
-
-
-def _rows(a):
-    """a as a C-contiguous, aligned (N, D) array: a view when possible, else one copy."""
-    if not (a.flags.c_contiguous and a.flags.aligned):
-        a = np.require(a, requirements="CA")
-    return a.reshape(-1, a.shape[-1])
-
-
-def _vector(p):
-    return None if p is None else np.require(p, requirements="CA")
-
-
-def _output_rows(out, rows, shape, inputs, name="out"):
-    """Where the kernel writes: out's own memory when it is a C-contiguous aligned array,
-    else a fresh buffer (copied into out afterwards by _finish)."""
-    if out is None:
-        return np.empty_like(rows)
-    _checks.out_array(out, shape, rows.dtype, inputs, name)
-    if out.flags.c_contiguous and out.flags.aligned:
-        return out.reshape(rows.shape)
-    return np.empty_like(rows)
-
-
-def _prepare(x, params, eps, out, n_threads, training):
-    """Checks every argument; returns (x, rows, params, eps, out_rows, n_threads, stream)."""
-    x = _checks.float_array(x, "x")
-    d = x.shape[-1]
-    params = [_vector(_checks.optional_param(p, name, d, x.dtype)) for name, p in params]
-    eps = _checks.eps_value(eps, x.dtype)
-    n_threads = _checks.n_threads_value(n_threads)
-    inputs = {"x": x, **dict(zip(("weight", "bias"), params))}
-    if training and out is not None:
-        for name, a in inputs.items():
-            if a is not None and np.may_share_memory(out, a):
-                raise ValueError(f"out must not share memory with {name} in the training form: "
-                                 "the cache keeps the inputs for backward")
-    rows = _rows(x)
-    out_rows = _output_rows(out, rows, x.shape, inputs)
-    return (x, rows, params, eps, out_rows, threads_for(n_threads, rows.size),
-            streams(out_rows.nbytes))
-
-
-def _prepare_backward(dy, cache, cache_type, stat_names, out, n_threads):
-    """Checks dy, cache, out and n_threads; returns (dy_rows, dx_rows, n_threads, stream)."""
-    if not isinstance(cache, cache_type):
-        raise TypeError(f"cache must be the {cache_type.__name__} returned by the forward "
-                        f"function, got {type(cache).__name__}")
-    _checks.training_cache(cache, stat_names)
-    dy = _checks.like_array(dy, "dy", cache.shape, cache.x.dtype)
-    n_threads = _checks.n_threads_value(n_threads)
-    dy_rows = _rows(dy)
-    dx_rows = _output_rows(out, dy_rows, cache.shape, {"dy": dy})
-    for name in ("x", "weight") + stat_names:  # the cache must stay valid for another call
-        a = getattr(cache, name)
-        if out is not None and a is not None and np.may_share_memory(out, a):
-            raise ValueError(f"out must not share memory with the cache's {name}: "
-                             f"pass out=dy or a separate buffer")
-    return dy_rows, dx_rows, threads_for(n_threads, dy_rows.size), streams(dx_rows.nbytes)
-
-
-def _finish(out, out_rows, shape):
-    """The result in the caller's shape; copies into out when it could not be written directly."""
-    if out is None:
-        return out_rows.reshape(shape)
-    if not np.may_share_memory(out, out_rows):
-        out[...] = out_rows.reshape(shape)
-    return out
+__all__ = ["LayerNormCache", "RMSNormCache", "layer_norm", "layer_norm_backward",
+           "layer_norm_forward", "rms_norm", "rms_norm_backward", "rms_norm_forward"]
 
 
 # --------------------------------------------------------------------------- RMSNorm
 
 def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
-    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis.
+    """RMSNorm over the last axis, keeping what backward needs.
 
-    Training form: returns (y, cache) for rms_norm_backward.
-    Backward: dx = rstd * (g - x * rstd^2 * mean(g*x)) with g = dy*w; dw = sum dy*x*rstd.
-    NumPy reference: resnorm.reference.rms_norm_forward.
+    ``y = x * rstd * w``, ``rstd = 1 / sqrt(mean(x**2) + eps)`` per row.
 
-    x: (..., D) float32/float64.  weight: (D,) of the same dtype, or None (w = 1).
-    out: optional preallocated output, sharing no memory with x or weight.
-    n_threads: None = OpenMP default.  Every check and its error: docs/input-checks.md.
+    Parameters
+    ----------
+    x : array_like of float32 or float64, shape (..., D)
+        The rows to normalise (any rank; the last axis is normalised).
+    weight : ndarray, shape (D,), optional
+        The per-channel gain ``w``, of x's dtype; None means 1.
+    eps : float, default 1e-6
+        Added to the mean square; finite and at least the dtype's smallest normal number.
+    out : ndarray, optional
+        Buffer for y (x's shape and dtype); it must share no memory with x or weight.
+    n_threads : int, optional
+        Threads of the kernel; None uses the OpenMP default (inputs under 16384 elements
+        run on one thread).
+
+    Returns
+    -------
+    y : ndarray
+        The normalised rows, x's shape and dtype (``out`` when given).
+    cache : RMSNormCache
+        What :func:`rms_norm_backward` needs: x's rows (by reference) and rstd (float64).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument (every check: docs/input-checks.md).
+
+    See Also
+    --------
+    rms_norm : the inference form.  resnorm.reference.rms_norm_forward : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.rms_norm_forward(np.array([[3.0, 4.0]]), eps=1e-12)
+    >>> y.round(4), cache.rstd.round(4)
+    (array([[0.8485, 1.1314]]), array([0.2828]))
     """
-    x, rows, (w,), eps, out_rows, nt, stream = _prepare(
-        x, [("weight", weight)], eps, out, n_threads, training=True)
-    rstd = np.empty(rows.shape[0])
-    _norms.rms_norm_forward(out_rows, rstd, rows, w, eps, nt, stream)
-    return _finish(out, out_rows, x.shape), RMSNormCache(rows, w, rstd, x.shape)
+    return _api.rms_norm_forward(x, weight, eps, out, n_threads)
 
 
 def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
-    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis of x (..., D).
+    """RMSNorm over the last axis: ``y = x * rstd * w``, ``rstd = 1/sqrt(mean(x**2) + eps)``.
 
-    Inference form of rms_norm_forward (same arguments); out=x normalises in place.
-    NumPy reference: resnorm.reference.rms_norm_forward.
+    The inference form of :func:`rms_norm_forward` (same arguments; no cache), and
+    ``out=x`` normalises in place.
+
+    Parameters
+    ----------
+    x : array_like of float32 or float64, shape (..., D)
+    weight : ndarray, shape (D,), optional
+    eps : float, default 1e-6
+    out : ndarray, optional
+        Buffer for y; it may be x itself.
+    n_threads : int, optional
+
+    Returns
+    -------
+    y : ndarray
+        x's shape and dtype (``out`` when given).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> x = np.array([[1.0, -1.0, 1.0, -1.0]], np.float32)
+    >>> resnorm.rms_norm(x, eps=1e-6)
+    array([[ 0.9999995, -0.9999995,  0.9999995, -0.9999995]], dtype=float32)
     """
-    y = _norms.rms_norm_ready(x, weight, eps, out, n_threads, _fast_limits())
-    if y is not None:  # every argument was already final: done, no Python-level checks
-        return y
-    x, rows, (w,), eps, out_rows, nt, stream = _prepare(
-        x, [("weight", weight)], eps, out, n_threads, training=False)
-    _norms.rms_norm_forward(out_rows, np.empty(rows.shape[0]), rows, w, eps, nt, stream)
-    return _finish(out, out_rows, x.shape)
+    return _api.rms_norm(x, weight, eps, out, n_threads)
 
 
 def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
-    """dx = rstd * (g - xn * mean(g*xn)),  g = dy*w,  xn = x*rstd;   dweight = sum_rows dy*xn.
+    """Gradients of :func:`rms_norm_forward`.
 
-    (Equal to rstd * (g - x * rstd^2 * mean(g*x)).)  dy: gradient of y, same shape and dtype
-    as the forward input.  cache: from rms_norm_forward.  out: optional buffer for dx; it
-    may be dy itself (dx overwrites dy), never an array held by the cache.  Returns
-    (dx, dweight); dweight is None when forward had no weight.
-    NumPy reference: resnorm.reference.rms_norm_backward.
+    With ``g = dy * w`` and ``xn = x * rstd``: ``dx = rstd * (g - xn * m)``,
+    ``m = mean(g * xn)`` per row, and ``dweight = sum over rows of dy * xn``.
+
+    Parameters
+    ----------
+    dy : ndarray
+        Gradient of y: the forward input's shape and dtype.
+    cache : RMSNormCache
+        From :func:`rms_norm_forward`.
+    out : ndarray, optional
+        Buffer for dx; it may be dy itself, never an array the cache holds.
+    n_threads : int, optional
+
+    Returns
+    -------
+    dx : ndarray
+    dweight : ndarray or None
+        None when forward had no weight.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments or a cache not made by :func:`rms_norm_forward`.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.rms_norm_forward(np.array([[3.0, 4.0]]), np.ones(2))
+    >>> dx, dw = resnorm.rms_norm_backward(np.ones((1, 2)), cache)
+    >>> dx.round(4), dw.round(4)
+    (array([[ 0.0453, -0.0339]]), array([0.8485, 1.1314]))
     """
-    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, RMSNormCache, ("rstd",), out,
-                                                  n_threads)
-    dw = None if cache.weight is None else np.empty_like(cache.weight)
-    _norms.rms_norm_backward(dx_rows, dw, dy_rows, cache.x, cache.weight, cache.rstd, nt,
-                             stream)
-    return _finish(out, dx_rows, cache.shape), dw
+    return _api.rms_norm_backward(dy, cache, out, n_threads)
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
 def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
-    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis.
+    """LayerNorm over the last axis, keeping what backward needs.
 
-    var is the biased variance (divide by D), computed two-pass in double.
-    Training form: returns (y, cache) for layer_norm_backward.
-    Backward: xhat = (x-mean)*rstd, g = dy*w: dx = rstd*(g - mean(g) - xhat*mean(g*xhat)),
-    dw = sum dy*xhat, db = sum dy.   NumPy reference: resnorm.reference.layer_norm_forward.
+    ``y = (x - mean) * rstd * w + b``, ``rstd = 1 / sqrt(var + eps)`` per row, with the
+    biased variance (divide by D) computed two-pass in double.
 
-    weight, bias: (D,) of x's dtype, or None, independently.
+    Parameters
+    ----------
+    x : array_like of float32 or float64, shape (..., D)
+    weight, bias : ndarray, shape (D,), optional
+        Of x's dtype, each None independently (w = 1, b = 0).
+    eps : float, default 1e-5
+    out : ndarray, optional
+        Buffer for y; it must share no memory with x, weight or bias.
+    n_threads : int, optional
+
+    Returns
+    -------
+    y : ndarray
+    cache : LayerNormCache
+        x's rows (by reference), mean and rstd (float64).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument.
+
+    See Also
+    --------
+    layer_norm : the inference form.  resnorm.reference.layer_norm_forward : the NumPy twin.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.layer_norm_forward(np.array([[1.0, 2.0, 3.0]]), eps=1e-12)
+    >>> y.round(4), cache.mean, cache.rstd.round(4)
+    (array([[-1.2247,  0.    ,  1.2247]]), array([2.]), array([1.2247]))
     """
-    x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
-        x, [("weight", weight), ("bias", bias)], eps, out, n_threads, training=True)
-    mean, rstd = np.empty(rows.shape[0]), np.empty(rows.shape[0])
-    _norms.layer_norm_forward(out_rows, mean, rstd, rows, w, b, eps, nt, stream)
-    cache = LayerNormCache(rows, w, b is not None, mean, rstd, x.shape)
-    return _finish(out, out_rows, x.shape), cache
+    return _api.layer_norm_forward(x, weight, bias, eps, out, n_threads)
 
 
 def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
-    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis of x.
+    """LayerNorm over the last axis: ``y = (x - mean) * rstd * w + b``.
 
-    Inference form of layer_norm_forward (same arguments); out=x normalises in place.
-    NumPy reference: resnorm.reference.layer_norm_forward.
+    The inference form of :func:`layer_norm_forward` (same arguments; no cache), and
+    ``out=x`` normalises in place.
+
+    Parameters
+    ----------
+    x : array_like of float32 or float64, shape (..., D)
+    weight, bias : ndarray, shape (D,), optional
+    eps : float, default 1e-5
+    out : ndarray, optional
+        Buffer for y; it may be x itself.
+    n_threads : int, optional
+
+    Returns
+    -------
+    y : ndarray
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments, naming the argument.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> resnorm.layer_norm(np.array([[1.0, 2.0, 3.0]]), bias=np.full(3, 10.0)).round(4)
+    array([[ 8.7753, 10.    , 11.2247]])
     """
-    y = _norms.layer_norm_ready(x, weight, bias, eps, out, n_threads, _fast_limits())
-    if y is not None:
-        return y
-    x, rows, (w, b), eps, out_rows, nt, stream = _prepare(
-        x, [("weight", weight), ("bias", bias)], eps, out, n_threads, training=False)
-    n = rows.shape[0]
-    _norms.layer_norm_forward(out_rows, np.empty(n), np.empty(n), rows, w, b, eps, nt, stream)
-    return _finish(out, out_rows, x.shape)
+    return _api.layer_norm(x, weight, bias, eps, out, n_threads)
 
 
 def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
-    """dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),  g = dy*w,  xhat = (x - mean)*rstd;
-    dweight = sum_rows dy*xhat;  dbias = sum_rows dy.
+    """Gradients of :func:`layer_norm_forward`.
 
-    out: optional buffer for dx; it may be dy itself (never an array held by the cache).
-    Returns (dx, dweight, dbias); dweight / dbias are None when forward had no weight / bias.
-    NumPy reference: resnorm.reference.layer_norm_backward.
+    With ``g = dy * w`` and ``xhat = (x - mean) * rstd``:
+    ``dx = rstd * (g - mean_g - xhat * mean_gxhat)``, ``mean_g = mean(g)``,
+    ``mean_gxhat = mean(g * xhat)`` per row; ``dweight = sum over rows of dy * xhat``;
+    ``dbias = sum over rows of dy``.
+
+    Parameters
+    ----------
+    dy : ndarray
+        Gradient of y: the forward input's shape and dtype.
+    cache : LayerNormCache
+        From :func:`layer_norm_forward`.
+    out : ndarray, optional
+        Buffer for dx; it may be dy itself, never an array the cache holds.
+    n_threads : int, optional
+
+    Returns
+    -------
+    dx : ndarray
+    dweight, dbias : ndarray or None
+        None when forward had no weight / no bias.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For bad arguments or a cache not made by :func:`layer_norm_forward`.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> y, cache = resnorm.layer_norm_forward(np.array([[1.0, 2.0, 3.0]]), bias=np.zeros(3))
+    >>> dx, dw, db = resnorm.layer_norm_backward(np.array([[1.0, 0.0, 0.0]]), cache)
+    >>> dx.round(4), dw, db
+    (array([[ 0.4082, -0.4082, -0.    ]]), None, array([1., 0., 0.]))
     """
-    dy_rows, dx_rows, nt, stream = _prepare_backward(dy, cache, LayerNormCache, ("mean", "rstd"),
-                                                  out, n_threads)
-    dw = None if cache.weight is None else np.empty_like(cache.weight)
-    db = np.empty(dy_rows.shape[1], dy_rows.dtype) if cache.has_bias else None
-    _norms.layer_norm_backward(dx_rows, dw, db, dy_rows, cache.x, cache.weight, cache.mean,
-                               cache.rstd, nt, stream)
-    return _finish(out, dx_rows, cache.shape), dw, db
+    return _api.layer_norm_backward(dy, cache, out, n_threads)

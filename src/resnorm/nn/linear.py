@@ -3,7 +3,7 @@ import numpy as np
 
 from .. import _checks, _layers
 from .._parallel import threads_for
-from ..norms import _rows
+from .._api import kernel_rows
 from . import init
 from ._blas import single_threaded_blas
 from .module import Module
@@ -37,7 +37,7 @@ class Linear(Module):
 
     def forward(self, x):
         x = _checks.module_input(x, "x", self.dtype, self.in_features)
-        rows = _rows(x)
+        rows = kernel_rows(x)
         y = np.empty((rows.shape[0], self.out_features), self.dtype)
         with single_threaded_blas() as parallel_gemm:
             _layers.linear_forward(y, rows, self.weight, self.bias, threads_for(None, y.size),
@@ -48,7 +48,7 @@ class Linear(Module):
     def backward(self, dy):
         rows, shape = self._take_cache()
         dy = _checks.like_array(dy, "dy", shape[:-1] + (self.out_features,), self.dtype)
-        dy = _rows(dy)
+        dy = kernel_rows(dy)
         dx = np.empty_like(rows)
         with single_threaded_blas() as parallel_gemm:
             _layers.linear_backward(dx, self.dweight, self.dbias, dy, rows, self.weight,

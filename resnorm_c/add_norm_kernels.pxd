@@ -1,0 +1,312 @@
+# Fused add + norm kernels, forward and backward (Pre-Norm and Post-Norm, RMSNorm and
+# LayerNorm, alpha and dropout), over N rows of D contiguous elements.
+#
+# h = residual + alpha * dropout(x), then y = norm(h).  Outputs first, then inputs, then
+# sizes; scratch is the caller's.  The Pre-Norm forward moves four streams, each once: it
+# reads x and residual, and writes h and y.  Reductions over rows (dweight, dbias, dalpha)
+# go through fixed row blocks and float64 partial rows added in block order (common.pxd):
+# bitwise reproducible for any thread count.
+#
+# Names follow docs/residual.md: g = dy*w; RMSNorm hn = h*rstd, m = mean(g*hn); LayerNorm
+# hhat = (h - mean)*rstd, mean_g = mean(g), mean_ghhat = mean(g*hhat); gh, the gradient
+# reaching h.
+from cython.parallel cimport prange, threadid
+from libc.math cimport isfinite, sqrt
+from libc.stdint cimport uint8_t, uint64_t
+from libc.string cimport memset
+
+from common cimport RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials
+from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
+from primitives cimport (element, rn_rms_bwd_dot, rn_rms_bwd_apply_rows, rn_ln_bwd_sums,
+                         rn_ln_bwd_apply_rows, rn_residual_add, rn_residual_reduce,
+                         rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
+# the norm kernels' scalar paths for the few rows the fast paths cannot take
+from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
+                        _ln_backward_careful, _overflowed)
+
+
+cdef inline Py_ssize_t add_norm_mask_words(Py_ssize_t d, const rn_dropout *dp) noexcept nogil:
+    """64-bit words of scratch per thread for the keep bits (this row's and the next's)."""
+    return 2 * mask_words(d) if active(dp) != NULL else 0
+
+
+# --------------------------------------------------------------------------- forward
+
+cdef inline void apply_row(element *y, element *h, const element *residual, const element *x,
+                           const element *alpha, const element *w, const element *b,
+                           double mean, double rstd, const uint8_t *keep, Py_ssize_t kpos,
+                           uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
+                           Py_ssize_t d, int stream) noexcept nogil:
+    """y (and h) of one row from its cached x and residual, slice by slice; between
+    slices the keep bits of the next row (flat elements from next_start) go into next_words
+    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k."""
+    cdef Py_ssize_t k = 0, length
+    cdef double scale = dp.scale if dp != NULL else 1.0
+    cdef uint64_t first = next_start // 64, made = next_start // 64
+    while k < d:
+        length = min(<Py_ssize_t>SEGMENT, d - k)
+        rn_residual_norm_apply(y + k, h + k if h != NULL else NULL, residual + k, x + k,
+                               at(alpha, k), keep, kpos + k, scale, at(w, k), at(b, k), mean,
+                               rstd, length, stream)
+        if next_words != NULL:
+            made = extend_bits(next_words, dp, first, made, next_start + k + length)
+        k += length
+
+
+cdef inline bint stats_trusted(bint layer, const element *row, double mean, double var,
+                               Py_ssize_t d) noexcept nogil:
+    """False for a row the fast path cannot normalise (rare_rows.pxd): LayerNorm, as in
+    layer_forward; RMSNorm, a float64 sum of squares beyond the double range (float32
+    squares cannot leave it).  row only selects the element type."""
+    if layer:
+        return _ln_stats_trusted(row, mean, var, d)
+    if element is float:
+        return True
+    else:
+        return isfinite(var)
+
+
+cdef inline void rare_row(element *y, element *hrow, double *mean, double *rstd,
+                   const element *residual, const element *x, const element *alpha,
+                   const element *w, const element *b, const uint8_t *keep, Py_ssize_t kpos,
+                   double scale, double var, double eps, Py_ssize_t d) noexcept nogil:
+    """A row of add_norm_forward that stats_trusted rejected: h is stored in hrow (which may
+    be y, never w or b), then normalised by the norm kernels' scalar path (rare_rows.pxd).
+    mean NULL: RMSNorm.  Kept out of the kernel's loop, which it would only make longer."""
+    rn_residual_add(hrow, residual, x, alpha, keep, kpos, scale, d, False)
+    if mean != NULL:
+        _ln_forward_careful(y, mean, rstd, hrow, w, b, var, eps, d, False)
+    else:
+        rstd[0] = _rms_rstd_rescaled(hrow, d, eps)
+        rn_rms_apply(y, hrow, w, rstd[0], d, False)
+
+
+cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
+                                       const element *x, const element *residual,
+                                       const element *w, const element *b,
+                                       const element *alpha, double eps, const rn_dropout *dp,
+                                       uint64_t *masks, Py_ssize_t lo, Py_ssize_t hi,
+                                       Py_ssize_t d, bint stream) noexcept nogil:
+    """Rows lo .. hi of add_norm_forward on one thread (masks: its keep-bit scratch).  Per
+    row: reduction passes over x and residual that only load (h is not stored: a plain
+    store would queue behind the streamed stores still draining), then one pass that
+    recomputes h from the cached rows and writes y and h (apply_row)."""
+    cdef Py_ssize_t i, nw = mask_words(d)
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
+    cdef double scale = dp.scale if dp != NULL else 1.0, mu, var
+    cdef bint layer = mean != NULL
+    # keep, keep_next: the bits of this row and of the next (from their first group)
+    cdef uint64_t *keep = masks if dp != NULL else NULL
+    cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
+    cdef uint64_t *swap
+    if dp != NULL and lo < hi:
+        extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
+    for i in range(lo, hi):
+        # the reductions: LayerNorm's mean, then the mean of (h - mean)^2 (mean 0:
+        # RMSNorm's mean of h^2)
+        mu = 0.0
+        if layer:
+            mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                    i * d % 64, scale, d, False, 0.0) / d
+            mean[i] = mu
+        var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                 i * d % 64, scale, d, True, mu) / d
+        if stats_trusted(layer, residual, mu, var, d):
+            rstd[i] = 1.0 / sqrt(var + eps)
+            apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,
+                      alpha, w, b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
+                      keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+        else:
+            # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
+            rare_row(y + i * d, h + i * d if h != NULL else y + i * d,
+                     &mean[i] if layer else NULL, &rstd[i], residual + i * d, x + i * d,
+                     alpha, w, b, <uint8_t *>keep, i * d % 64, scale, var, eps, d)
+            if dp != NULL and i + 1 < hi:
+                extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
+                            (i + 1) * d + d)
+        swap = keep
+        keep = keep_next
+        keep_next = swap
+    if stream:
+        rn_sfence()
+
+
+cdef inline void add_norm_forward(element *y, element *h, double *mean, double *rstd,
+                                  const element *x, const element *residual, const element *w,
+                                  const element *b, const element *alpha, double eps,
+                                  const rn_dropout *dropout, uint64_t *masks, Py_ssize_t n,
+                                  Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """h := residual + alpha * dropout(x), then y := norm(h):
+    RMSNorm (mean NULL):    y = h * rstd * w,                rstd = 1/sqrt(mean(h^2) + eps)
+    LayerNorm (mean given): y = (h - mean) * rstd * w + b,  rstd = 1/sqrt(var(h) + eps), two-pass.
+
+    Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
+    NULL (only y is written).  w, b, alpha may be NULL.  mean, rstd (n) receive the row
+    statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  A
+    thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
+    references: resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
+    """
+    cdef const rn_dropout *dp = active(dropout)
+    cdef Py_ssize_t t, nw = add_norm_mask_words(d, dropout)
+    if n_threads == 1:
+        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, eps, dp, masks, 0, n,
+                              d, stream)
+        return
+    for t in prange(n_threads, schedule="static", num_threads=n_threads):
+        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, eps, dp,
+                              masks + t * nw, t * n // n_threads, (t + 1) * n // n_threads, d,
+                              stream)
+
+
+# --------------------------------------------------------------------------- backward
+
+cdef inline void through_add(element *dx, element *dresidual, double *dalpha_part,
+                             const element *gh, const element *dh, const element *x,
+                             const element *alpha, const uint8_t *keep, Py_ssize_t kpos,
+                             uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
+                             Py_ssize_t d, int stream) noexcept nogil:
+    """Backward of one row of h = residual + alpha*(x*m), given the gradient gh reaching h
+    from the norm (+ dh along the stream): dresidual, dx and the dalpha partial, slice by
+    slice; between slices the next row's keep bits go into next_words (when not NULL)."""
+    cdef Py_ssize_t k = 0, length
+    cdef double scale = dp.scale if dp != NULL else 1.0
+    cdef uint64_t first = next_start // 64, made = next_start // 64
+    while k < d:
+        length = min(<Py_ssize_t>SEGMENT, d - k)
+        rn_residual_bwd(dx + k, dresidual + k, dalpha_part + k if dalpha_part != NULL else NULL,
+                        gh + k, at(dh, k), at(x, k), at(alpha, k), keep, kpos + k, scale, length,
+                        stream)
+        if next_words != NULL:
+            made = extend_bits(next_words, dp, first, made, next_start + k + length)
+        k += length
+
+
+cdef inline void norm_backward_row(element *gh, double *dw_part, double *db_part,
+                                   const element *dy, const element *h, const element *w,
+                                   bint layer, double mean, double rstd,
+                                   Py_ssize_t d) noexcept nogil:
+    """J_norm(h)^T dy into gh for one row, adding the row's dweight / dbias terms:
+    RMSNorm: rstd * (g - hn * m);  LayerNorm: rstd * (g - mean_g - hhat * mean_ghhat)."""
+    cdef double m, sum_g = 0.0, sum_ghhat = 0.0, mean_g, mean_ghhat
+    if layer:
+        # two reductions in one pass
+        rn_ln_bwd_sums(&sum_g, &sum_ghhat, dy, h, w, mean, rstd, d)
+        mean_g = sum_g / d
+        mean_ghhat = sum_ghhat / d
+        if _overflowed(mean_g, mean_ghhat, dy, h, d):
+            # h - mean overflowed the element type (rare_rows.pxd)
+            _ln_backward_careful(gh, dw_part, db_part, dy, h, w, mean, rstd, d)
+        else:
+            rn_ln_bwd_apply_rows(gh, dw_part, db_part, dy, h, w, &mean, &rstd, &mean_g,
+                                 &mean_ghhat, 1, d, False)
+    else:
+        m = rn_rms_bwd_dot(dy, h, w, rstd, d) / d
+        rn_rms_bwd_apply_rows(gh, dw_part, dy, h, w, &rstd, &m, 1, d, False)
+
+
+cdef inline Py_ssize_t gs_row_bytes(Py_ssize_t d) noexcept nogil:
+    """A row of the gradient reaching h, in whole cache lines of doubles (enough for either
+    element type)."""
+    return ((d * sizeof(double) + 63) // 64) * 64
+
+
+cdef inline Py_ssize_t add_norm_backward_scratch(Py_ssize_t d, const rn_dropout *dp) noexcept nogil:
+    """Bytes of scratch per thread of add_norm_backward: a row of gs and the keep bits, in
+    whole cache lines (so that each thread's scratch starts on one)."""
+    return (gs_row_bytes(d) + add_norm_mask_words(d, dp) * 8 + 63) // 64 * 64
+
+
+cdef inline void add_norm_backward_block(element *dx, element *dresidual, double *partials,
+                                         bint want_dw, bint want_db, bint want_dalpha,
+                                         const element *dy, const element *dh,
+                                         const element *h, const element *x,
+                                         const element *residual, const element *w,
+                                         const element *alpha, const double *mean,
+                                         const double *rstd, const rn_dropout *dp,
+                                         char *mine, Py_ssize_t blk, Py_ssize_t nb,
+                                         Py_ssize_t n, Py_ssize_t d, bint stream) noexcept nogil:
+    """Row block blk (of nb) of add_norm_backward, adding into its partial rows of the
+    wanted sums (partials: as add_norm_backward's).  mine: this thread's scratch, a row for
+    the gradient reaching h (in Post-Norm first h itself), then the keep bits of this row
+    and of the next."""
+    cdef double *dw_part = partials + blk * d if want_dw else NULL
+    cdef double *db_part = partials + (nb + blk) * d if want_db else NULL
+    cdef double *dalpha_part = partials + (2 * nb + blk) * d if want_dalpha else NULL
+    cdef element *gs = <element *>mine
+    cdef uint64_t *masks = <uint64_t *>(mine + gs_row_bytes(d))
+    cdef Py_ssize_t lo = blk * n // nb, hi = (blk + 1) * n // nb
+    cdef Py_ssize_t i, nw = mask_words(d)
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
+    cdef double scale = dp.scale if dp != NULL else 1.0
+    cdef uint64_t *keep = masks if dp != NULL else NULL
+    cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
+    cdef uint64_t *swap
+    cdef const element *hp
+    if dw_part != NULL:
+        memset(dw_part, 0, d * sizeof(double))
+    if db_part != NULL:
+        memset(db_part, 0, d * sizeof(double))
+    if dalpha_part != NULL:
+        memset(dalpha_part, 0, d * sizeof(double))
+    if dp != NULL and lo < hi:
+        extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
+    for i in range(lo, hi):
+        if h != NULL:
+            hp = h + i * d
+        else:
+            rn_residual_add(gs, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                            i * d % 64, scale, d, False)
+            hp = gs
+        # the norm backward leaves the gradient reaching h in gs
+        norm_backward_row(gs, dw_part, db_part, dy + i * d, hp, w, mean != NULL,
+                          mean[i] if mean != NULL else 0.0, rstd[i], d)
+        through_add(dx + i * d, dresidual + i * d, dalpha_part, gs, at(dh, i * d),
+                    x + i * d if want_dalpha else NULL, alpha, <uint8_t *>keep, i * d % 64,
+                    keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
+        swap = keep
+        keep = keep_next
+        keep_next = swap
+    if stream:
+        rn_sfence()
+
+
+cdef inline void add_norm_backward(element *dx, element *dresidual, element *dw, element *db,
+                                   double *dalpha, double *partials, char *scratch,
+                                   const element *dy, const element *dh, const element *h,
+                                   const element *x, const element *residual,
+                                   const element *w, const element *alpha, const double *mean,
+                                   const double *rstd, const rn_dropout *dropout, Py_ssize_t n,
+                                   Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """gh := dh + J_norm(h)^T dy, the gradient reaching h, with g = dy*w:
+      RMSNorm (mean NULL):    J^T dy = rstd * (g - hn * mean(g*hn)),  hn = h*rstd
+      LayerNorm (mean given): J^T dy = rstd * (g - mean(g) - hhat * mean(g*hhat)),
+                              hhat = (h - mean)*rstd
+    then dresidual := gh;  dx := gh * alpha * m;  dw := sum_rows dy*hn (dy*hhat);
+    db := sum_rows dy;  dalpha (float64, per channel) := sum_rows gh * (x*m).
+
+    Pre-Norm: h is the cached forward output.  Post-Norm: h is NULL and each row of h is
+    recomputed from x and residual (dh must then be NULL).  dh may be NULL (0); dw, db,
+    dalpha NULL: not wanted (x may then be NULL in Pre-Norm).  partials: 3 * row_blocks(n)
+    * d doubles (dw, db, dalpha partial rows); scratch: add_norm_backward_scratch(d) bytes
+    per thread, 64-byte aligned.  NumPy references: resnorm.reference.add_rms_norm_backward,
+    add_layer_norm_backward.
+    """
+    cdef const rn_dropout *dp = active(dropout)
+    cdef Py_ssize_t nb = row_blocks(n), blk, per_thread = add_norm_backward_scratch(d, dropout)
+    cdef bint want_dw = dw != NULL, want_db = db != NULL, want_dalpha = dalpha != NULL
+    if n_threads == 1:
+        for blk in range(nb):
+            add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
+                                    dh, h, x, residual, w, alpha, mean, rstd, dp, scratch, blk,
+                                    nb, n, d, stream)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
+                                    dh, h, x, residual, w, alpha, mean, rstd, dp,
+                                    scratch + threadid() * per_thread, blk, nb, n, d, stream)
+    if want_dw:
+        sum_partials(dw, partials, nb, d, n_threads)
+    if want_db:
+        sum_partials(db, partials + nb * d, nb, d, n_threads)
+    if want_dalpha:
+        sum_partials(dalpha, partials + 2 * nb * d, nb, d, n_threads)

@@ -1,0 +1,318 @@
+# cython: boundscheck=True, wraparound=True
+# (Python-level indexing here must check and wrap: shape[-1] of a tuple.  The kernels this
+# module runs use raw pointers, which no directive touches.)
+"""The call path of every public kernel function of resnorm: argument checks, the rows view,
+output buffers and their overlap rules, the thread and streaming decision, scratch, the
+kernel launch and the training cache, each done once, here, in compiled code.
+
+resnorm.norms, resnorm.residual and resnorm.inverted_dropout are the readable face of these
+functions (signature, docstring, one call).  Layering: public function -> this module ->
+the kernels (norm_kernels.pxd, add_norm_kernels.pxd, residual_kernels.pxd) -> the row
+primitives of the core (resnorm._core).  The pieces of this module:
+
+  checks.pxi   every argument check and its error message (docs/input-checks.md)
+  launch.pxi   thread count, streaming stores, the scratch pool
+  arrays.pxi   memory overlap, the rows view, where outputs are written
+  caches.pxi   the caches of the training forms, the dropout site, the residual scale
+  this file    the public functions: norms, fused add + norm, scaled and gated residuals,
+               dropout
+
+A call whose arguments are already final (exact ndarrays in C order, a Python float eps,
+...) is decided by a few C tests per argument; anything else runs the general checks,
+which convert, copy or raise.  Both lead to the same kernel call.
+"""
+cimport cython
+cimport numpy as cnp
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
+from libc.float cimport DBL_MIN, FLT_MIN
+from libc.math cimport isfinite
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memset
+
+import math
+import numbers
+
+import numpy as np
+
+from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add_norm_forward,
+                               add_norm_mask_words)
+from common cimport omp_get_max_threads, row_blocks
+from dropout_masks cimport SEGMENT, mask_words, rn_dropout
+from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
+from primitives cimport rn_import_core, rn_philox_uniforms
+from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward, gated_forward,
+                               row_scratch_elements, scaled_backward, scaled_forward, sigmoid)
+
+rn_import_core()
+cnp.import_array()
+
+include "checks.pxi"
+include "launch.pxi"
+include "arrays.pxi"
+include "caches.pxi"
+
+
+cdef inline void *data_of(a) noexcept:
+    """The data of an array, NULL for None."""
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef inline tuple shape_of(cnp.ndarray a):
+    """a's shape as a Python tuple."""
+    return (<object>a).shape
+
+
+cdef inline bint is_f32(cnp.ndarray a) noexcept:
+    return cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT
+
+
+cdef inline Py_ssize_t row_length(cnp.ndarray a) noexcept:
+    return cnp.PyArray_DIM(a, cnp.PyArray_NDIM(a) - 1)
+
+
+cdef inline object vector_of(p):
+    """An optional parameter vector in the kernels' layout (a copy when it is not)."""
+    return None if p is None else contiguous(<cnp.ndarray>p)
+
+
+cdef inline not_shared(out, str out_name, tuple names, tuple kept, str why):
+    """out must share no memory with any of kept (the arrays a cache keeps for backward)."""
+    cdef Py_ssize_t k
+    if out is None:
+        return
+    for k in range(len(kept)):
+        if kept[k] is not None and overlap(out, kept[k]):
+            raise ValueError(why.format(out=out_name, name=names[k]))
+
+
+# =========================================================================== norms
+
+cdef tuple RMS_INPUTS = ("x", "weight")
+cdef tuple LAYER_INPUTS = ("x", "weight", "bias")
+cdef str TRAINING_OUT = ("{out} must not share memory with {name} in the training form: "
+                         "the cache keeps the inputs for backward")
+cdef str CACHE_OUT = ("{out} must not share memory with the cache's {name}: "
+                      "pass out=dy or a separate buffer")
+
+
+cdef object norm_forward(bint layer, x, weight, bias, eps, out, n_threads, bint training):
+    """rms_norm / layer_norm, and with training their _forward forms (returning a cache)."""
+    cdef cnp.ndarray xa = float_array(x, "x")
+    w = vector_of(param_of(weight, xa, "weight"))
+    b = vector_of(param_of(bias, xa, "bias")) if layer else None
+    cdef double e = eps_of(eps, xa)
+    cdef int nt = threads_of(n_threads)
+    cdef tuple inputs = (xa, w, b) if layer else (xa, w)
+    cdef tuple names = LAYER_INPUTS if layer else RMS_INPUTS
+    if training:
+        not_shared(out, "out", names, inputs, TRAINING_OUT)
+    cdef cnp.ndarray rows = contiguous(xa)
+    cdef cnp.ndarray y = new_like(xa) if out is None else None
+    if y is None:
+        check_out(out, xa, names, inputs, "out")
+        y = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_length(rows), n = size // d
+    nt = team(nt, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef Scratch scratch = None
+    cdef cnp.ndarray mean = None, rstd = None
+    cdef double *pmean = NULL
+    cdef double *prstd
+    if training:
+        rstd = new_stats(n)
+        prstd = <double *>cnp.PyArray_DATA(rstd)
+        if layer:
+            mean = new_stats(n)
+            pmean = <double *>cnp.PyArray_DATA(mean)
+    else:
+        scratch = lend(2 * n * sizeof(double))
+        prstd = <double *>scratch.data
+        pmean = prstd + n
+    cdef void *py = cnp.PyArray_DATA(y)
+    cdef void *px = cnp.PyArray_DATA(rows)
+    cdef void *pw = data_of(w)
+    cdef void *pb = data_of(b)
+    cdef bint f32 = is_f32(rows)
+    with nogil:
+        if layer and f32:
+            layer_forward(<float *>py, pmean, prstd, <const float *>px, <const float *>pw,
+                          <const float *>pb, n, d, e, nt, stream)
+        elif layer:
+            layer_forward(<double *>py, pmean, prstd, <const double *>px, <const double *>pw,
+                          <const double *>pb, n, d, e, nt, stream)
+        elif f32:
+            rms_forward(<float *>py, prstd, <const float *>px, <const float *>pw, n, d, e, nt,
+                        stream)
+        else:
+            rms_forward(<double *>py, prstd, <const double *>px, <const double *>pw, n, d, e,
+                        nt, stream)
+    if scratch is not None:
+        scratch.give_back()
+    result = finish(out, y)
+    if not training:
+        return result
+    if layer:
+        return result, LayerNormCache(as_rows(rows), w, b is not None, mean, rstd, shape_of(xa))
+    return result, RMSNormCache(as_rows(rows), w, rstd, shape_of(xa))
+
+
+cdef inline bint is_stat(a, Py_ssize_t n) noexcept:
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_DOUBLE
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == n
+            and kernel_layout(<cnp.ndarray>a))
+
+
+cdef inline bint shape_is(cnp.ndarray a, shape) noexcept:
+    """a's shape equals `shape`, a tuple of ints (False for anything else)."""
+    cdef int k, ndim = cnp.PyArray_NDIM(a)
+    if type(shape) is not tuple or len(<tuple>shape) != ndim:
+        return False
+    for k in range(ndim):
+        s = (<tuple>shape)[k]
+        if type(s) is not int or <Py_ssize_t>s != cnp.PyArray_DIM(a, k):
+            return False
+    return True
+
+
+cdef inline bint is_rows_of(a, cnp.ndarray rows) noexcept:
+    """a is exactly an array of rows' shape and type in the kernels' layout."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.PyArray_TYPE(rows)
+            and same_shape(<cnp.ndarray>a, rows) and kernel_layout(<cnp.ndarray>a))
+
+
+cdef inline bint is_param_of(p, cnp.ndarray rows) noexcept:
+    """p is None or exactly a (D,) vector of rows' type in the kernels' layout."""
+    return p is None or (type(p) is cnp.ndarray
+                         and cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.PyArray_TYPE(rows)
+                         and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
+                         and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == cnp.PyArray_DIM(rows, 1)
+                         and kernel_layout(<cnp.ndarray>p))
+
+
+cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, bint layer) noexcept:
+    """The fields of a norm cache as its forward function made them (decided in C; False
+    sends the cache through training_cache, which says what is wrong)."""
+    cdef Py_ssize_t n, prod = 1
+    if not (type(x) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
+            and is_float_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
+            and kernel_layout(<cnp.ndarray>x)):
+        return False
+    n = cnp.PyArray_DIM(<cnp.ndarray>x, 0)
+    if type(shape) is not tuple or len(<tuple>shape) < 1:
+        return False
+    for s in <tuple>shape:
+        if type(s) is not int or s < 0:
+            return False
+        prod *= <Py_ssize_t>s
+    return ((<tuple>shape)[-1] == cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+            and prod == cnp.PyArray_SIZE(<cnp.ndarray>x)
+            and is_stat(rstd, n) and (not layer or is_stat(mean, n))
+            and is_param_of(weight, <cnp.ndarray>x))
+
+
+cdef object norm_backward(bint layer, dy, cache, out, n_threads):
+    """rms_norm_backward / layer_norm_backward."""
+    cdef type kind = LayerNormCache if layer else RMSNormCache
+    if type(cache) is not kind and not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} returned by the forward "
+                        f"function, got {type(cache).__name__}")
+    x, weight, shape = cache.x, cache.weight, cache.shape
+    mean = cache.mean if layer else None
+    rstd = cache.rstd
+    if not norm_cache_ok(x, weight, mean, rstd, shape, layer):
+        training_cache(cache, ("mean", "rstd") if layer else ("rstd",))
+    cdef cnp.ndarray xr = <cnp.ndarray>x
+    cdef cnp.ndarray dya
+    if type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == cnp.PyArray_TYPE(xr) \
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>dy) and shape_is(<cnp.ndarray>dy, shape):
+        dya = <cnp.ndarray>dy
+    else:
+        dya = like_array(dy, "dy", shape, xr.dtype)
+    cdef int nt = threads_of(n_threads)
+    cdef cnp.ndarray rows = contiguous(dya)
+    cdef cnp.ndarray dx = new_like(dya) if out is None else None
+    if dx is None:
+        check_out(out, dya, ("dy",), (dya,), "out")
+        # the cache must stay valid for another call
+        if layer:
+            not_shared(out, "out", ("x", "weight", "mean", "rstd"), (x, weight, mean, rstd),
+                       CACHE_OUT)
+        else:
+            not_shared(out, "out", ("x", "weight", "rstd"), (x, weight, rstd), CACHE_OUT)
+        dx = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(dya)
+    cdef Py_ssize_t n = cnp.PyArray_DIM(xr, 0), d = cnp.PyArray_DIM(xr, 1), nb = row_blocks(n)
+    nt = team(nt, n * d)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(dx))
+    dw = None if weight is None else new_vector(d, cnp.PyArray_TYPE(xr))
+    db = new_vector(d, cnp.PyArray_TYPE(xr)) if layer and cache.has_bias else None
+    # scratch: two row reductions per row, then the dweight / dbias partial rows
+    cdef Py_ssize_t parts = (dw is not None) + (db is not None)
+    cdef Scratch scratch = lend((2 * n + parts * nb * d) * sizeof(double))
+    cdef double *red = <double *>scratch.data
+    cdef double *wpart = red + 2 * n
+    cdef double *bpart = wpart + (nb * d if dw is not None else 0)
+    cdef void *pdx = cnp.PyArray_DATA(dx)
+    cdef void *pdw = data_of(dw)
+    cdef void *pdb = data_of(db)
+    cdef void *pdy = cnp.PyArray_DATA(rows)
+    cdef void *px = cnp.PyArray_DATA(xr)
+    cdef void *pw = data_of(weight)
+    cdef const double *pmean = <const double *>data_of(mean)
+    cdef const double *prstd = <const double *>cnp.PyArray_DATA(<cnp.ndarray>rstd)
+    cdef bint f32 = is_f32(xr)
+    with nogil:
+        if layer and f32:
+            layer_backward(<float *>pdx, <float *>pdw, <float *>pdb, red, red + n, wpart, bpart,
+                           <const float *>pdy, <const float *>px, <const float *>pw, pmean,
+                           prstd, n, d, nt, stream)
+        elif layer:
+            layer_backward(<double *>pdx, <double *>pdw, <double *>pdb, red, red + n, wpart,
+                           bpart, <const double *>pdy, <const double *>px, <const double *>pw,
+                           pmean, prstd, n, d, nt, stream)
+        elif f32:
+            rms_backward(<float *>pdx, <float *>pdw, red, wpart, <const float *>pdy,
+                         <const float *>px, <const float *>pw, prstd, n, d, nt, stream)
+        else:
+            rms_backward(<double *>pdx, <double *>pdw, red, wpart, <const double *>pdy,
+                         <const double *>px, <const double *>pw, prstd, n, d, nt, stream)
+    scratch.give_back()
+    if layer:
+        return finish(out, dx), dw, db
+    return finish(out, dx), dw
+
+
+def rms_norm(x, weight, eps, out, n_threads):
+    return norm_forward(False, x, weight, None, eps, out, n_threads, False)
+
+
+def rms_norm_forward(x, weight, eps, out, n_threads):
+    return norm_forward(False, x, weight, None, eps, out, n_threads, True)
+
+
+def rms_norm_backward(dy, cache, out, n_threads):
+    return norm_backward(False, dy, cache, out, n_threads)
+
+
+def layer_norm(x, weight, bias, eps, out, n_threads):
+    return norm_forward(True, x, weight, bias, eps, out, n_threads, False)
+
+
+def layer_norm_forward(x, weight, bias, eps, out, n_threads):
+    return norm_forward(True, x, weight, bias, eps, out, n_threads, True)
+
+
+def layer_norm_backward(dy, cache, out, n_threads):
+    return norm_backward(True, dy, cache, out, n_threads)
+
+
+include "api_residual.pxi"
+include "api_elementwise.pxi"
+
+
+def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):
+    """u[k] := the 32-bit Philox uniform of flat element start + k (for tests and teaching).
+    NumPy reference: resnorm.reference.dropout_uniforms."""
+    if u.shape[0] == 0:
+        return
+    with nogil:
+        rn_philox_uniforms(&u[0], seed, start, u.shape[0])

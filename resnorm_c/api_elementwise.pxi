@@ -1,0 +1,317 @@
+# The elementwise functions (included by api.pyx): scaled residual, gated residual and
+# inverted dropout, with their training and backward forms.
+
+cdef tuple SCALED_INPUTS = ("x", "F", "alpha")
+cdef tuple SCALED_KEPT = ("F", "alpha")
+cdef tuple GATED_INPUTS = ("x", "F", "g")
+cdef tuple GATED_KEPT = ("F", "g")
+
+
+cdef inline tuple branch_inputs(x, F):
+    """x and F (the branch), checked: F must match x."""
+    cdef cnp.ndarray xa = float_array(x, "x")
+    return xa, partner_of(F, xa, "F")
+
+
+cdef inline elementwise_cache_type(cache, type kind, str forward_name):
+    if type(cache) is not kind and not isinstance(cache, kind):
+        raise TypeError(f"cache must be the {kind.__name__} returned by {forward_name}, "
+                        f"got {type(cache).__name__}")
+
+
+cdef inline cnp.ndarray gradient_of_h(dh, cache):
+    """dh checked against the cache's shape and dtype."""
+    dtype, shape = cache.dtype, cache.shape
+    if (type(dh) is cnp.ndarray and type(dtype) is np.dtype
+            and cnp.PyArray_TYPE(<cnp.ndarray>dh) == dtype.num
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>dh) and shape_is(<cnp.ndarray>dh, shape)):
+        return <cnp.ndarray>dh
+    return like_array(dh, "dh", shape, dtype)
+
+
+# --------------------------------------------------------------------------- scaled residual
+
+cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
+    """h = x + alpha * F; returns h, or (h, cache) when keep_cache."""
+    xa, fa = branch_inputs(x, F)
+    cdef ResidualScale scale = residual_scale_of(alpha, xa)
+    cdef int nt = threads_of(n_threads)
+    if keep_cache and scale.learnable:
+        not_shared(out, "out", SCALED_KEPT, (fa, scale.vector), KEPT_OUT)
+    cdef cnp.ndarray rows_x = contiguous(xa), rows_f = contiguous(fa)
+    cdef tuple inputs = (xa, fa, scale.vector)
+    cdef cnp.ndarray h = new_like(xa) if out is None else None
+    if h is None:
+        check_out(out, xa, SCALED_INPUTS, inputs, "out")
+        h = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
+    nt = team(nt, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(h))
+    cdef void *ph = cnp.PyArray_DATA(h)
+    cdef void *px = cnp.PyArray_DATA(rows_x)
+    cdef void *pf = cnp.PyArray_DATA(rows_f)
+    cdef void *pa = data_of(scale.vector)
+    cdef bint f32 = is_f32(rows_x)
+    with nogil:
+        if f32:
+            scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
+                                    <const float *>pa, n, d, nt, stream)
+        else:
+            scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
+                                    <const double *>pa, n, d, nt, stream)
+    result = finish(out, h)
+    if not keep_cache:
+        return result
+    return result, ScaledResidualCache(as_rows(rows_f) if scale.learnable else None, scale,
+                                       shape_of(xa), xa.dtype)
+
+
+cdef inline object backward_rows(cnp.ndarray dha, n_threads, int *nt, Py_ssize_t *n,
+                                 Py_ssize_t *d):
+    """dh's rows for a backward kernel; the team, rows and row length through the pointers."""
+    cdef int requested = threads_of(n_threads)
+    cdef cnp.ndarray rows = contiguous(dha)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows)
+    d[0] = row_length(rows)
+    n[0] = size // d[0]
+    nt[0] = team(requested, size)
+    return rows
+
+
+def scaled_residual(x, F, alpha, out, n_threads):
+    return scaled_residual_call(x, F, alpha, out, n_threads, False)
+
+
+def scaled_residual_forward(x, F, alpha, out, n_threads):
+    return scaled_residual_call(x, F, alpha, out, n_threads, True)
+
+
+def scaled_residual_backward(dh, cache, n_threads):
+    """Returns (dx, dF, dalpha)."""
+    elementwise_cache_type(cache, ScaledResidualCache, "scaled_residual_forward")
+    cdef ScaledResidualCache c = <ScaledResidualCache>cache
+
+    def expected(n, d, dtype):
+        learnable = c.alpha.learnable
+        return [(c.branch, (n, d), dtype, learnable), (c.alpha.vector, (d,), dtype, learnable)]
+
+    cache_arrays(c, expected, valid_scale(c.alpha))
+    cdef cnp.ndarray dha = gradient_of_h(dh, c)
+    cdef int nt = 1
+    cdef Py_ssize_t n = 0, d = 0
+    cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
+    cdef ResidualScale scale = <ResidualScale>c.alpha
+    cdef cnp.ndarray dx = new_like(dha), dF = new_like(dha)
+    dalpha = new_vector(d, cnp.NPY_DOUBLE) if scale.learnable else None
+    cdef Py_ssize_t nb = row_blocks(n)
+    cdef Scratch scratch = lend(nb * d * sizeof(double) if dalpha is not None else 0)
+    cdef void *pdx = cnp.PyArray_DATA(dx)
+    cdef void *pdf = cnp.PyArray_DATA(dF)
+    cdef double *pda = <double *>data_of(dalpha)
+    cdef void *pdh = cnp.PyArray_DATA(rows)
+    cdef void *pf = data_of(c.branch)
+    cdef void *pa = data_of(scale.vector)
+    cdef double *parts = <double *>scratch.data
+    cdef bint f32 = is_f32(rows)
+    with nogil:
+        if f32:
+            scaled_backward(<float *>pdx, <float *>pdf, pda, parts, <const float *>pdh,
+                                     <const float *>pf, <const float *>pa, n, d, nt, stream)
+        else:
+            scaled_backward(<double *>pdx, <double *>pdf, pda, parts,
+                                     <const double *>pdh, <const double *>pf,
+                                     <const double *>pa, n, d, nt, stream)
+    scratch.give_back()
+    return dx, dF, scale.grad(dalpha, c.dtype)
+
+
+# --------------------------------------------------------------------------- gated residual
+
+cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
+    """h = x + sigmoid(g) * F; returns h, or (h, cache) when keep_cache."""
+    xa, fa = branch_inputs(x, F)
+    cdef cnp.ndarray ga = gate_array(g, shape_of(xa), xa.dtype)
+    cdef int nt = threads_of(n_threads)
+    if keep_cache:
+        not_shared(out, "out", GATED_KEPT, (fa, ga), KEPT_OUT)
+    cdef cnp.ndarray rows_x = contiguous(xa), rows_f = contiguous(fa)
+    cdef tuple inputs = (xa, fa, ga)
+    cdef cnp.ndarray h = new_like(xa) if out is None else None
+    if h is None:
+        check_out(out, xa, GATED_INPUTS, inputs, "out")
+        h = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
+    nt = team(nt, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(h))
+    cdef cnp.ndarray gate = None, s = None, ds = None, g64
+    cdef Scratch scratch = None
+    cdef void *ph = cnp.PyArray_DATA(h)
+    cdef void *px = cnp.PyArray_DATA(rows_x)
+    cdef void *pf = cnp.PyArray_DATA(rows_f)
+    cdef void *pg
+    cdef double *rows_scratch
+    cdef bint f32
+    if same_shape(ga, xa):
+        gate = contiguous(ga)
+        pg = cnp.PyArray_DATA(gate)
+        scratch = lend(max(1, nt) * row_scratch_elements(d) * sizeof(double))
+        rows_scratch = <double *>scratch.data
+        f32 = is_f32(rows_x)
+        with nogil:
+            if f32:
+                gated_forward(<float *>ph, <const float *>px, <const float *>pf,
+                                       <const float *>pg, rows_scratch, n, d, nt, stream)
+            else:
+                gated_forward(<double *>ph, <const double *>px, <const double *>pf,
+                                       <const double *>pg, rows_scratch, n, d, nt, stream)
+        scratch.give_back()
+    else:
+        # per channel: the gate is a LayerScale vector sigmoid(g), evaluated once, in double
+        g64 = np.ascontiguousarray(ga, dtype=np.float64)
+        s64, ds = new_like(g64), new_like(g64)
+        with nogil:
+            sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
+                    <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
+        s = s64.astype(xa.dtype)
+        pg = cnp.PyArray_DATA(s)
+        f32 = is_f32(rows_x)
+        with nogil:
+            if f32:
+                scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
+                                        <const float *>pg, n, d, nt, stream)
+            else:
+                scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
+                                        <const double *>pg, n, d, nt, stream)
+    result = finish(out, h)
+    if not keep_cache:
+        return result
+    return result, GatedResidualCache(as_rows(rows_f), None if gate is None else as_rows(gate),
+                                      s, ds, shape_of(xa), xa.dtype)
+
+
+def gated_residual(x, F, g, out, n_threads):
+    return gated_residual_call(x, F, g, out, n_threads, False)
+
+
+def gated_residual_forward(x, F, g, out, n_threads):
+    return gated_residual_call(x, F, g, out, n_threads, True)
+
+
+def gated_residual_backward(dh, cache, n_threads):
+    """Returns (dx, dF, dg)."""
+    elementwise_cache_type(cache, GatedResidualCache, "gated_residual_forward")
+    cdef GatedResidualCache c = <GatedResidualCache>cache
+
+    def expected(n, d, dtype):
+        full = c.gate is not None
+        return [(c.branch, (n, d), dtype, True), (c.gate, (n, d), dtype, full),
+                (c.s, (d,), dtype, not full), (c.ds, (d,), np.float64, not full)]
+
+    cache_arrays(c, expected)
+    cdef cnp.ndarray dha = gradient_of_h(dh, c)
+    cdef int nt = 1
+    cdef Py_ssize_t n = 0, d = 0
+    cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
+    cdef cnp.ndarray dx = new_like(dha), dF = new_like(dha), dg
+    cdef void *pdx = cnp.PyArray_DATA(dx)
+    cdef void *pdf = cnp.PyArray_DATA(dF)
+    cdef void *pdh = cnp.PyArray_DATA(rows)
+    cdef void *pf = cnp.PyArray_DATA(<cnp.ndarray>c.branch)
+    cdef void *pg
+    cdef void *pdg
+    cdef Scratch scratch
+    cdef double *work
+    cdef bint f32 = is_f32(rows)
+    if c.gate is not None:
+        dg = new_like(dha)
+        pdg = cnp.PyArray_DATA(dg)
+        pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
+        scratch = lend(max(1, nt) * row_scratch_elements(3 * d) * sizeof(double))
+        work = <double *>scratch.data
+        with nogil:
+            if f32:
+                gated_backward(<float *>pdx, <float *>pdf, <float *>pdg,
+                                        <const float *>pdh, <const float *>pf, <const float *>pg,
+                                        work, n, d, nt, stream)
+            else:
+                gated_backward(<double *>pdx, <double *>pdf, <double *>pdg,
+                                        <const double *>pdh, <const double *>pf,
+                                        <const double *>pg, work, n, d, nt, stream)
+        scratch.give_back()
+        return dx, dF, dg
+    # per channel: the scaled residual's backward with alpha = s, then dg = dalpha * ds
+    dsum = new_vector(d, cnp.NPY_DOUBLE)
+    cdef double *pdsum = <double *>cnp.PyArray_DATA(dsum)
+    pg = cnp.PyArray_DATA(<cnp.ndarray>c.s)
+    scratch = lend(row_blocks(n) * d * sizeof(double))
+    work = <double *>scratch.data
+    with nogil:
+        if f32:
+            scaled_backward(<float *>pdx, <float *>pdf, pdsum, work, <const float *>pdh,
+                                     <const float *>pf, <const float *>pg, n, d, nt, stream)
+        else:
+            scaled_backward(<double *>pdx, <double *>pdf, pdsum, work,
+                                     <const double *>pdh, <const double *>pf,
+                                     <const double *>pg, n, d, nt, stream)
+    scratch.give_back()
+    return dx, dF, (dsum * c.ds).astype(c.dtype)
+
+
+# --------------------------------------------------------------------------- dropout
+
+cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int requested):
+    """a * the multipliers of the site (a copy of a when it is off)."""
+    cdef cnp.ndarray rows = contiguous(a)
+    cdef cnp.ndarray y = new_like(a) if out is None else None
+    if y is None:
+        check_out(out, a, (name,), (a,), "out")
+        y = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(a)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows)
+    cdef int nt = team(requested, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef Scratch scratch
+    cdef void *py = cnp.PyArray_DATA(y)
+    cdef void *px = cnp.PyArray_DATA(rows)
+    cdef uint64_t *masks
+    cdef bint f32 = is_f32(rows)
+    if not site.on:
+        cnp.PyArray_CopyInto(y, rows)
+    else:
+        scratch = lend(max(1, nt) * mask_words(SEGMENT) * 8)
+        masks = <uint64_t *>scratch.data
+        memset(masks, 0, max(1, nt) * mask_words(SEGMENT) * 8)
+        with nogil:
+            if f32:
+                dropout_apply(<float *>py, <const float *>px, &site, masks, size, nt, stream)
+            else:
+                dropout_apply(<double *>py, <const double *>px, &site, masks, size, nt, stream)
+        scratch.give_back()
+    return finish(out, y)
+
+
+def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
+    """Returns (y, cache)."""
+    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef DropoutSpec spec = dropout_spec(p, seed, training)
+    cdef int nt = threads_of(n_threads)
+    mask = spec.mask(shape_of(xa), n_threads) if flag(return_mask, "return_mask") else None
+    y = apply_dropout(xa, "x", kernel_dropout(spec), out, nt)
+    return y, DropoutCache(spec, shape_of(xa), xa.dtype, mask)
+
+
+def dropout(x, p, seed, training, out, n_threads):
+    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef rn_dropout site = dropout_site(p, seed, training)
+    return apply_dropout(xa, "x", site, out, threads_of(n_threads))
+
+
+def dropout_backward(dy, cache, out, n_threads):
+    if type(cache) is not DropoutCache and not isinstance(cache, DropoutCache):
+        raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
+                        f"got {type(cache).__name__}")
+    cdef DropoutCache c = <DropoutCache>cache
+    cache_arrays(c, lambda n, d, dtype: [], valid_spec(c.spec))  # no arrays read
+    cdef cnp.ndarray dya = like_array(dy, "dy", c.shape, c.dtype)
+    return apply_dropout(dya, "dy", kernel_dropout(c.spec), out, threads_of(n_threads))

@@ -1,0 +1,376 @@
+# The fused add + norm functions (included by api.pyx): h = residual + alpha * dropout(x),
+# then y = norm(h); Pre-Norm returns (y, h), Post-Norm only y.
+
+cdef tuple ADD_NORM_INPUTS = ("x", "residual", "weight", "bias", "alpha")
+cdef tuple ADD_NORM_KEPT = ("x", "residual", "weight", "alpha")
+cdef tuple GRADIENT_INPUTS = ("dy", "dh")
+cdef tuple ADD_NORM_CACHE_FIELDS = ("h", "x", "residual", "weight", "alpha", "mean", "rstd")
+cdef str KEPT_OUT = "{out} must not overlap {name} in the training form: backward reads {name}"
+cdef str CACHE_GRADIENT = "{out} must not share memory with the cache's {name}: pass a separate buffer"
+
+# the forward functions, by (layer, prenorm): the name a cache records
+cdef dict ADD_NORM_OPS = {(False, True): "add_rms_norm_forward",
+                          (True, True): "add_layer_norm_forward",
+                          (False, False): "add_rms_norm_post_forward",
+                          (True, False): "add_layer_norm_post_forward"}
+
+
+cdef inline rn_dropout dropout_site(p, seed, training) except *:
+    """The checked dropout arguments as the kernels take them."""
+    cdef rn_dropout site
+    cdef double pv = probability(p)
+    s = seed_value(seed)
+    cdef bint on = flag(training, "training") and pv > 0.0
+    site.on = on
+    site.seed = s if on else 0
+    site.threshold = (0xFFFFFFFF if pv == 1.0 else <uint32_t>(pv * 4294967296.0)) if on else 0
+    site.scale = (0.0 if pv == 1.0 else 1.0 / (1.0 - pv)) if on else 1.0
+    return site
+
+
+cdef inline cnp.ndarray apart_from(cnp.ndarray buffer, w, b, cnp.ndarray like):
+    """buffer, or a fresh one when it shares memory with the weight or the bias: a rare row
+    is stored in it first, then normalised with them (rank-1 input, in place)."""
+    if (w is not None and overlap(buffer, w)) or (b is not None and overlap(buffer, b)):
+        return new_like(like)
+    return buffer
+
+
+cdef inline cnp.ndarray buffer_for(out, cnp.ndarray like, tuple inputs, str name):
+    """Where the kernel writes the output `name`: a new array (out None), out itself, or a
+    fresh array copied into out afterwards (finish)."""
+    if out is None:
+        return new_like(like)
+    check_out(out, like, ADD_NORM_INPUTS, inputs, name)
+    return <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(like)
+
+
+cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, eps, alpha, p,
+                          seed, training, out, residual_out, n_threads, bint keep_cache):
+    """Every fused forward: checks, the kernel, and (keep_cache) the cache.  Returns
+    (y, h) (Pre-Norm) or y (Post-Norm), with the cache when keep_cache."""
+    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef cnp.ndarray ra = partner_of(residual, xa, "residual")
+    w = vector_of(param_of(weight, xa, "weight"))
+    b = vector_of(param_of(bias, xa, "bias")) if layer else None
+    cdef double e = eps_of(eps, xa)
+    cdef ResidualScale scale = residual_scale_of(alpha, xa)
+    cdef DropoutSpec spec = None
+    cdef rn_dropout site
+    if keep_cache:
+        spec = dropout_spec(p, seed, training)
+        site = kernel_dropout(spec)
+    else:
+        site = dropout_site(p, seed, training)
+    cdef int nt = threads_of(n_threads)
+    cdef bint learnable = scale.learnable
+    cdef bint keeps_x = not prenorm or learnable
+    cdef cnp.ndarray rows_x = contiguous(xa)
+    cdef cnp.ndarray rows_r = contiguous(ra)
+    cdef tuple inputs = (xa, ra, w, b, scale.vector)
+    if keep_cache:
+        kept = (xa if keeps_x else None, None if prenorm else ra, w,
+                scale.vector if learnable else None)
+        not_shared(out, "out", ADD_NORM_KEPT, kept, KEPT_OUT)
+        not_shared(residual_out, "residual_out", ADD_NORM_KEPT, kept, KEPT_OUT)
+    if out is not None and residual_out is not None and overlap(out, residual_out):
+        raise ValueError("out and residual_out must be different, non-overlapping arrays")
+    cdef cnp.ndarray y = buffer_for(out, xa, inputs, "out")
+    cdef cnp.ndarray h = buffer_for(residual_out, xa, inputs, "residual_out") if prenorm else None
+    if prenorm:
+        h = apart_from(h, w, b, xa)
+    else:
+        y = apart_from(y, w, b, xa)
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
+    nt = team(nt, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef cnp.ndarray mean = None, rstd = None
+    cdef Py_ssize_t stats_bytes = 0 if keep_cache else 2 * n * sizeof(double)
+    cdef Py_ssize_t masks_bytes = max(1, nt) * add_norm_mask_words(d, &site) * 8
+    cdef Scratch scratch = lend(stats_bytes + masks_bytes)
+    cdef double *pmean = <double *>scratch.data
+    cdef double *prstd = pmean + n
+    cdef uint64_t *masks = <uint64_t *>(scratch.data + stats_bytes)
+    memset(masks, 0, masks_bytes)
+    if keep_cache:
+        rstd = new_stats(n)
+        prstd = <double *>cnp.PyArray_DATA(rstd)
+        pmean = NULL
+        if layer:
+            mean = new_stats(n)
+            pmean = <double *>cnp.PyArray_DATA(mean)
+    elif not layer:
+        pmean = NULL
+    cdef void *py = cnp.PyArray_DATA(y)
+    cdef void *ph = data_of(h)
+    cdef void *px = cnp.PyArray_DATA(rows_x)
+    cdef void *pr = cnp.PyArray_DATA(rows_r)
+    cdef void *pw = data_of(w)
+    cdef void *pb = data_of(b)
+    cdef void *pa = data_of(scale.vector)
+    cdef bint f32 = is_f32(rows_x)
+    with nogil:
+        if f32:
+            add_norm_forward(<float *>py, <float *>ph, pmean, prstd, <const float *>px,
+                             <const float *>pr, <const float *>pw, <const float *>pb,
+                             <const float *>pa, e, &site, masks, n, d, nt, stream)
+        else:
+            add_norm_forward(<double *>py, <double *>ph, pmean, prstd, <const double *>px,
+                             <const double *>pr, <const double *>pw, <const double *>pb,
+                             <const double *>pa, e, &site, masks, n, d, nt, stream)
+    scratch.give_back()
+    y_result = finish(out, y)
+    result = (y_result, finish(residual_out, h)) if prenorm else y_result
+    if not keep_cache:
+        return result
+    cache = AddNormCache(
+        ADD_NORM_OPS[layer, prenorm], as_rows(h) if prenorm else None,
+        as_rows(rows_x) if keeps_x else None, None if prenorm else as_rows(rows_r), w,
+        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.dtype)
+    return result, cache
+
+
+cdef inline bint is_rows(a, Py_ssize_t n, Py_ssize_t d, int typenum) noexcept:
+    """a is exactly an (n, d) array of this type in the kernels' layout."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == n
+            and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == d and kernel_layout(<cnp.ndarray>a))
+
+
+cdef inline bint is_vector(a, Py_ssize_t d, int typenum) noexcept:
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == d
+            and kernel_layout(<cnp.ndarray>a))
+
+
+cdef inline bint spec_ok(spec) noexcept:
+    """spec is a DropoutSpec as dropout_spec makes it (decided in C)."""
+    if type(spec) is not DropoutSpec:
+        return False
+    cdef DropoutSpec s = <DropoutSpec>spec
+    return (type(s.p) is float and 0.0 <= <double>s.p <= 1.0 and type(s.seed) is int
+            and 0 <= s.seed < (1 << 64) and (s.training is True or s.training is False))
+
+
+cdef inline bint shape_ok(shape, Py_ssize_t *n, Py_ssize_t *d) noexcept:
+    """shape is a tuple of ints >= 0 with at least one axis; n, d: its rows and row length."""
+    cdef Py_ssize_t prod = 1
+    if type(shape) is not tuple or len(<tuple>shape) < 1:
+        return False
+    for s in <tuple>shape:
+        if type(s) is not int or s < 0 or s > (1 << 40):
+            return False
+        prod *= <Py_ssize_t>s
+    d[0] = <Py_ssize_t>(<tuple>shape)[-1]
+    n[0] = prod // d[0] if d[0] > 0 else 0
+    return True
+
+
+cdef bint add_norm_cache_ok(AddNormCache cache, bint layer, bint prenorm) noexcept:
+    """The cache as its forward function made it (decided in C; False sends it through
+    check_add_norm_cache, which says what is wrong)."""
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int typenum
+    if not (spec_ok(cache.dropout) and type(cache.alpha) is ResidualScale
+            and (cache.has_bias is True or cache.has_bias is False)
+            and shape_ok(cache.shape, &n, &d) and type(cache.dtype) is np.dtype
+            and cache.dtype in FLOAT_DTYPES):
+        return False
+    typenum = cache.dtype.num
+    cdef ResidualScale alpha = <ResidualScale>cache.alpha
+    cdef bint learnable = alpha.kind != "fixed"
+    if not (alpha.kind == "fixed" or alpha.kind == "scalar" or alpha.kind == "channel"):
+        return False
+    return (present(cache.h, prenorm, True, n, d, typenum) and (prenorm or cache.h is None)
+            and present(cache.x, learnable or not prenorm, True, n, d, typenum)
+            and present(cache.residual, not prenorm, True, n, d, typenum)
+            and present(cache.weight, False, False, n, d, typenum)
+            and present(alpha.vector, learnable, False, n, d, typenum)
+            and (is_stat(cache.mean, n) if layer else cache.mean is None)
+            and is_stat(cache.rstd, n))
+
+
+cdef inline bint present(a, bint required, bint rows, Py_ssize_t n, Py_ssize_t d,
+                         int typenum) noexcept:
+    """A field of a fused cache: None where allowed, else rows (n, d) or a (d,) vector."""
+    if a is None:
+        return not required
+    return is_rows(a, n, d, typenum) if rows else is_vector(a, d, typenum)
+
+
+cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
+    """The arrays add_norm_backward reads, as the forward function made them."""
+    valid = (valid_scale(cache.alpha) and valid_spec(cache.dropout)
+             and type(cache.has_bias) is bool)
+    learnable = valid and cache.alpha.learnable
+
+    def expected(n, d, dtype):
+        rows = (n, d)
+        return [(cache.h, rows, dtype, prenorm), (cache.x, rows, dtype, learnable or not prenorm),
+                (cache.residual, rows, dtype, not prenorm), (cache.weight, (d,), dtype, False),
+                (cache.alpha.vector, (d,), dtype, learnable),
+                (cache.mean, (n,), np.float64, layer), (cache.rstd, (n,), np.float64, True)]
+
+    # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
+    valid = valid and (prenorm or cache.h is None) and (layer or cache.mean is None)
+    cache_arrays(cache, expected, valid)
+
+
+cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tuple inputs,
+                                        tuple kept):
+    """Where the kernel writes one gradient: as buffer_for, but never memory of an input
+    (the fused backward kernel reads dy and dh while it writes), so buffer may be dy or dh
+    itself only through a fresh array that finish copies into it."""
+    if buffer is None:
+        return new_like(like)
+    check_out(buffer, like, GRADIENT_INPUTS, inputs, name)
+    not_shared(buffer, name, ADD_NORM_CACHE_FIELDS, kept, CACHE_GRADIENT)
+    cdef Py_ssize_t k
+    if kernel_layout(<cnp.ndarray>buffer):
+        for k in range(len(inputs)):
+            if inputs[k] is not None and overlap(buffer, inputs[k]):
+                return new_like(like)
+        return <cnp.ndarray>buffer
+    return new_like(like)
+
+
+cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
+                                   dresidual_out, n_threads):
+    """Every fused backward: returns (dx, dresidual, dweight, dbias, dalpha)."""
+    op = ADD_NORM_OPS[layer, prenorm]
+    if type(cache) is not AddNormCache or (<AddNormCache>cache).op != op:
+        made_by = cache.op if isinstance(cache, AddNormCache) else type(cache).__name__
+        raise TypeError(f"cache must be the AddNormCache returned by {op}, got {made_by}")
+    cdef AddNormCache c = <AddNormCache>cache
+    if not add_norm_cache_ok(c, layer, prenorm):
+        check_add_norm_cache(c, layer, prenorm)
+    dtype = c.dtype
+    shape = c.shape
+    cdef cnp.ndarray dya
+    if (type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == dtype.num
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>dy) and shape_is(<cnp.ndarray>dy, shape)):
+        dya = <cnp.ndarray>dy
+    else:
+        dya = like_array(dy, "dy", shape, dtype)
+    cdef cnp.ndarray dha = None
+    if dh is not None:
+        dha = partner_of(dh, dya, "dh")
+    cdef int nt = threads_of(n_threads)
+    cdef tuple inputs = (dya, dha)
+    alpha = <ResidualScale>c.alpha
+    cdef tuple kept = (c.h, c.x, c.residual, c.weight, alpha.vector, c.mean, c.rstd)
+    cdef cnp.ndarray rows = contiguous(dya)
+    cdef cnp.ndarray dh_rows = None if dha is None else contiguous(dha)
+    cdef cnp.ndarray dx = gradient_buffer(out, "out", dya, inputs, kept)
+    cdef cnp.ndarray dres = gradient_buffer(dresidual_out, "dresidual_out", dya, inputs, kept)
+    if out is not None and dresidual_out is not None and overlap(out, dresidual_out):
+        raise ValueError("out and dresidual_out must not share memory: they receive "
+                         "different gradients")
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_length(rows), n = size // d
+    cdef Py_ssize_t nb = row_blocks(n)
+    cdef int typenum = cnp.PyArray_TYPE(rows)
+    dweight = None if c.weight is None else new_vector(d, typenum)
+    dbias = new_vector(d, typenum) if c.has_bias else None
+    dalpha = new_vector(d, cnp.NPY_DOUBLE) if alpha.learnable else None
+    nt = team(nt, size)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(dx))
+    cdef rn_dropout site = kernel_dropout(c.dropout)
+    cdef Py_ssize_t parts_bytes = 3 * nb * d * sizeof(double)
+    cdef Py_ssize_t per_thread = add_norm_backward_scratch(d, &site)
+    cdef Scratch scratch = lend(parts_bytes + max(1, nt) * per_thread + 64)
+    cdef double *partials = <double *>scratch.data
+    cdef char *rows_scratch = scratch.data + (parts_bytes + 63) // 64 * 64
+    memset(rows_scratch, 0, max(1, nt) * per_thread)
+    cdef void *pdx = cnp.PyArray_DATA(dx)
+    cdef void *pdres = cnp.PyArray_DATA(dres)
+    cdef void *pdw = data_of(dweight)
+    cdef void *pdb = data_of(dbias)
+    cdef double *pda = <double *>data_of(dalpha)
+    cdef void *pdy = cnp.PyArray_DATA(rows)
+    cdef void *pdh = data_of(dh_rows)
+    cdef void *ph = data_of(c.h)
+    cdef void *px = data_of(c.x)
+    cdef void *pr = data_of(c.residual)
+    cdef void *pw = data_of(c.weight)
+    cdef void *pa = data_of(alpha.vector)
+    cdef const double *pmean = <const double *>data_of(c.mean)
+    cdef const double *prstd = <const double *>data_of(c.rstd)
+    with nogil:
+        if typenum == cnp.NPY_FLOAT:
+            add_norm_backward(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
+                              partials, rows_scratch, <const float *>pdy, <const float *>pdh,
+                              <const float *>ph, <const float *>px, <const float *>pr,
+                              <const float *>pw, <const float *>pa, pmean, prstd, &site, n, d,
+                              nt, stream)
+        else:
+            add_norm_backward(<double *>pdx, <double *>pdres, <double *>pdw, <double *>pdb, pda,
+                              partials, rows_scratch, <const double *>pdy, <const double *>pdh,
+                              <const double *>ph, <const double *>px, <const double *>pr,
+                              <const double *>pw, <const double *>pa, pmean, prstd, &site, n,
+                              d, nt, stream)
+    scratch.give_back()
+    return (finish(out, dx), finish(dresidual_out, dres), dweight, dbias,
+            alpha.grad(dalpha, dtype) if alpha.learnable else None)
+
+
+def add_rms_norm(x, residual, weight, eps, alpha, p, seed, training, out, residual_out,
+                 n_threads):
+    return add_norm_call(False, True, x, residual, weight, None, eps, alpha, p, seed, training,
+                         out, residual_out, n_threads, False)
+
+
+def add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, out, residual_out,
+                         n_threads):
+    return add_norm_call(False, True, x, residual, weight, None, eps, alpha, p, seed, training,
+                         out, residual_out, n_threads, True)
+
+
+def add_rms_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
+    return add_norm_backward_call(False, True, dy, dh, cache, out, dresidual_out, n_threads)
+
+
+def add_layer_norm(x, residual, weight, bias, eps, alpha, p, seed, training, out, residual_out,
+                   n_threads):
+    return add_norm_call(True, True, x, residual, weight, bias, eps, alpha, p, seed, training,
+                         out, residual_out, n_threads, False)
+
+
+def add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training, out,
+                           residual_out, n_threads):
+    return add_norm_call(True, True, x, residual, weight, bias, eps, alpha, p, seed, training,
+                         out, residual_out, n_threads, True)
+
+
+def add_layer_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
+    return add_norm_backward_call(True, True, dy, dh, cache, out, dresidual_out, n_threads)
+
+
+def add_rms_norm_post(x, residual, weight, eps, alpha, p, seed, training, out, n_threads):
+    return add_norm_call(False, False, x, residual, weight, None, eps, alpha, p, seed, training,
+                         out, None, n_threads, False)
+
+
+def add_rms_norm_post_forward(x, residual, weight, eps, alpha, p, seed, training, out,
+                              n_threads):
+    return add_norm_call(False, False, x, residual, weight, None, eps, alpha, p, seed, training,
+                         out, None, n_threads, True)
+
+
+def add_rms_norm_post_backward(dy, cache, out, dresidual_out, n_threads):
+    return add_norm_backward_call(False, False, dy, None, cache, out, dresidual_out, n_threads)
+
+
+def add_layer_norm_post(x, residual, weight, bias, eps, alpha, p, seed, training, out,
+                        n_threads):
+    return add_norm_call(True, False, x, residual, weight, bias, eps, alpha, p, seed, training,
+                         out, None, n_threads, False)
+
+
+def add_layer_norm_post_forward(x, residual, weight, bias, eps, alpha, p, seed, training, out,
+                                n_threads):
+    return add_norm_call(True, False, x, residual, weight, bias, eps, alpha, p, seed, training,
+                         out, None, n_threads, True)
+
+
+def add_layer_norm_post_backward(dy, cache, out, dresidual_out, n_threads):
+    return add_norm_backward_call(True, False, dy, None, cache, out, dresidual_out, n_threads)

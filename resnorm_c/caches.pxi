@@ -1,0 +1,186 @@
+# What the training forms keep for backward (included by api.pyx).  Frozen dataclasses
+# (dataclasses.fields and dataclasses.replace work on them), compiled so that a forward call
+# builds one without Python code.  Caches hold references, not copies: do not modify the
+# arrays they hold between forward and backward.
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class RMSNormCache:
+    """What rms_norm_backward needs: the input rows and their rstd."""
+    x: object       # (N, D) the rows the kernel read
+    weight: object  # (D,) or None
+    rstd: object    # (N,) float64, 1/sqrt(mean(x^2) + eps)
+    shape: object   # shape of the original input, given back to dx
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class LayerNormCache:
+    """What layer_norm_backward needs: the input rows, their mean and rstd."""
+    x: object         # (N, D)
+    weight: object    # (D,) or None
+    has_bias: object  # whether a dbias is wanted
+    mean: object      # (N,) float64
+    rstd: object      # (N,) float64, 1/sqrt(var + eps)
+    shape: object
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class DropoutSpec:
+    """One dropout site: the probability p, the seed, and whether the call is training."""
+    p: object
+    seed: object
+    training: object
+
+    @property
+    def active(self):
+        """False for eval mode and for p = 0: then dropout is exactly the identity."""
+        return self.training and self.p > 0.0
+
+    @property
+    def threshold(self):
+        """Elements whose uniform is below this are dropped: floor(p * 2**32), exact in
+        double.  For p = 1 (all dropped) the multiplier is 0 instead: 2**32 would not fit."""
+        return 0xFFFFFFFF if self.p == 1.0 else int(self.p * TWO_32)
+
+    @property
+    def scale(self):
+        """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
+        return 0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p)
+
+    def mask(self, shape, n_threads=None):
+        """The boolean keep-mask of an array of this shape (what the kernels apply)."""
+        cdef rn_dropout site = kernel_dropout(self)
+        cdef cnp.ndarray keep
+        if not self.active:
+            return np.ones(shape, dtype=bool)
+        if self.p == 1.0:
+            return np.zeros(shape, dtype=bool)
+        keep = np.empty(int(np.prod(shape)), dtype=np.uint8)
+        cdef Py_ssize_t n = keep.shape[0]
+        cdef int nt = team(threads_of(n_threads), n)
+        with nogil:
+            dropout_mask(<uint8_t *>cnp.PyArray_DATA(keep), &site, n, nt)
+        return keep.view(bool).reshape(shape)
+
+
+cdef TWO_32 = 4294967296.0
+
+
+cdef rn_dropout kernel_dropout(DropoutSpec spec):
+    """The dropout site as the kernels take it (off when the spec is inactive)."""
+    cdef rn_dropout site
+    site.on = spec.active
+    site.seed = spec.seed if site.on else 0
+    site.threshold = spec.threshold if site.on else 0
+    site.scale = spec.scale if site.on else 1.0
+    return site
+
+
+cpdef DropoutSpec dropout_spec(p, seed, training):
+    """Checks p, seed and training; returns their DropoutSpec."""
+    return DropoutSpec(probability(p), seed_value(seed), flag(training, "training"))
+
+
+cpdef bint valid_spec(spec):
+    """True for a DropoutSpec as dropout_spec makes it (caches keep one)."""
+    try:
+        return isinstance(spec, DropoutSpec) and dropout_spec(spec.p, spec.seed,
+                                                              spec.training) == spec
+    except (TypeError, ValueError):
+        return False
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class DropoutCache:
+    """What dropout_backward needs: the site (p, seed) and the shape, never the mask."""
+    spec: object
+    shape: object
+    dtype: object
+    mask: object  # bool keep-mask, only with return_mask=True
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class ResidualScale:
+    """alpha as the kernels see it, and how its gradient is shaped."""
+    kind: object    # 'fixed' (no gradient), 'scalar' (shape ()), 'channel' (D,)
+    vector: object  # (D,) of the input dtype; None when alpha is a fixed 1
+
+    @property
+    def learnable(self):
+        return self.kind != "fixed"
+
+    def grad(self, per_channel, dtype):
+        """dalpha from the kernels' float64 per-channel sums: None, a 0-d array or (D,)."""
+        if self.kind == "fixed":
+            return None
+        if self.kind == "scalar":
+            return np.asarray(per_channel.sum(), dtype=dtype)
+        return per_channel.astype(dtype)
+
+
+cdef ResidualScale UNIT_SCALE = ResidualScale("fixed", None)
+
+
+cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x):
+    """alpha checked (residual_scale) and as the kernels take it: a (D,) vector of x's
+    dtype, or None for a fixed 1."""
+    if type(alpha) is float and <double>alpha == 1.0:
+        return UNIT_SCALE
+    cdef Py_ssize_t d = x.shape[x.ndim - 1]
+    kind, value = residual_scale(alpha, d, x.dtype)
+    if kind == "fixed":
+        vector = None if value == 1.0 else np.full(d, value, dtype=x.dtype)
+    elif kind == "scalar":
+        vector = np.full(d, value[()], dtype=x.dtype)
+    else:
+        vector = contiguous(value)
+    return ResidualScale(kind, vector)
+
+
+cpdef bint valid_scale(alpha):
+    """A ResidualScale as residual_scale_of makes it (kept in caches)."""
+    return isinstance(alpha, ResidualScale) and alpha.kind in ("fixed", "scalar", "channel")
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class AddNormCache:
+    """What the backward of a fused add + norm needs.
+
+    Pre-Norm keeps h (the returned residual stream, by reference) and, only for a learnable
+    alpha, x.  Post-Norm keeps x and residual (by reference) and recomputes h row by row.
+    Row statistics in float64: rstd (and mean for LayerNorm).  The dropout mask is not kept:
+    it is regenerated from (seed, element index).
+    """
+    op: object        # the forward function that made this cache
+    h: object         # (N, D) Pre-Norm only
+    x: object         # (N, D) Post-Norm, or a learnable alpha
+    residual: object  # (N, D) Post-Norm only
+    weight: object    # (D,)
+    has_bias: object
+    alpha: object     # ResidualScale
+    dropout: object   # DropoutSpec
+    mean: object      # (N,) float64, LayerNorm only
+    rstd: object      # (N,) float64
+    shape: object
+    dtype: object
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class ScaledResidualCache:
+    """What scaled_residual_backward needs: alpha, and F (by reference) when alpha is learnable."""
+    branch: object  # (N, D) F, only for a learnable alpha
+    alpha: object   # ResidualScale
+    shape: object
+    dtype: object
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class GatedResidualCache:
+    """What gated_residual_backward needs: F and the gate (by reference).  A per-channel
+    gate keeps sigmoid(g) and sigmoid'(g) as (D,) vectors; a full gate recomputes them."""
+    branch: object  # (N, D) F
+    gate: object    # (N, D) g, full-shape gates only
+    s: object       # (D,) sigmoid(g) in the input dtype, per-channel gates only
+    ds: object      # (D,) float64 sigmoid(g)*(1-sigmoid(g)), per-channel only
+    shape: object
+    dtype: object

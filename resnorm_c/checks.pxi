@@ -1,0 +1,339 @@
+# Every argument check of the public kernel functions, in one place and one error style
+# (included by api.pyx).  Errors name the argument and say what was expected: TypeError for
+# a wrong kind or dtype, ValueError for a wrong value or shape.  The table of checks is
+# docs/input-checks.md.
+#
+# Each check starts with the case every real call takes (an exact ndarray of the right
+# type and layout, a Python float, None), decided with a few C tests, and only then runs the
+# general code that converts array-likes and raises.  resnorm._checks gives Python code
+# (resnorm.nn, explain) the same functions.
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# More threads than this is a mistake, and one OpenMP cannot start ends the process
+# (libgomp: "Thread creation failed"), so it is refused up front.
+MAX_THREADS = 1024
+
+
+cdef inline bint is_float_type(int typenum) noexcept:
+    return typenum == cnp.NPY_FLOAT or typenum == cnp.NPY_DOUBLE
+
+
+cdef inline bint native_float_array(object a) noexcept:
+    """a is exactly an ndarray (not a subclass: masked arrays take the general path) of
+    float32 or float64 in native byte order."""
+    return (type(a) is cnp.ndarray and is_float_type(cnp.PyArray_TYPE(<cnp.ndarray>a))
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+
+
+cpdef not_masked(a, str name):
+    """Masked arrays are refused: the kernels would read the masked values as data."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain ndarray, got a masked array (its mask would "
+                        f"be ignored); pass {name}.filled(...) or the unmasked rows")
+
+
+cpdef cnp.ndarray float_array(x, str name):
+    """x as an ndarray of float32/float64 with native byte order and at least one axis.
+
+    Array-likes (lists, tuples) are converted with np.asarray; nothing is cast: integer,
+    bool, complex, float16 or object data is a TypeError.
+    """
+    cdef int ndim
+    if native_float_array(x):
+        ndim = cnp.PyArray_NDIM(<cnp.ndarray>x)
+        if ndim > 0 and cnp.PyArray_DIM(<cnp.ndarray>x, ndim - 1) > 0:
+            return <cnp.ndarray>x
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a float32 or float64 array, got {type(x).__name__}") from e
+    not_masked(x, name)
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float32 or float64, got {x.dtype}")
+    if not x.dtype.isnative:
+        raise TypeError(f"{name} must be in native byte order, got dtype {x.dtype.str!r}")
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least one axis (shape (..., D)), got a scalar")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last axis, got shape {x.shape}")
+    return x
+
+
+cdef inline bint same_shape(cnp.ndarray a, cnp.ndarray b) noexcept:
+    cdef int k, ndim = cnp.PyArray_NDIM(a)
+    if cnp.PyArray_NDIM(b) != ndim:
+        return False
+    for k in range(ndim):
+        if cnp.PyArray_DIM(a, k) != cnp.PyArray_DIM(b, k):
+            return False
+    return True
+
+
+cdef inline cnp.ndarray partner_of(a, cnp.ndarray like, str name):
+    """a as an array of exactly like's shape and dtype: like_array with like's shape."""
+    if (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.PyArray_TYPE(like)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a) and same_shape(<cnp.ndarray>a, like)):
+        return <cnp.ndarray>a
+    return like_array(a, name, shape_of(like), like.dtype)
+
+
+cpdef cnp.ndarray like_array(a, str name, shape, dtype):
+    """a as an ndarray with exactly this shape and dtype (the partner of another argument)."""
+    if not isinstance(a, np.ndarray):
+        try:
+            a = np.asarray(a)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name} must be a {dtype} array of shape {shape}, got {type(a).__name__}") from e
+    not_masked(a, name)
+    if a.dtype != dtype or not a.dtype.isnative:
+        raise TypeError(f"{name} must have dtype {dtype} (native byte order), got {a.dtype.str!r}")
+    if a.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
+    return a
+
+
+cdef inline object param_of(p, cnp.ndarray x, str name):
+    """None, or a (D,) vector of x's dtype (weight, bias), as optional_param checks it."""
+    cdef int ndim = cnp.PyArray_NDIM(x)
+    if p is None:
+        return None
+    if (type(p) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.PyArray_TYPE(x)
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>p) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
+            and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == cnp.PyArray_DIM(x, ndim - 1)):
+        return p
+    return optional_param(p, name, cnp.PyArray_DIM(x, ndim - 1), x.dtype)
+
+
+cpdef optional_param(p, str name, d, dtype):
+    """None, or a (D,) vector of the input's dtype (weight, bias)."""
+    if p is None:
+        return None
+    return like_array(p, name, (d,), dtype)
+
+
+cpdef double eps_value(eps, dtype=None) except -1.0:
+    """eps as a float: a real number, finite and > 0.  With the dtype of a norm's input, also
+    at least that dtype's smallest normal number (float32: 1.2e-38), so that
+    rstd <= 1/sqrt(eps) fits the dtype even for an all-zero row."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps > 0.0):
+        raise ValueError(f"eps must be finite and > 0, got {eps!r}")
+    tiny = 0.0 if dtype is None else float(np.finfo(dtype).tiny)
+    if eps < tiny:
+        raise ValueError(f"eps must be >= {tiny:.4g} (the smallest normal {np.dtype(dtype)}) "
+                         f"for {np.dtype(dtype)} input, got {eps!r}")
+    return eps
+
+
+cdef inline double eps_of(eps, cnp.ndarray x) except -1.0:
+    """eps_value(eps, x.dtype), deciding a Python float at once."""
+    cdef double e
+    if type(eps) is float:
+        e = <double>eps
+        if isfinite(e) and e >= (FLT_MIN if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT else DBL_MIN):
+            return e
+    return eps_value(eps, x.dtype)
+
+
+cpdef n_threads_value(n_threads):
+    """None (OpenMP default) or an int in [1, MAX_THREADS]."""
+    if n_threads is None:
+        return None
+    if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, numbers.Integral):
+        raise TypeError(f"n_threads must be None or an int >= 1, got {type(n_threads).__name__}")
+    if not 1 <= n_threads <= MAX_THREADS:
+        raise ValueError(f"n_threads must be None or an int >= 1 and <= {MAX_THREADS}, "
+                         f"got {n_threads}")
+    return int(n_threads)
+
+
+cdef inline int threads_of(n_threads) except -1:
+    """n_threads_value(n_threads) as a C int, 0 for None (the OpenMP default)."""
+    if n_threads is None:
+        return 0
+    # compared as Python ints: a C cast would overflow on 2**70
+    if type(n_threads) is int and 1 <= n_threads <= MAX_THREADS:
+        return <int>n_threads
+    return <int>n_threads_value(n_threads)
+
+
+cpdef bint same_memory(a, b):
+    """True when a and b are views of exactly the same elements in the same layout."""
+    return (a.shape == b.shape and a.strides == b.strides
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+cpdef out_array(out, shape, dtype, dict inputs, str name="out"):
+    """The caller's output buffer: a writeable ndarray of this shape and dtype.
+
+    It may be exactly one of the inputs (same memory, same strides: an in-place call), but it
+    must not otherwise overlap any of them, as a partial overlap would be read after written.
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype.str!r}")
+    if out.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError(f"{name} must be writeable, got a read-only array")
+    for input_name, a in inputs.items():
+        if a is not None and overlap(out, a) and not same_memory(out, a):
+            raise ValueError(f"{name} overlaps {input_name} without being the same array; "
+                             f"pass {name}={input_name} for an in-place call, or a separate buffer")
+    return out
+
+
+cdef inline bint same_view(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """same_memory for two ndarrays, decided in C."""
+    cdef int k
+    if cnp.PyArray_DATA(a) != cnp.PyArray_DATA(b) or not same_shape(a, b):
+        return False
+    for k in range(cnp.PyArray_NDIM(a)):
+        if cnp.PyArray_STRIDE(a, k) != cnp.PyArray_STRIDE(b, k):
+            return False
+    return True
+
+
+cdef inline check_out(out, cnp.ndarray like, tuple names, tuple inputs, str name):
+    """out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name), decided in C
+    for an ndarray that passes (the general code runs, and raises, for anything else)."""
+    cdef Py_ssize_t k
+    cdef bint ok = (type(out) is cnp.ndarray
+                    and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.PyArray_TYPE(like)
+                    and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
+                    and same_shape(<cnp.ndarray>out, like)
+                    and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out))
+    for k in range(len(inputs)):
+        if not ok:
+            break
+        a = inputs[k]
+        if a is not None:
+            ok = (type(a) is cnp.ndarray
+                  and (not overlap(out, a) or same_view(<cnp.ndarray>out, <cnp.ndarray>a)))
+    if not ok:
+        out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name)
+
+
+cpdef training_cache(cache, tuple stat_names):
+    """A training cache of the norms as its forward function made it.  The kernels trust its
+    arrays' shapes, so a hand-built or edited cache with wrong ones would read out of bounds."""
+    x = cache.x
+    ok = (isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype in FLOAT_DTYPES
+          and x.flags.c_contiguous and x.flags.aligned
+          and isinstance(cache.shape, tuple) and len(cache.shape) >= 1
+          and cache.shape[-1] == x.shape[1] and math.prod(cache.shape) == x.size)
+    for name in stat_names:
+        a = getattr(cache, name)
+        ok = ok and (isinstance(a, np.ndarray) and a.dtype == np.float64
+                     and a.shape == (x.shape[0],) and a.flags.c_contiguous and a.flags.aligned)
+    w = cache.weight
+    ok = ok and (w is None or (isinstance(w, np.ndarray) and w.dtype == x.dtype
+                               and w.shape == (x.shape[1],) and w.flags.c_contiguous
+                               and w.flags.aligned))
+    if not ok:
+        raise ValueError(f"cache is not as the forward function returned it: its arrays "
+                         f"have inconsistent shapes, dtypes or layouts ({type(cache).__name__} "
+                         f"must not be built or edited by hand)")
+
+
+def cache_arrays(cache, expected, valid=True):
+    """A cache of the residual and dropout functions as its forward function made it.
+
+    cache.shape / cache.dtype: the forward input's shape (a tuple of ints) and float dtype;
+    expected(n, d, dtype): (array or None, shape, dtype, required) for every array the
+    backward kernel reads, n rows of d.  valid: the cache's other fields passed their own
+    checks.  The kernels trust these shapes, so an edited cache could read out of bounds.
+    """
+    shape, dtype = cache.shape, cache.dtype
+    ok = (valid and isinstance(shape, tuple) and len(shape) >= 1
+          and all(type(s) is int and s >= 0 for s in shape)
+          and isinstance(dtype, np.dtype) and dtype in FLOAT_DTYPES)
+    if ok:
+        for a, want_shape, want_dtype, required in expected(math.prod(shape[:-1]), shape[-1],
+                                                            dtype):
+            if a is None:
+                ok = ok and not required
+            else:
+                ok = ok and (type(a) is np.ndarray and a.dtype == want_dtype
+                             and a.shape == want_shape and a.flags.c_contiguous
+                             and a.flags.aligned)
+    if not ok:
+        raise ValueError(f"cache is not as the forward function returned it: its fields "
+                         f"have inconsistent shapes, dtypes, layouts or values "
+                         f"({type(cache).__name__} must not be built or edited by hand)")
+
+
+# --------------------------------------------------------------------------- residual, dropout
+
+cpdef bint flag(value, str name) except -1:
+    """A bool (Python or NumPy)."""
+    if value is True or value is False:
+        return value
+    if type(value) is not bool and not isinstance(value, np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+cpdef double probability(p, str name="p") except -1.0:
+    """A dropout probability: a real number in [0, 1]."""
+    if type(p) is float and 0.0 <= <double>p <= 1.0:
+        return <double>p
+    if type(p) is not float and (isinstance(p, (bool, np.bool_))
+                                 or not isinstance(p, numbers.Real)):
+        raise TypeError(f"{name} must be a real number in [0, 1], got {type(p).__name__}")
+    p = float(p)
+    if not 0.0 <= p <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {p!r}")
+    return p
+
+
+cpdef object seed_value(seed):
+    """A dropout seed: an int in [0, 2**64) (the 64-bit Philox key)."""
+    if type(seed) is not int and (isinstance(seed, (bool, np.bool_))
+                                  or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
+    seed = int(seed)
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    return seed
+
+
+cpdef tuple residual_scale(alpha, d, dtype, str name="alpha"):
+    """A residual scale: ('fixed', float) for a real number (not learnable), ('scalar', 0-d
+    array) for a learnable scalar, ('channel', (D,) array) for a learnable per-channel
+    vector (LayerScale).  Arrays must have the input's dtype."""
+    if type(alpha) is float or (isinstance(alpha, numbers.Real) and not isinstance(
+            alpha, (bool, np.bool_, np.ndarray))):
+        alpha = float(alpha)
+        if not math.isfinite(alpha):
+            raise ValueError(f"{name} must be finite, got {alpha!r}")
+        return "fixed", alpha
+    if not isinstance(alpha, np.ndarray):
+        raise TypeError(f"{name} must be a real number, or a {dtype} array of shape () or "
+                        f"({d},), got {type(alpha).__name__}")
+    not_masked(alpha, name)
+    if alpha.dtype != dtype or not alpha.dtype.isnative:
+        raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
+    if alpha.shape == ():
+        return "scalar", alpha
+    if alpha.shape == (d,):
+        return "channel", alpha
+    raise ValueError(f"{name} must have shape () (learnable scalar) or ({d},) (per channel), "
+                     f"got {alpha.shape}")
+
+
+cpdef cnp.ndarray gate_array(g, shape, dtype, str name="g"):
+    """Gate logits: an array of the branch's shape, or a (D,) per-channel vector."""
+    d = shape[-1]
+    if np.shape(g) == (d,):
+        return like_array(g, name, (d,), dtype)
+    try:
+        return like_array(g, name, shape, dtype)
+    except ValueError:
+        raise ValueError(f"{name} must have the shape of F {tuple(shape)} or ({d},) "
+                         f"(per channel), got {np.shape(g)}") from None

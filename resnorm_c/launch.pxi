@@ -1,0 +1,162 @@
+# How a kernel is launched (included by api.pyx): its thread count, whether it streams its
+# output past the caches, and the scratch it borrows.
+
+# Below this many elements a call runs on one thread: waking a second thread and meeting it
+# at the barrier costs more than the work.  benchmarks/thread_threshold.py measured the
+# crossing on a 2-core machine (float32 rows of 1024): at 8192 elements 2 threads took
+# 1.24x (RMSNorm) / 1.03x (LayerNorm) the 1-thread time, at 16384 1.01x / 0.84x, at
+# 32768 0.77x / 0.68x.
+cdef Py_ssize_t parallel_min_elements = 1 << 14
+
+# Outputs at least this large are written with non-temporal stores: they would not stay in
+# cache anyway, and skipping the read-for-ownership of each output line saves a third of
+# the traffic of a forward pass.  Smaller outputs stay in cache for whoever reads them next.
+cdef Py_ssize_t stream_min_bytes = 8 << 20
+
+
+cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept nogil:
+    """The thread count of a call over n_elements: n_threads (0: the OpenMP default), but 1
+    when the work is too small to pay for a parallel region."""
+    if n_elements < parallel_min_elements:
+        return 1
+    return omp_get_max_threads() if n_threads == 0 else n_threads
+
+
+cdef inline bint streams(Py_ssize_t nbytes) noexcept nogil:
+    """True when an output of nbytes should be written with streaming stores."""
+    return nbytes >= stream_min_bytes
+
+
+def threads_for(n_threads, n_elements):
+    """The thread count for a call over n_elements: n_threads (None: the OpenMP default),
+    but 1 when the work is too small to pay for a parallel region."""
+    return team(threads_of(n_threads), n_elements)
+
+
+def stream_output(nbytes):
+    """True when an output of nbytes is written with streaming stores."""
+    return streams(nbytes)
+
+
+def launch_limits():
+    """(parallel_min_elements, stream_min_bytes): below the first a call runs on one thread,
+    from the second on outputs are written with streaming stores."""
+    return parallel_min_elements, stream_min_bytes
+
+
+def set_launch_limits(parallel_min_elements_=None, stream_min_bytes_=None):
+    """Changes the limits of launch_limits() (for experiments and tests); returns the old
+    ones.  The results of every kernel are the same for any value: only speed changes."""
+    global parallel_min_elements, stream_min_bytes
+    old = (parallel_min_elements, stream_min_bytes)
+    if parallel_min_elements_ is not None:
+        parallel_min_elements = parallel_min_elements_
+    if stream_min_bytes_ is not None:
+        stream_min_bytes = stream_min_bytes_
+    return old
+
+
+# --------------------------------------------------------------------------- scratch
+#
+# Scratch (row statistics of the inference forms, the float64 partial sums of backward,
+# per-thread rows and keep masks) is lent from a small pool instead of allocated per call.
+# Why: the partials are (row blocks, D) float64, 2 MiB each at D=4096.  Once the process has
+# freed big arrays (a PyTorch step does), glibc hands memory of that size back to the kernel
+# on free, and every call page-faulted its partials in again: LayerNorm backward at
+# (2048, 4096) float32 on one thread went from 3.3 ms to 5.2 ms, 1000 page faults per call.
+# The pool is used with the GIL held (lend before the kernel releases it, give back after),
+# so a buffer is lent to one caller at a time.  Memory comes from PyMem_RawMalloc, which
+# tracemalloc sees.
+
+cdef enum:
+    KEEP_BUFFERS = 4          # enough for a few concurrent callers
+    SCRATCH_ALIGN = 64        # a cache line: per-thread rows never share one
+
+cdef Py_ssize_t keep_max_bytes = 32 * 1024 * 1024  # larger buffers are freed, not kept
+
+cdef void *pool_block[KEEP_BUFFERS]    # as allocated
+cdef Py_ssize_t pool_bytes[KEEP_BUFFERS]
+cdef int pool_count = 0
+
+
+cdef class Scratch:
+    """One lent buffer of at least `nbytes` bytes, 64-byte aligned, uninitialised; it goes
+    back to the pool when give_back() is called (or the object is freed)."""
+    cdef void *block
+    cdef Py_ssize_t nbytes
+    cdef char *data
+
+    def __dealloc__(self):
+        self.give_back()
+
+    cdef void give_back(self) noexcept:
+        """Returns the buffer to the pool, keeping the largest KEEP_BUFFERS of at most
+        keep_max_bytes."""
+        global pool_count
+        cdef int k, smallest
+        if self.block == NULL:
+            return
+        if self.nbytes <= keep_max_bytes:
+            if pool_count < KEEP_BUFFERS:
+                pool_block[pool_count] = self.block
+                pool_bytes[pool_count] = self.nbytes
+                pool_count += 1
+                self.block = NULL
+            else:
+                smallest = 0
+                for k in range(1, pool_count):
+                    if pool_bytes[k] < pool_bytes[smallest]:
+                        smallest = k
+                if pool_bytes[smallest] < self.nbytes:
+                    PyMem_RawFree(pool_block[smallest])
+                    pool_block[smallest] = self.block
+                    pool_bytes[smallest] = self.nbytes
+                    self.block = NULL
+        if self.block != NULL:
+            PyMem_RawFree(self.block)
+        self.block = NULL
+        self.data = NULL
+
+
+cdef Scratch lend(Py_ssize_t nbytes):
+    """A Scratch of at least nbytes: the smallest pooled buffer that fits, else a new one."""
+    global pool_count
+    cdef Scratch s = Scratch.__new__(Scratch)
+    cdef int k, best = -1
+    for k in range(pool_count):
+        if pool_bytes[k] >= nbytes and (best < 0 or pool_bytes[k] < pool_bytes[best]):
+            best = k
+    if best >= 0:
+        s.block, s.nbytes = pool_block[best], pool_bytes[best]
+        pool_count -= 1
+        pool_block[best], pool_bytes[best] = pool_block[pool_count], pool_bytes[pool_count]
+    else:
+        s.nbytes = max(nbytes, <Py_ssize_t>SCRATCH_ALIGN)
+        s.block = PyMem_RawMalloc(s.nbytes + SCRATCH_ALIGN)
+        if s.block == NULL:
+            raise MemoryError(f"could not allocate {nbytes} bytes of scratch")
+    s.data = <char *>s.block + (-<uintptr_t>s.block) % SCRATCH_ALIGN
+    return s
+
+
+def scratch_pool():
+    """The sizes in bytes of the buffers the pool keeps now (for tests)."""
+    return sorted(pool_bytes[k] for k in range(pool_count))
+
+
+def scratch_limits():
+    """(buffers kept at most, largest buffer kept in bytes)."""
+    return KEEP_BUFFERS, keep_max_bytes
+
+
+def clear_scratch_pool():
+    """Frees every buffer the pool keeps (for tests)."""
+    global pool_count
+    while pool_count:
+        pool_count -= 1
+        PyMem_RawFree(pool_block[pool_count])
+
+
+def lend_scratch(Py_ssize_t nbytes):
+    """A Scratch of at least nbytes, for tests of the pool; give it back with del."""
+    return lend(nbytes)

@@ -1,0 +1,205 @@
+# RMSNorm and LayerNorm kernels, forward and backward, over N rows of D contiguous elements.
+#
+# Outputs come first, then inputs, then sizes; every pointer is to C-contiguous data; scratch
+# is the caller's (api.pyx lends it).  The kernels do not validate and do not allocate.
+#
+# Rows run in parallel (OpenMP, GIL released); one thread runs a plain loop, so a small call
+# starts no parallel region at all.  Every row statistic is a double-precision reduction
+# with a fixed lane order (resnorm_c/core/reduce.h), so results are bitwise identical for
+# any thread count.  dweight/dbias sum over rows: each block of rows (common.row_blocks, a
+# function of N only) writes its own partial row, and the partials are added in block order.
+#
+# Names follow docs/rms_norm.md and docs/layer_norm.md: x (N, D) rows, w weight, b bias,
+# y output; rstd = 1/sqrt(ms + eps) per row, xn = x*rstd, xhat = (x - mean)*rstd,
+# g = dy*w, m = mean(g*xn), mean_g = mean(g), mean_gxhat = mean(g*xhat).
+from cython.parallel cimport prange
+from libc.math cimport isfinite, sqrt
+from libc.string cimport memset
+
+from common cimport RN_GROUP, row_blocks, sum_partials
+from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
+                         rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
+                         rn_ln_bwd_apply_rows)
+# the scalar paths for the few rows the fast paths cannot take (see rare_rows.pxd)
+from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
+                        _ln_backward_careful, _overflowed)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+cdef inline void rms_forward_row(element *y, double *rstd, const element *x, const element *w,
+                                 Py_ssize_t d, double eps, bint stream) noexcept nogil:
+    # one reduction: the sum of squares, accumulated in double
+    cdef double sumsq = rn_sumsq(x, d)
+    if element is double and not isfinite(sumsq):
+        # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
+        rstd[0] = _rms_rstd_rescaled(x, d, eps)
+    else:
+        rstd[0] = 1.0 / sqrt(sumsq / d + eps)
+    rn_rms_apply(y, x, w, rstd[0], d, stream)
+
+
+cdef inline void rms_forward(element *y, double *rstd, const element *x, const element *w,
+                             Py_ssize_t n, Py_ssize_t d, double eps, int n_threads,
+                             bint stream) noexcept nogil:
+    """y := x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), per row (w NULL: 1).  y may be x.
+    NumPy reference: resnorm.reference.rms_norm_forward."""
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+
+
+cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, const element *dy,
+                                    const element *x, const element *w, const double *rstd,
+                                    Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
+                                    bint stream) noexcept nogil:
+    """Rows lo .. hi of rms_backward, adding their dweight terms into this block's partial
+    row (dw_part NULL: none): in groups of up to RN_GROUP rows, first each row's reduction
+    m = mean(g * xn), then one elementwise pass over the group (core/backward.h)."""
+    cdef Py_ssize_t i = lo, r, rows
+    if dw_part != NULL:
+        memset(dw_part, 0, d * sizeof(double))
+    while i < hi:
+        rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+        for r in range(i, i + rows):
+            m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d) / d
+        rn_rms_bwd_apply_rows(dx + i * d, dw_part, dy + i * d, x + i * d, w, &rstd[i], &m[i],
+                              <int>rows, d, stream)
+        i += rows
+
+
+cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_part,
+                              const element *dy, const element *x, const element *w,
+                              const double *rstd, Py_ssize_t n, Py_ssize_t d, int n_threads,
+                              bint stream) noexcept nogil:
+    """dx := rstd * (g - xn * m),  m = mean(g * xn);   dw := sum_rows dy * xn.
+
+    (The same as rstd * (g - x * rstd^2 * mean(g*x)), written with the normalised xn so no
+    product can overflow where the result would not.)  Forward: y = x*rstd*w.
+    dw NULL: not wanted (w NULL means w = 1); else dw_part is (row_blocks(n), d) scratch.
+    m: n doubles of scratch.  dx may be dy.  NumPy reference: resnorm.reference.rms_norm_backward.
+    """
+    cdef Py_ssize_t nb = row_blocks(n), blk
+    cdef double *part
+    if n_threads == 1:
+        for blk in range(nb):
+            rms_backward_block(dx, dw_part + blk * d if dw != NULL else NULL, m, dy, x, w, rstd,
+                               blk * n // nb, (blk + 1) * n // nb, d, stream)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            part = dw_part + blk * d if dw != NULL else NULL
+            rms_backward_block(dx, part, m, dy, x, w, rstd, blk * n // nb, (blk + 1) * n // nb,
+                               d, stream)
+    if dw != NULL:
+        sum_partials(dw, dw_part, nb, d, n_threads)
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const element *x,
+                                   const element *w, const element *b, Py_ssize_t d,
+                                   double eps, bint stream) noexcept nogil:
+    # two reductions: the mean, then the mean squared deviation from it
+    mean[0] = rn_sum(x, d) / d
+    cdef double var = rn_sumsqdev(x, d, mean[0]) / d
+    if _ln_stats_trusted(x, mean[0], var, d):
+        rstd[0] = 1.0 / sqrt(var + eps)
+        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+    else:
+        _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
+
+
+cdef inline void layer_forward(element *y, double *mean, double *rstd, const element *x,
+                               const element *w, const element *b, Py_ssize_t n, Py_ssize_t d,
+                               double eps, int n_threads, bint stream) noexcept nogil:
+    """y := (x - mean) * rstd * w + b,  mean = mean(x),  rstd = 1/sqrt(mean((x-mean)^2) + eps).
+
+    Two-pass statistics in double: the variance is the mean of squared deviations, never
+    E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
+    w and b may be NULL, independently.  y may be x.
+    NumPy reference: resnorm.reference.layer_norm_forward.
+    """
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+
+
+cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_part,
+                                      double *mean_g, double *mean_gxhat, const element *dy,
+                                      const element *x, const element *w, const double *mean,
+                                      const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
+                                      Py_ssize_t d, bint stream) noexcept nogil:
+    """Rows lo .. hi of layer_backward, in groups of up to RN_GROUP rows as in
+    rms_backward_block; a row whose reductions overflowed takes the scalar path."""
+    cdef Py_ssize_t i = lo, r, rows
+    cdef bint trusted
+    if dw_part != NULL:
+        memset(dw_part, 0, d * sizeof(double))
+    if db_part != NULL:
+        memset(db_part, 0, d * sizeof(double))
+    while i < hi:
+        rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+        trusted = True
+        for r in range(i, i + rows):
+            # two reductions in one pass: sum(g) and sum(g * xhat)
+            rn_ln_bwd_sums(&mean_g[r], &mean_gxhat[r], dy + r * d, x + r * d, w, mean[r],
+                           rstd[r], d)
+            mean_g[r] = mean_g[r] / d
+            mean_gxhat[r] = mean_gxhat[r] / d
+            trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d,
+                                                  x + r * d, d)
+        if trusted:
+            rn_ln_bwd_apply_rows(dx + i * d, dw_part, db_part, dy + i * d, x + i * d, w,
+                                 &mean[i], &rstd[i], &mean_g[i], &mean_gxhat[i], <int>rows, d,
+                                 stream)
+        else:
+            for r in range(i, i + rows):
+                if _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d, d):
+                    _ln_backward_careful(dx + r * d, dw_part, db_part, dy + r * d, x + r * d,
+                                         w, mean[r], rstd[r], d)
+                else:
+                    rn_ln_bwd_apply_rows(dx + r * d, dw_part, db_part, dy + r * d, x + r * d,
+                                         w, &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1,
+                                         d, stream)
+        i += rows
+
+
+cdef inline void layer_backward(element *dx, element *dw, element *db, double *mean_g,
+                                double *mean_gxhat, double *dw_part, double *db_part,
+                                const element *dy, const element *x, const element *w,
+                                const double *mean, const double *rstd, Py_ssize_t n,
+                                Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """dx := rstd * (g - mean_g - xhat * mean_gxhat);  dw := sum_rows dy * xhat;
+    db := sum_rows dy.   Forward: y = xhat*w + b.
+
+    dw / db NULL: not wanted (w NULL means w = 1); else dw_part / db_part are
+    (row_blocks(n), d) scratch.  mean_g, mean_gxhat: n doubles of scratch each.  dx may be
+    dy.  NumPy reference: resnorm.reference.layer_norm_backward.
+    """
+    cdef Py_ssize_t nb = row_blocks(n), blk
+    cdef double *wpart
+    cdef double *bpart
+    if n_threads == 1:
+        for blk in range(nb):
+            layer_backward_block(dx, dw_part + blk * d if dw != NULL else NULL,
+                                 db_part + blk * d if db != NULL else NULL, mean_g, mean_gxhat,
+                                 dy, x, w, mean, rstd, blk * n // nb, (blk + 1) * n // nb, d,
+                                 stream)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            wpart = dw_part + blk * d if dw != NULL else NULL
+            bpart = db_part + blk * d if db != NULL else NULL
+            layer_backward_block(dx, wpart, bpart, mean_g, mean_gxhat, dy, x, w, mean, rstd,
+                                 blk * n // nb, (blk + 1) * n // nb, d, stream)
+    if dw != NULL:
+        sum_partials(dw, dw_part, nb, d, n_threads)
+    if db != NULL:
+        sum_partials(db, db_part, nb, d, n_threads)

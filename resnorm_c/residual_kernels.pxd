@@ -1,0 +1,170 @@
+# Elementwise residual kernels: inverted dropout, scaled residual (fixed, learnable scalar,
+# LayerScale) and gated residual, forward and backward, over N rows of D contiguous
+# elements (dropout: over the flat array).  Outputs first, then inputs, then sizes; scratch
+# is the caller's.  Every result but the dalpha partial sums is computed element by element
+# or row by row, so no result depends on the thread count.
+from cython.parallel cimport prange, threadid
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.string cimport memset
+
+from common cimport RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials
+from dropout_masks cimport SEGMENT, extend_bits, mask_words, rn_dropout
+from primitives cimport element, rn_dropout_keep, rn_residual_add, rn_residual_bwd, rn_sigmoid
+
+cdef enum:
+    DROPOUT_CHUNK = 8192  # elements per task of the flat dropout kernels
+
+
+# --------------------------------------------------------------------------- dropout
+
+cdef inline void dropout_chunk(element *y, const element *x, const rn_dropout *dp,
+                               uint64_t *words, Py_ssize_t lo, Py_ssize_t hi,
+                               int stream) noexcept nogil:
+    """Elements lo .. hi of dropout_apply, slice by slice (slices start on a group), so that
+    Philox and memory traffic interleave finely; words: mask_words(SEGMENT) of scratch."""
+    cdef Py_ssize_t k = lo, length
+    while k < hi:
+        length = min(<Py_ssize_t>SEGMENT, hi - k)
+        extend_bits(words, dp, k // 64, k // 64, k + length)
+        rn_residual_add(y + k, NULL, x + k, NULL, <uint8_t *>words, 0, dp.scale, length, stream)
+        k = k + length
+
+
+cdef inline void dropout_apply(element *y, const element *x, const rn_dropout *dp,
+                               uint64_t *masks, Py_ssize_t n, int n_threads,
+                               bint stream) noexcept nogil:
+    """y := x * m,  m_k = scale if uniform(seed, k) >= threshold else 0  (flat index k < n).
+
+    Backward is the same call on dy (dx = dy * m, the mask regenerated from the seed).
+    masks: mask_words(SEGMENT) words of scratch per thread.  y may be x.
+    NumPy reference: resnorm.reference.dropout_forward.
+    """
+    cdef Py_ssize_t n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK, c
+    cdef Py_ssize_t nw = mask_words(SEGMENT)
+    cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
+    if n_threads == 1:
+        dropout_chunk(y, x, dp, masks, 0, n, unfenced)
+    else:
+        for c in prange(n_chunks, schedule="static", num_threads=n_threads):
+            dropout_chunk(y, x, dp, masks + threadid() * nw, c * DROPOUT_CHUNK,
+                          min(n, (c + 1) * DROPOUT_CHUNK), unfenced)
+            if stream:
+                rn_sfence()
+    if stream:
+        rn_sfence()
+
+
+cdef inline void dropout_mask(uint8_t *keep, const rn_dropout *dp, Py_ssize_t n,
+                              int n_threads) noexcept nogil:
+    """keep[k] := uniform(seed, k) >= threshold: the keep-mask dropout applies (bool bytes)."""
+    cdef Py_ssize_t n_chunks = (n + DROPOUT_CHUNK - 1) // DROPOUT_CHUNK, c, k0
+    for c in prange(n_chunks, schedule="static", num_threads=n_threads):
+        k0 = c * DROPOUT_CHUNK
+        rn_dropout_keep(keep + k0, dp.seed, k0, min(<Py_ssize_t>DROPOUT_CHUNK, n - k0),
+                        dp.threshold)
+
+
+# --------------------------------------------------------------------------- scaled residual
+
+cdef inline void scaled_forward(element *h, const element *x, const element *F,
+                                         const element *alpha, Py_ssize_t n, Py_ssize_t d,
+                                         int n_threads, bint stream) noexcept nogil:
+    """h := x + alpha * F  (alpha (D,), or NULL: 1).  The gated residual with a per-channel
+    gate is this kernel with alpha = sigmoid(g).  h may be x or F.
+    NumPy reference: resnorm.reference.scaled_residual_forward."""
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream)
+
+
+cdef inline void scaled_backward_block(element *dx, element *dF, double *dalpha_part,
+                                                const element *dh, const element *F,
+                                                const element *alpha, Py_ssize_t lo,
+                                                Py_ssize_t hi, Py_ssize_t d,
+                                                bint stream) noexcept nogil:
+    """Rows lo .. hi of scaled_backward (dalpha_part NULL: not wanted)."""
+    cdef Py_ssize_t i
+    if dalpha_part != NULL:
+        memset(dalpha_part, 0, d * sizeof(double))
+    for i in range(lo, hi):
+        rn_residual_bwd(dF + i * d, dx + i * d, dalpha_part, dh + i * d, NULL,
+                        F + i * d if dalpha_part != NULL else NULL, alpha, NULL, 0, 1.0, d,
+                        stream)
+
+
+cdef inline void scaled_backward(element *dx, element *dF, double *dalpha,
+                                          double *partials, const element *dh,
+                                          const element *F, const element *alpha, Py_ssize_t n,
+                                          Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """dx := dh;  dF := dh * alpha;  dalpha (float64, per channel) := sum_rows dh * F.
+
+    dalpha NULL: not wanted (F may then be NULL); else partials is (row_blocks(n), d)
+    scratch.  NumPy reference: resnorm.reference.scaled_residual_backward.
+    """
+    cdef Py_ssize_t nb = row_blocks(n), blk
+    cdef double *part
+    if n_threads == 1:
+        for blk in range(nb):
+            scaled_backward_block(dx, dF, partials + blk * d if dalpha != NULL else NULL,
+                                           dh, F, alpha, blk * n // nb, (blk + 1) * n // nb, d,
+                                           stream)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            part = partials + blk * d if dalpha != NULL else NULL
+            scaled_backward_block(dx, dF, part, dh, F, alpha, blk * n // nb,
+                                           (blk + 1) * n // nb, d, stream)
+    if dalpha != NULL:
+        sum_partials(dalpha, partials, nb, d, n_threads)
+
+
+# --------------------------------------------------------------------------- gated residual
+
+cdef inline Py_ssize_t row_scratch_elements(Py_ssize_t width) noexcept nogil:
+    """Elements (of double, enough for either type) in a scratch row of `width` elements,
+    padded to whole cache lines so that threads never share one."""
+    return (width + 7) // 8 * 8
+
+
+cdef inline void sigmoid(element *s, element *ds, const element *g, Py_ssize_t n, Py_ssize_t d,
+                         int n_threads) noexcept nogil:
+    """s := 1/(1 + exp(-g));  ds := s*(1-s), both computed in double (ds may be NULL)."""
+    cdef Py_ssize_t i
+    for i in prange(n, schedule="static", num_threads=n_threads):
+        rn_sigmoid(s + i * d, ds + i * d if ds != NULL else NULL, g + i * d, d)
+
+
+cdef inline void gated_forward(element *h, const element *x, const element *F,
+                                        const element *g, double *scratch, Py_ssize_t n,
+                                        Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """h := x + sigmoid(g) * F, g of F's shape (a per-channel g goes through
+    scaled_residual_forward).  scratch: row_scratch_elements(d) doubles per thread.
+    NumPy reference: resnorm.reference.gated_residual_forward."""
+    cdef Py_ssize_t i, width = row_scratch_elements(d)
+    cdef element *s
+    for i in prange(n, schedule="static", num_threads=n_threads):
+        s = <element *>(scratch + threadid() * width)
+        rn_sigmoid(s, NULL, g + i * d, d)
+        rn_residual_add(h + i * d, x + i * d, F + i * d, s, NULL, 0, 1.0, d, stream)
+
+
+cdef inline void gated_backward(element *dx, element *dF, element *dg,
+                                         const element *dh, const element *F, const element *g,
+                                         double *scratch, Py_ssize_t n, Py_ssize_t d,
+                                         int n_threads, bint stream) noexcept nogil:
+    """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
+    scratch: row_scratch_elements(3 * d) doubles per thread.
+    NumPy reference: resnorm.reference.gated_residual_backward."""
+    cdef Py_ssize_t i, width = row_scratch_elements(3 * d)
+    cdef element *s
+    for i in prange(n, schedule="static", num_threads=n_threads):
+        # s, s + d, s + 2d: sigmoid(g), its derivative s(1-s), and dh * s(1-s)
+        s = <element *>(scratch + threadid() * width)
+        rn_sigmoid(s, s + d, g + i * d, d)
+        rn_residual_bwd(dF + i * d, dx + i * d, NULL, dh + i * d, NULL, NULL, s, NULL, 0, 1.0, d,
+                        stream)
+        rn_residual_add(s + 2 * d, NULL, dh + i * d, s + d, NULL, 0, 1.0, d, False)
+        rn_residual_add(dg + i * d, NULL, F + i * d, s + 2 * d, NULL, 0, 1.0, d, stream)
