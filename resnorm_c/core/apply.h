@@ -1,41 +1,42 @@
 /* Forward elementwise passes: one row's output from the row and its statistics (typed
  * template; element.h includes it after vec.h).  Large outputs are written with
  * non-temporal ("streaming") stores when the caller asks (stream), which skip the
- * read-for-ownership of each output line. */
+ * read-for-ownership of each output line.  The norm kernels call these after the
+ * reductions over the row, which prefetched the next row of the input: these prefetch the
+ * next row of the output. */
 
 /* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1) */
 static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rstd,
                                Py_ssize_t d, int stream)
 {
-    const RN_T r = (RN_T)rstd;
-#define S_(k) { RN_T v = x[k] * r; if (w) { v *= w[k]; } y[k] = v; }
-#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k) * r;                                 \
-                    if (w) { v *= RN_NAME(vload)(w + k); } ST(y + k, v); }
+    const RN_C r = (RN_C)rstd;
+#define PF_(k) RN_PFV_OUT(y, k)
+#define B_(k) { RN_VEC v = RN_GET(x + (k)) * r;                                          \
+                if (w) { v *= RN_GET(w + (k)); } RN_PUT(y + (k), v); }
     /* One expansion per case so the compiler drops the dead branch from the loop. */
-    if (w) RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_);
-    else { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_); }
-#undef S_
-#undef V_
+    if (w) RN_ELEMENTWISE(d, y, stream, PF_, B_);
+    else { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+#undef PF_
+#undef B_
 }
 
 /* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL) */
 static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T *b,
                               double mean, double rstd, Py_ssize_t d, int stream)
 {
-    RN_T mh, ml;
+    RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
-    const RN_T r = (RN_T)rstd;
-#define S_(k) { RN_T v = ((x[k] - mh) - ml) * r;                                          \
-                if (w) { v *= w[k]; } if (b) { v += b[k]; } y[k] = v; }
-#define V_(k, ST) { RN_VEC v = ((RN_NAME(vload)(x + k) - mh) - ml) * r;                   \
-                    if (w) { v *= RN_NAME(vload)(w + k); }                                \
-                    if (b) { v += RN_NAME(vload)(b + k); } ST(y + k, v); }
-    if (w && b) RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_);
-    else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_); }
-    else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_); }
-    else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(d, y, stream, RN_PFV_X, S_, V_); }
-#undef S_
-#undef V_
+    const RN_C r = (RN_C)rstd;
+#define B_(k) { RN_VEC v = ((RN_GET(x + (k)) - mh) - ml) * r;                            \
+                if (w) { v *= RN_GET(w + (k)); }                                          \
+                if (b) { v += RN_GET(b + (k)); } RN_PUT(y + (k), v); }
+#define PF_(k) RN_PFV_OUT(y, k)
+    if (w && b) RN_ELEMENTWISE(d, y, stream, PF_, B_);
+    else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+    else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+    else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+#undef PF_
+#undef B_
 }
 
 /* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
@@ -51,24 +52,20 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
                                          const RN_T *b, double mean, double rstd, Py_ssize_t d,
                                          int stream)
 {
-    RN_T mh, ml;
+    RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
-    const RN_T rs = (RN_T)rstd, sc = (RN_T)scale;
+    const RN_C rs = (RN_C)rstd, sc = (RN_C)scale;
     if (!RN_NAME(same_phase)(y, h)) stream = 0;
 #define PF_(k)
-#define S_(k) { RN_T h_ = x[k]; if (keep) { h_ *= RN_KEEP(k) ? sc : (RN_T)0; }          \
-                if (alpha) { h_ *= alpha[k]; } h_ = residual[k] + h_;                   \
-                RN_T v_ = ((h_ - mh) - ml) * rs; if (w) { v_ *= w[k]; } if (b) { v_ += b[k]; } \
-                y[k] = v_; if (h) { h[k] = h_; } }
-#define V_(k, ST) { RN_VEC h_ = RN_NAME(vload)(x + k);                                  \
-                    if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + k, sc); }             \
-                    if (alpha) { h_ *= RN_NAME(vload)(alpha + k); }                     \
-                    h_ = RN_NAME(vload)(residual + k) + h_;                             \
-                    RN_VEC v_ = ((h_ - mh) - ml) * rs;                                  \
-                    if (w) { v_ *= RN_NAME(vload)(w + k); }                             \
-                    if (b) { v_ += RN_NAME(vload)(b + k); }                             \
-                    ST(y + k, v_); if (h) { ST(h + k, h_); } }
-#define RUN_ RN_ELEMENTWISE(d, y, stream, PF_, S_, V_)
+#define B_(k) { RN_VEC h_ = RN_GET(x + (k));                                            \
+                if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + (k), sc); }               \
+                if (alpha) { h_ *= RN_GET(alpha + (k)); }                               \
+                h_ = RN_GET(residual + (k)) + h_;                                       \
+                RN_VEC v_ = ((h_ - mh) - ml) * rs;                                      \
+                if (w) { v_ *= RN_GET(w + (k)); }                                       \
+                if (b) { v_ += RN_GET(b + (k)); }                                       \
+                RN_PUT(y + (k), v_); if (h) { RN_PUT(h + (k), h_); } }
+#define RUN_ RN_ELEMENTWISE(d, y, stream, PF_, B_)
     /* The fused forward's cases (weight, no alpha, no bias; with or without dropout and h)
      * get their own expansions: with the branches left in, the compiler unswitches only
      * some of them. */
@@ -81,6 +78,5 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
     } else RUN_;
 #undef RUN_
 #undef PF_
-#undef S_
-#undef V_
+#undef B_
 }

@@ -26,47 +26,36 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
         RN_NAME(prefetch_next)(x + p_ * d, rows * d, (k), RN_W);                        \
     }
 
-/* part[0 .. RN_W) += v widened, for a partial that may be NULL. */
+/* part[k ..] += the group's column sums v widened, for a partial that may be NULL. */
 #define RN_ADD_GROUP(part, k, v)                                                        \
-    do { if (part) RN_NAME(add_widened)((part) + (k), (v)); } while (0)
+    do { if (part) RN_ADD_WIDENED((part) + (k), (v)); } while (0)
+
+/* The column loop of the multi-row passes: RN_ELEMENTWISE's placement and constants n_,
+ * s_ for BODY(k).  Its stores are aligned in the first row of dx, and in every row when
+ * the rows share their phase (d * sizeof(T) a multiple of the vector width). */
+#define RN_COLUMNS(BODY)                                                                \
+    RN_ELEMENTWISE(d, dx, rows == 1 || RN_NAME(rows_share_phase)(d) ? stream : 0,         \
+                   RN_PF_GROUP, BODY)
 
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_T *rs, const RN_T *mt, int rows, Py_ssize_t d, int stream)
+    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream)
 {
-    int phase = rows == 1 || RN_NAME(rows_share_phase)(d);
-    Py_ssize_t k = 0, head = stream && phase ? RN_NAME(stream_head)(dx, d) : 0;
-    int streamed = stream && phase && head < d;
-#define COLUMN_(k)                                                                      \
+#define B_(k)                                                                           \
     {                                                                                   \
-        RN_T tw = 0;                                                                    \
+        RN_VEC tw = {0}, wv = {0};                                                      \
+        if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            const RN_T *dyr = dy + r * d, *xr = x + r * d;                              \
-            RN_T xn = xr[k] * rs[r], g = dyr[k];                                        \
-            if (w) { g *= w[k]; }                                                       \
-            tw = r ? tw + dyr[k] * xn : dyr[k] * xn;                                    \
-            dx[r * d + k] = rs[r] * (g - xn * mt[r]);                                   \
+            RN_VEC xn = RN_GET(x + r * d + (k)) * rs[r];                                \
+            RN_VEC dyv = RN_GET(dy + r * d + (k)), g = dyv;                             \
+            if (w) g *= wv;                                                             \
+            RN_PUT(dx + r * d + (k), rs[r] * (g - xn * mt[r]));                         \
+            tw = r ? tw + dyv * xn : dyv * xn;                                          \
         }                                                                               \
-        if (dw_part) { dw_part[k] += (double)tw; }                                      \
+        RN_ADD_GROUP(dw_part, k, tw);                                                   \
     }
-    for (; k < head; k++) COLUMN_(k)
-    for (; k + RN_W <= d; k += RN_W) {
-        RN_VEC tw = {0};
-        RN_PF_GROUP(k)
-        for (int r = 0; r < rows; r++) {
-            RN_VEC xn = RN_NAME(vload)(x + r * d + k) * rs[r];
-            RN_VEC dyv = RN_NAME(vload)(dy + r * d + k), g = dyv;
-            if (w) g *= RN_NAME(vload)(w + k);
-            RN_VEC v = rs[r] * (g - xn * mt[r]);
-            if (streamed) RN_NAME(vstream)(dx + r * d + k, v);
-            else RN_NAME(vstore)(dx + r * d + k, v);
-            tw = r ? tw + dyv * xn : dyv * xn;
-        }
-        RN_ADD_GROUP(dw_part, k, tw);
-    }
-    for (; k < d; k++) COLUMN_(k)
-#undef COLUMN_
-    if (streamed && stream != RN_STREAM_UNFENCED) rn_sfence();
+    RN_COLUMNS(B_);
+#undef B_
 }
 
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
@@ -77,10 +66,10 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
                                         const RN_T *x, const RN_T *w, const double *rstd,
                                         const double *m, int rows, Py_ssize_t d, int stream)
 {
-    RN_T rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the element type */
+    RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
     for (int r = 0; r < rows; r++) {
-        rs[r] = (RN_T)rstd[r];
-        mt[r] = (RN_T)m[r];
+        rs[r] = (RN_C)rstd[r];
+        mt[r] = (RN_C)m[r];
     }
     /* One inlined copy per case so the dead branches leave the loops. */
     if (w && dw_part) RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, rows, d, stream);
@@ -90,46 +79,26 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
     RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_T *mh, const RN_T *ml, const RN_T *rs, const RN_T *mg, const RN_T *mgx, int rows,
+    const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
     Py_ssize_t d, int stream)
 {
-    int phase = rows == 1 || RN_NAME(rows_share_phase)(d);
-    Py_ssize_t k = 0, head = stream && phase ? RN_NAME(stream_head)(dx, d) : 0;
-    int streamed = stream && phase && head < d;
-#define COLUMN_(k)                                                                      \
+#define B_(k)                                                                           \
     {                                                                                   \
-        RN_T tw = 0, tb = 0;                                                            \
+        RN_VEC tw = {0}, tb = {0}, wv = {0};                                            \
+        if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            const RN_T *dyr = dy + r * d, *xr = x + r * d;                              \
-            RN_T xhat = ((xr[k] - mh[r]) - ml[r]) * rs[r], g = dyr[k];                  \
-            if (w) { g *= w[k]; }                                                       \
-            tw = r ? tw + dyr[k] * xhat : dyr[k] * xhat;                                \
-            tb = r ? tb + dyr[k] : dyr[k];                                              \
-            dx[r * d + k] = rs[r] * ((g - mg[r]) - xhat * mgx[r]);                      \
+            RN_VEC xhat = ((RN_GET(x + r * d + (k)) - mh[r]) - ml[r]) * rs[r];          \
+            RN_VEC dyv = RN_GET(dy + r * d + (k)), g = dyv;                             \
+            if (w) g *= wv;                                                             \
+            RN_PUT(dx + r * d + (k), rs[r] * ((g - mg[r]) - xhat * mgx[r]));            \
+            tw = r ? tw + dyv * xhat : dyv * xhat;                                      \
+            tb = r ? tb + dyv : dyv;                                                    \
         }                                                                               \
-        if (dw_part) { dw_part[k] += (double)tw; }                                      \
-        if (db_part) { db_part[k] += (double)tb; }                                      \
+        RN_ADD_GROUP(dw_part, k, tw);                                                   \
+        RN_ADD_GROUP(db_part, k, tb);                                                   \
     }
-    for (; k < head; k++) COLUMN_(k)
-    for (; k + RN_W <= d; k += RN_W) {
-        RN_VEC tw = {0}, tb = {0};
-        RN_PF_GROUP(k)
-        for (int r = 0; r < rows; r++) {
-            RN_VEC xhat = ((RN_NAME(vload)(x + r * d + k) - mh[r]) - ml[r]) * rs[r];
-            RN_VEC dyv = RN_NAME(vload)(dy + r * d + k), g = dyv;
-            if (w) g *= RN_NAME(vload)(w + k);
-            RN_VEC v = rs[r] * ((g - mg[r]) - xhat * mgx[r]);
-            if (streamed) RN_NAME(vstream)(dx + r * d + k, v);
-            else RN_NAME(vstore)(dx + r * d + k, v);
-            tw = r ? tw + dyv * xhat : dyv * xhat;
-            tb = r ? tb + dyv : dyv;
-        }
-        RN_ADD_GROUP(dw_part, k, tw);
-        RN_ADD_GROUP(db_part, k, tb);
-    }
-    for (; k < d; k++) COLUMN_(k)
-#undef COLUMN_
-    if (streamed && stream != RN_STREAM_UNFENCED) rn_sfence();
+    RN_COLUMNS(B_);
+#undef B_
 }
 
 /* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
@@ -143,13 +112,13 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
                                        const double *mean_g, const double *mean_gxhat, int rows,
                                        Py_ssize_t d, int stream)
 {
-    /* in the element type: mean as hi + lo, rstd, mean_g, mean_gxhat */
-    RN_T mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], mg[RN_GROUP], mgx[RN_GROUP];
+    /* in the compute type: mean as hi + lo, rstd, mean_g, mean_gxhat */
+    RN_C mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], mg[RN_GROUP], mgx[RN_GROUP];
     for (int r = 0; r < rows; r++) {
         RN_NAME(split_mean)(mean[r], &mh[r], &ml[r]);
-        rs[r] = (RN_T)rstd[r];
-        mg[r] = (RN_T)mean_g[r];
-        mgx[r] = (RN_T)mean_gxhat[r];
+        rs[r] = (RN_C)rstd[r];
+        mg[r] = (RN_C)mean_g[r];
+        mgx[r] = (RN_C)mean_gxhat[r];
     }
     if (w && dw_part && db_part)
         RN_NAME(ln_bwd_rows_body)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx, rows, d, stream);
@@ -163,3 +132,4 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
 
 #undef RN_PF_GROUP
 #undef RN_ADD_GROUP
+#undef RN_COLUMNS

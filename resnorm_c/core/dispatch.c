@@ -20,7 +20,7 @@ static int best_level(void)
 {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return 2;
-    if (__builtin_cpu_supports("avx2")) return 1;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
     return 0;
 }
 #else

@@ -1,5 +1,5 @@
 /* Instantiates the typed templates for one element type at one level: level.h includes it
- * once per element type, with RN_T, RN_TS and RN_TFLOAT defined (see vec.h). */
+ * once per element type, with RN_T, RN_C, RN_TS and RN_TFLOAT defined (see vec.h). */
 #include "vec.h"
 #include "reduce.h"
 #include "apply.h"
@@ -11,7 +11,13 @@
 /* vec.h's names, defined again for the next element type */
 #undef RN_PFV_X
 #undef RN_PFV_DY_X
+#undef RN_PFV_OUT
 #undef RN_ELEMENTWISE
+#undef RN_LD
+#undef RN_ST
+#undef RN_GET
+#undef RN_PUT
+#undef RN_ADD_WIDENED
 #undef RN_KEEP
 #undef RN_ITYPE
 #undef RN_NHALF

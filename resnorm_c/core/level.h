@@ -15,18 +15,22 @@
 
 /* the typed primitives, once per element type of primitives.py's ELEMENT_TYPES */
 #define RN_T float
+#define RN_C float
 #define RN_TS f32
 #define RN_TFLOAT 1
 #include "element.h"
 #undef RN_T
+#undef RN_C
 #undef RN_TS
 #undef RN_TFLOAT
 
 #define RN_T double
+#define RN_C double
 #define RN_TS f64
 #define RN_TFLOAT 0
 #include "element.h"
 #undef RN_T
+#undef RN_C
 #undef RN_TS
 #undef RN_TFLOAT
 

@@ -14,6 +14,6 @@ static void RN_CAT(rn_accumulate_, RN_ISA)(double *acc, const double *part, Py_s
 static void RN_NAME(narrow)(RN_T *out, const double *acc, Py_ssize_t d)
 {
     for (Py_ssize_t i = 0; i < d; i++)
-        out[i] = (RN_T)acc[i];
+        RN_ST(out + i, (RN_C)acc[i]);
 }
 #endif

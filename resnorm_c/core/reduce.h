@@ -5,90 +5,126 @@
  * native vectors (4 x 8 doubles on avx512, 8 x 4 on avx2, 16 x 2 on sse2), and the lanes
  * are folded in one fixed pairwise order.  Many independent add chains keep the adders
  * busy, and because the lane structure is the same on every level, results are bitwise
- * identical on every level, thread count and machine, not merely close.  A term is widened
- * to double before it is added: the forward statistics square in double (x^2 of a float
- * near 1e30 would overflow float); the backward terms are products of normalised values
- * (dy*w * x*rstd), formed in the input precision and widened once per pair of elements
- * (RN_REDUCE_PAIRED).
+ * identical on every level, thread count and machine, not merely close.
+ *
+ * The forward statistics (the cached mean and rstd) widen every element to double, which
+ * is exact, and square in double (x^2 of a float near 1e30 would overflow float): they
+ * are as good as a float64 reference.  The square of a widened float is exact in double
+ * (24 significant bits squared fit in 53), so where the level has FMA, adding it with
+ * one fused multiply-add gives bitwise the sum that multiplying, then adding, gives on
+ * the levels without (RN_ADD_EXACT_SQUARE).
+ *
+ * The backward terms are products of normalised values (dy*w * x*rstd), formed in the
+ * input precision; each lane first sums the terms of up to RN_BLOCK consecutive elements
+ * of its own (i, i+32, i+64, ...) in the input precision, and only that block sum is
+ * widened and added in double (RN_REDUCE_BLOCKED): widening float to double is a
+ * lane-crossing conversion that limited these passes when done per term.
  */
 
-/* The 32 lanes summed pairwise: lane j + lane j+16, then j + j+8, ... */
-static inline double RN_NAME(fold32)(double *lanes)
+/* The lanes of acc (lane l in acc[l / RN_DW][l % RN_DW]) summed pairwise: lane j + lane
+ * j+16, then j + j+8, ...: whole vectors while the distance spans them, then within one. */
+static inline double RN_NAME(fold_acc)(RN_DVEC *acc)
 {
-    for (int s = 16; s >= 1; s /= 2)
-        for (int j = 0; j < s; j++)
+    Py_ssize_t s = 16;
+    for (; s >= RN_DW; s /= 2)
+        for (Py_ssize_t q = 0; q < s / RN_DW; q++)
+            acc[q] += acc[q + s / RN_DW];
+    double lanes[RN_DW];
+    memcpy(lanes, acc, sizeof lanes);
+    for (; s >= 1; s /= 2)
+        for (Py_ssize_t j = 0; j < s; j++)
             lanes[j] += lanes[j + s];
     return lanes[0];
 }
 
+/* acc + v*v where v*v is exact (v holds widened floats): one FMA where the level has it,
+ * the same bits as the multiply and add of the other levels. */
+static inline RN_DVEC RN_NAME(add_exact_square)(RN_DVEC acc, RN_DVEC v)
+{
+#if RN_TFLOAT && RN_LEVEL == 3
+    return (RN_DVEC)_mm512_fmadd_pd((__m512d)v, (__m512d)v, (__m512d)acc);
+#elif RN_TFLOAT && RN_LEVEL == 2
+    return (RN_DVEC)_mm256_fmadd_pd((__m256d)v, (__m256d)v, (__m256d)acc);
+#else
+    return acc + v * v;
+#endif
+}
+
 /* Adds a term of every element into the 32 lanes and folds them into `result`.
- * VTERM(i): the terms of elements i .. i+RN_DW-1 as an RN_DVEC; STERM(i): one term, as a
- * double, computed exactly as its lane of VTERM is.  PF(i): prefetch for chunk i. */
-#define RN_REDUCE(d, PF, VTERM, STERM, result)                                          \
+ * ADD(a, i): a plus the terms of elements i .. i+RN_DW-1 (a an RN_DVEC of lanes);
+ * STERM(i): one term, as a double, computed exactly as its lane of ADD is.  PF(i):
+ * prefetch for chunk i. */
+#define RN_REDUCE(d, PF, ADD, STERM, result)                                            \
     do {                                                                                \
         RN_DVEC acc_[RN_NACC] = {{0}};                                                  \
-        double lanes_[32];                                                              \
         Py_ssize_t i_ = 0;                                                              \
         for (; i_ + 32 <= (d); i_ += 32) {                                              \
             PF(i_);                                                                     \
             for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
-                acc_[q_] += VTERM(i_ + q_ * RN_DW);                                     \
+                acc_[q_] = ADD(acc_[q_], i_ + q_ * RN_DW);                              \
         }                                                                               \
-        memcpy(lanes_, acc_, sizeof lanes_);                                            \
-        for (Py_ssize_t j_ = 0; i_ + j_ < (d); j_++)                                    \
-            lanes_[j_] += STERM(i_ + j_);                                               \
-        (result) = RN_NAME(fold32)(lanes_);                                             \
+        if (i_ < (d)) {                                                                 \
+            double lanes_[32];                                                          \
+            memcpy(lanes_, acc_, sizeof lanes_);                                        \
+            for (Py_ssize_t j_ = 0; i_ + j_ < (d); j_++)                                \
+                lanes_[j_] += STERM(i_ + j_);                                           \
+            memcpy(acc_, lanes_, sizeof lanes_);                                        \
+        }                                                                               \
+        (result) = RN_NAME(fold_acc)(acc_);                                             \
     } while (0)
+
+/* Elements per lane summed in the input precision before widening (RN_REDUCE_BLOCKED).
+ * A block sum of float terms carries at most RN_BLOCK - 1 float roundings of the block's
+ * terms: with 8, at most 7 * 2^-24 of the sum of their magnitudes.  double needs no
+ * first stage. */
+#define RN_BLOCK (RN_TFLOAT ? 8 : 1)
 
 /* K sums at once of terms formed in the input precision (the backward products).
  * TERMS(i, t) sets t[0 .. K) to the K terms of elements i .. i+RN_W-1 as native vectors;
  * STERMS(i, s) sets s[0 .. K) to the K terms of element i, as doubles, computed exactly as
- * their lanes in TERMS.  In each block of 64 elements, lane j first adds the terms of
- * elements j and 32+j in the input precision, then widens that pair sum once: widening
- * float to double is a lane-crossing conversion and was the limit of these passes.  The
- * pairing is defined on the 32 lanes, not on the vector width, so every level still
- * computes the same bits.  A last block of 32 and the scalar tail add their terms
- * unpaired.  results[0 .. K) receive the K sums. */
-#define RN_REDUCE_PAIRED(K, d, PF, TERMS, STERMS, results)                              \
+ * their lanes in TERMS.  The row goes in groups of 32 elements, and blocks of RN_BLOCK
+ * groups (from the row's start; the last block may be shorter): lane j sums the terms of
+ * its elements of a block in the input precision, in index order, then widens that sum
+ * once into its double accumulator.  The blocks are defined on the 32 lanes, not on the
+ * vector width, so every level computes the same bits.  The scalar tail (fewer than 32
+ * elements) adds its terms unblocked.  results[0 .. K) receive the K sums. */
+#define RN_REDUCE_BLOCKED(K, d, PF, TERMS, STERMS, results)                             \
     do {                                                                                \
-        RN_DVEC acc_[K][RN_NACC] = {{{0}}}, w_[RN_NHALF];                               \
-        RN_VEC a_[K], b_[K];                                                            \
-        double lanes_[K][32], s_[K];                                                    \
+        RN_DVEC acc_[K][RN_NACC], w_[RN_NHALF];                                         \
+        RN_VEC f_[K][32 / RN_W], t_[K];                                                 \
+        double lanes_[32], s_[K];                                                       \
         Py_ssize_t i_ = 0;                                                              \
-        for (; i_ + 64 <= (d); i_ += 64) {                                              \
-            PF(i_);                                                                     \
-            PF(i_ + 32);                                                                \
-            for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                    \
-                TERMS(i_ + c_ * RN_W, a_);                                              \
-                TERMS(i_ + 32 + c_ * RN_W, b_);                                         \
-                for (int q_ = 0; q_ < (K); q_++) {                                      \
-                    RN_NAME(widen_vec)(a_[q_] + b_[q_], w_);                            \
-                    for (int h_ = 0; h_ < RN_NHALF; h_++)                               \
-                        acc_[q_][c_ * RN_NHALF + h_] += w_[h_];                         \
+        memset(acc_, 0, sizeof acc_);                                                   \
+        while (i_ + 32 <= (d)) {                                                        \
+            /* from +0, as the double lanes: +0 + t is t but for t = -0, whose sign */ \
+            /* the lanes, starting at +0, would drop anyway */                         \
+            memset(f_, 0, sizeof f_);                                                   \
+            for (int b_ = 0; b_ < RN_BLOCK && i_ + 32 <= (d); b_++, i_ += 32) {         \
+                PF(i_);                                                                 \
+                for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                \
+                    TERMS(i_ + c_ * RN_W, t_);                                          \
+                    for (int q_ = 0; q_ < (K); q_++)                                    \
+                        f_[q_][c_] += t_[q_];                                           \
                 }                                                                       \
             }                                                                           \
-        }                                                                               \
-        if (i_ + 32 <= (d)) {                                                           \
-            PF(i_);                                                                     \
-            for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                    \
-                TERMS(i_ + c_ * RN_W, a_);                                              \
-                for (int q_ = 0; q_ < (K); q_++) {                                      \
-                    RN_NAME(widen_vec)(a_[q_], w_);                                     \
-                    for (int h_ = 0; h_ < RN_NHALF; h_++)                               \
-                        acc_[q_][c_ * RN_NHALF + h_] += w_[h_];                         \
-                }                                                                       \
-            }                                                                           \
-            i_ += 32;                                                                   \
-        }                                                                               \
-        for (int q_ = 0; q_ < (K); q_++)                                                \
-            memcpy(lanes_[q_], acc_[q_], sizeof lanes_[q_]);                            \
-        for (Py_ssize_t j_ = 0; i_ + j_ < (d); j_++) {                                  \
-            STERMS(i_ + j_, s_);                                                        \
             for (int q_ = 0; q_ < (K); q_++)                                            \
-                lanes_[q_][j_] += s_[q_];                                               \
+                for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                \
+                    RN_NAME(widen_vec)(f_[q_][c_], w_);                                 \
+                    for (int h_ = 0; h_ < RN_NHALF; h_++)                               \
+                        acc_[q_][c_ * RN_NHALF + h_] += w_[h_];                         \
+                }                                                                       \
         }                                                                               \
-        for (int q_ = 0; q_ < (K); q_++)                                                \
-            (results)[q_] = RN_NAME(fold32)(lanes_[q_]);                                \
+        for (int q_ = 0; q_ < (K); q_++) {                                              \
+            if (i_ < (d)) {                                                             \
+                memcpy(lanes_, acc_[q_], sizeof lanes_);                                \
+                for (Py_ssize_t j_ = 0; i_ + j_ < (d); j_++) {                          \
+                    STERMS(i_ + j_, s_);                                                \
+                    lanes_[j_] += s_[q_];                                               \
+                }                                                                       \
+                memcpy(acc_[q_], lanes_, sizeof lanes_);                                \
+            }                                                                           \
+            (results)[q_] = RN_NAME(fold_acc)(acc_[q_]);                                \
+        }                                                                               \
     } while (0)
 
 #define RN_PF_X(i) RN_NAME(prefetch_next)(x, d, (i), 32)
@@ -100,10 +136,10 @@ static inline RN_DVEC RN_NAME(square)(RN_DVEC v) { return v * v; }
 static double RN_NAME(sum)(const RN_T *x, Py_ssize_t d)
 {
     double r;
-#define V_(i) RN_NAME(dload)(x + (i))
-#define S_(i) ((double)x[i])
-    RN_REDUCE(d, RN_PF_X, V_, S_, r);
-#undef V_
+#define A_(a, i) ((a) + RN_NAME(dload)(x + (i)))
+#define S_(i) ((double)RN_LD(x + (i)))
+    RN_REDUCE(d, RN_PF_X, A_, S_, r);
+#undef A_
 #undef S_
     return r;
 }
@@ -112,22 +148,29 @@ static double RN_NAME(sum)(const RN_T *x, Py_ssize_t d)
 static double RN_NAME(sumsq)(const RN_T *x, Py_ssize_t d)
 {
     double r;
-#define V_(i) RN_NAME(square)(RN_NAME(dload)(x + (i)))
-#define S_(i) ((double)x[i] * (double)x[i])
-    RN_REDUCE(d, RN_PF_X, V_, S_, r);
-#undef V_
+#if RN_TFLOAT
+#define A_(a, i) RN_NAME(add_exact_square)((a), RN_NAME(dload)(x + (i)))
+#else
+#define A_(a, i) ((a) + RN_NAME(square)(RN_NAME(dload)(x + (i))))
+#endif
+#define S_(i) ((double)RN_LD(x + (i)) * (double)RN_LD(x + (i)))
+    RN_REDUCE(d, RN_PF_X, A_, S_, r);
+#undef A_
 #undef S_
     return r;
 }
 
-/* sum_i (x_i - mean)^2: the second pass of a two-pass variance, never E[x^2] - E[x]^2. */
+/* sum_i (x_i - mean)^2: the second pass of a two-pass variance, never E[x^2] - E[x]^2.
+ * The first pass (sum) prefetched the next row already. */
 static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t d, double mean)
 {
     double r;
-#define V_(i) RN_NAME(square)(RN_NAME(dload)(x + (i)) - mean)
-#define S_(i) (((double)x[i] - mean) * ((double)x[i] - mean))
-    RN_REDUCE(d, RN_PF_X, V_, S_, r);
-#undef V_
+#define PF_(i)
+#define A_(a, i) ((a) + RN_NAME(square)(RN_NAME(dload)(x + (i)) - mean))
+#define S_(i) (((double)RN_LD(x + (i)) - mean) * ((double)RN_LD(x + (i)) - mean))
+    RN_REDUCE(d, PF_, A_, S_, r);
+#undef PF_
+#undef A_
 #undef S_
     return r;
 }
@@ -136,17 +179,17 @@ static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t d, double mean)
 static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
                                    Py_ssize_t d)
 {
-    const RN_T r = (RN_T)rstd;
+    const RN_C r = (RN_C)rstd;
     double s[1];
 #define T_(i, t) { t[0] = RN_NAME(vload)(dy + (i)) * RN_NAME(vload)(w + (i)) *            \
                           (RN_NAME(vload)(x + (i)) * r); }
-#define S_(i, s) { s[0] = (double)(dy[i] * w[i] * (x[i] * r)); }
-    if (w) RN_REDUCE_PAIRED(1, d, RN_PF_DY_X, T_, S_, s);
+#define S_(i, s) { s[0] = (double)(RN_LD(dy + (i)) * RN_LD(w + (i)) * (RN_LD(x + (i)) * r)); }
+    if (w) RN_REDUCE_BLOCKED(1, d, RN_PF_DY_X, T_, S_, s);
 #undef T_
 #undef S_
 #define T_(i, t) { t[0] = RN_NAME(vload)(dy + (i)) * (RN_NAME(vload)(x + (i)) * r); }
-#define S_(i, s) { s[0] = (double)(dy[i] * (x[i] * r)); }
-    else RN_REDUCE_PAIRED(1, d, RN_PF_DY_X, T_, S_, s);
+#define S_(i, s) { s[0] = (double)(RN_LD(dy + (i)) * (RN_LD(x + (i)) * r)); }
+    else RN_REDUCE_BLOCKED(1, d, RN_PF_DY_X, T_, S_, s);
 #undef T_
 #undef S_
     return s[0];
@@ -158,17 +201,18 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
                                  const RN_T *x, const RN_T *w, double mean, double rstd,
                                  Py_ssize_t d)
 {
-    RN_T mh, ml;
+    RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
-    const RN_T r = (RN_T)rstd;
+    const RN_C r = (RN_C)rstd;
     double s[2];
 #define T_(i, t) { RN_VEC g_ = RN_NAME(vload)(dy + (i));                                  \
                    if (w) { g_ *= RN_NAME(vload)(w + (i)); }                              \
                    t[0] = g_;                                                             \
                    t[1] = g_ * (((RN_NAME(vload)(x + (i)) - mh) - ml) * r); }
-#define S_(i, s) { RN_T g_ = dy[i]; if (w) { g_ *= w[i]; }                                \
-                   s[0] = (double)g_; s[1] = (double)(g_ * (((x[i] - mh) - ml) * r)); }
-    RN_REDUCE_PAIRED(2, d, RN_PF_DY_X, T_, S_, s);
+#define S_(i, s) { RN_C g_ = RN_LD(dy + (i)); if (w) { g_ *= RN_LD(w + (i)); }            \
+                   s[0] = (double)g_;                                                     \
+                   s[1] = (double)(g_ * (((RN_LD(x + (i)) - mh) - ml) * r)); }
+    RN_REDUCE_BLOCKED(2, d, RN_PF_DY_X, T_, S_, s);
 #undef T_
 #undef S_
     *sum_g = s[0];
@@ -188,28 +232,44 @@ static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, cons
                                        const uint8_t *keep, Py_ssize_t kpos, double scale,
                                        Py_ssize_t d, int squares, double shift)
 {
-    const RN_T sc = (RN_T)scale;
+    const RN_C sc = (RN_C)scale;
     double s;
 #define PF_(i) (RN_NAME(prefetch_next)(x, d, (i), 32), RN_NAME(prefetch_next)(residual, d, (i), 32))
 #define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                  \
                  if (keep) { v_ *= RN_NAME(hmult)(keep, kpos + (i), sc); }              \
                  if (alpha) { v_ *= RN_NAME(hload)(alpha + (i)); }                      \
-                 RN_NAME(widen)(RN_NAME(hload)(residual + (i)) + v_) - shift; })
-#define HS_(i) ({ RN_T v_ = x[i]; if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_T)0; }        \
-                  if (alpha) { v_ *= alpha[i]; } (double)(residual[i] + v_) - shift; })
-#define V1_(i) RN_NAME(square)(H_(i))
+                 RN_NAME(widen)(RN_NAME(hload)(residual + (i)) + v_); })
+#define HS_(i) ({ RN_C v_ = RN_LD(x + (i)); if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_C)0; } \
+                  if (alpha) { v_ *= RN_LD(alpha + (i)); }                                \
+                  (double)(RN_LD(residual + (i)) + v_) - shift; })
 #define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
-    if (squares) RN_REDUCE(d, PF_, V1_, S1_, s);
-    else RN_REDUCE(d, PF_, H_, HS_, s);
+    /* one expansion per case: h - 0 is h itself (and, for float, its square is exact) */
+#define A0_(a, i) ((a) + H_(i))
+#define A1_(a, i) ((a) + (H_(i) - shift))
+#if RN_TFLOAT
+#define A2_(a, i) RN_NAME(add_exact_square)((a), H_(i))
+#else
+#define A2_(a, i) ((a) + RN_NAME(square)(H_(i)))
+#endif
+#define A3_(a, i) ((a) + RN_NAME(square)(H_(i) - shift))
+    if (!squares && shift == 0.0) RN_REDUCE(d, PF_, A0_, HS_, s);
+    else if (!squares) RN_REDUCE(d, PF_, A1_, HS_, s);
+    else if (shift == 0.0) RN_REDUCE(d, PF_, A2_, S1_, s);
+    else RN_REDUCE(d, PF_, A3_, S1_, s);
 #undef PF_
 #undef H_
 #undef HS_
-#undef V1_
 #undef S1_
+#undef A0_
+#undef A1_
+#undef A2_
+#undef A3_
     return s;
 }
 
+
 #undef RN_REDUCE
-#undef RN_REDUCE_PAIRED
+#undef RN_REDUCE_BLOCKED
+#undef RN_BLOCK
 #undef RN_PF_X
 #undef RN_PF_DY_X

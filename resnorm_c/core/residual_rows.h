@@ -10,28 +10,25 @@ static void RN_NAME(residual_add)(RN_T *h, const RN_T *residual, const RN_T *x,
                                   const RN_T *alpha, const uint8_t *keep, Py_ssize_t kpos,
                                   double scale, Py_ssize_t d, int stream)
 {
-    const RN_T sc = (RN_T)scale;
+    const RN_C sc = (RN_C)scale;
 #define PF_(k) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                               \
                  if (residual) { RN_NAME(prefetch_next)(residual, d, (k), RN_W); } }
-#define S_(k) { RN_T v = x[k]; if (keep) { v *= RN_KEEP(k) ? sc : (RN_T)0; }            \
-                if (alpha) { v *= alpha[k]; } if (residual) { v = residual[k] + v; } h[k] = v; }
-#define V_(k, ST) { RN_VEC v = RN_NAME(vload)(x + k);                                   \
-                    if (keep) { v *= RN_NAME(vmult)(keep, kpos + k, sc); }              \
-                    if (alpha) { v *= RN_NAME(vload)(alpha + k); }                      \
-                    if (residual) { v = RN_NAME(vload)(residual + k) + v; } ST(h + k, v); }
+#define B_(k) { RN_VEC v = RN_GET(x + (k));                                             \
+                if (keep) { v *= RN_NAME(vmult)(keep, kpos + (k), sc); }                \
+                if (alpha) { v *= RN_GET(alpha + (k)); }                                \
+                if (residual) { v = RN_GET(residual + (k)) + v; } RN_PUT(h + (k), v); }
     /* The hot cases get their own expansion: dropout alone, and the plain add. */
     if (!residual && !alpha && keep) {
         const RN_T *residual = NULL, *alpha = NULL;
-        RN_ELEMENTWISE(d, h, stream, PF_, S_, V_);
+        RN_ELEMENTWISE(d, h, stream, PF_, B_);
     } else if (residual && !alpha && !keep) {
         const RN_T *alpha = NULL;
         const uint8_t *keep = NULL;
-        RN_ELEMENTWISE(d, h, stream, PF_, S_, V_);
+        RN_ELEMENTWISE(d, h, stream, PF_, B_);
     }
-    else RN_ELEMENTWISE(d, h, stream, PF_, S_, V_);
+    else RN_ELEMENTWISE(d, h, stream, PF_, B_);
 #undef PF_
-#undef S_
-#undef V_
+#undef B_
 }
 
 /* Backward of h = residual + alpha*(x*m).  With g = gh + dh (dh, a gradient arriving along
@@ -45,29 +42,23 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dresidual, double *dalpha_part
                                   const RN_T *alpha, const uint8_t *keep, Py_ssize_t kpos,
                                   double scale, Py_ssize_t d, int stream)
 {
-    const RN_T sc = (RN_T)scale;
+    const RN_C sc = (RN_C)scale;
     if (!RN_NAME(same_phase)(dx, dresidual)) stream = 0;
 #define PF_(k) { RN_NAME(prefetch_next)(gh, d, (k), RN_W);                              \
                  if (dh) { RN_NAME(prefetch_next)(dh, d, (k), RN_W); }                  \
                  if (dalpha_part) { RN_NAME(prefetch_next)(x, d, (k), RN_W); } }
-#define S_(k) { RN_T g = gh[k], mk = keep ? (RN_KEEP(k) ? sc : (RN_T)0) : (RN_T)1;      \
-                if (dh) { g += dh[k]; } if (dresidual) { dresidual[k] = g; }            \
-                if (dalpha_part) { RN_T t = x[k]; if (keep) { t *= mk; }                \
-                                   dalpha_part[k] += (double)(g * t); }                 \
-                RN_T v = g; if (alpha) { v *= alpha[k]; } if (keep) { v *= mk; } dx[k] = v; }
-#define V_(k, ST) { RN_VEC g = RN_NAME(vload)(gh + k), mk = {0};                        \
-                    if (keep) { mk = RN_NAME(vmult)(keep, kpos + k, sc); }              \
-                    if (dh) { g += RN_NAME(vload)(dh + k); }                            \
-                    if (dresidual) { ST(dresidual + k, g); }                            \
-                    if (dalpha_part) { RN_VEC t = RN_NAME(vload)(x + k);                \
-                                       if (keep) { t *= mk; }                           \
-                                       RN_NAME(add_widened)(dalpha_part + k, g * t); }  \
-                    RN_VEC v = g; if (alpha) { v *= RN_NAME(vload)(alpha + k); }        \
-                    if (keep) { v *= mk; } ST(dx + k, v); }
-    RN_ELEMENTWISE(d, dx, stream, PF_, S_, V_);
+#define B_(k) { RN_VEC g = RN_GET(gh + (k)), mk = {0};                                  \
+                if (keep) { mk = RN_NAME(vmult)(keep, kpos + (k), sc); }                \
+                if (dh) { g += RN_GET(dh + (k)); }                                      \
+                if (dresidual) { RN_PUT(dresidual + (k), g); }                          \
+                if (dalpha_part) { RN_VEC t = RN_GET(x + (k));                          \
+                                   if (keep) { t *= mk; }                               \
+                                   RN_ADD_WIDENED(dalpha_part + (k), g * t); }          \
+                RN_VEC v = g; if (alpha) { v *= RN_GET(alpha + (k)); }                  \
+                if (keep) { v *= mk; } RN_PUT(dx + (k), v); }
+    RN_ELEMENTWISE(d, dx, stream, PF_, B_);
 #undef PF_
-#undef S_
-#undef V_
+#undef B_
 }
 
 /* s_k = sigmoid(g_k) = 1/(1 + exp(-g_k)) and ds_k = s_k * (1 - s_k), both from
@@ -77,8 +68,8 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dresidual, double *dalpha_part
 static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
 {
     for (Py_ssize_t k = 0; k < d; k++) {
-        double v = (double)g[k], e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
-        s[k] = (RN_T)(v >= 0 ? q : e * q);
-        if (ds) ds[k] = (RN_T)(e * q * q);
+        double v = (double)RN_NAME(ld)(g + k), e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
+        RN_NAME(st)(s + k, (RN_C)(v >= 0 ? q : e * q));
+        if (ds) RN_NAME(st)(ds + k, (RN_C)(e * q * q));
     }
 }
