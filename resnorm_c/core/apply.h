@@ -55,7 +55,16 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
     RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_C rs = (RN_C)rstd, sc = (RN_C)scale;
-    if (!RN_NAME(same_phase)(y, h)) stream = 0;
+    if (!RN_NAME(same_phase)(y, h)) {
+        /* One loop cannot align the stores of both y and h, and a store that crosses a
+         * cache line costs two: h gets its own loop, then y's loop forms h again from
+         * the cached rows (unless h is written over one of them). */
+        if (h == x || h == residual) stream = 0;
+        else {
+            RN_NAME(residual_add)(h, residual, x, alpha, keep, kpos, scale, d, stream);
+            h = NULL;
+        }
+    }
 #define PF_(k)
 #define B_(k) { RN_VEC h_ = RN_GET(x + (k));                                            \
                 if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + (k), sc); }               \

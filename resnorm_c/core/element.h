@@ -2,9 +2,9 @@
  * once per element type, with RN_T, RN_C, RN_TS and RN_TFLOAT defined (see vec.h). */
 #include "vec.h"
 #include "reduce.h"
+#include "residual_rows.h"
 #include "apply.h"
 #include "backward.h"
-#include "residual_rows.h"
 #include "partials.h"
 #include "vmath.h"
 
