@@ -392,8 +392,8 @@ def plot(res, path, plt):
         row[0].set_ylabel("loss / loss at step 0")
         row[1].set_title(f"{name}: absolute loss\neach beta at its best step")
         row[1].set_ylabel("loss = 1/2 sum of squared errors")
-        row[2].set_title(f"{name}: sigma_min / sigma_max of Z = Attn(X) + beta X\n"
-                         f"smallest step, lr = {small:g}")
+        row[2].set_title(f"{name}: sigma_min / sigma_max of Z\n"
+                         f"Z = Attn(X) + beta X, smallest step, lr = {small:g}")
         row[2].set_ylabel("sigma_min / sigma_max of Z")
         for ax in row:
             ax.set_xlabel("gradient-descent step")

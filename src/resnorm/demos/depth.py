@@ -74,7 +74,7 @@ def run(size="full", seed=0):
         g, c = spread(growth[s.name]), closed_form(s, depth)
         rows.append([s.name] + [num(np.median(norms[s.name][:, l])) for l in layers]
                     + [f"{num(g[0])} ({num(g[1])}..{num(g[2])})", "-" if c is None else num(c),
-                       f"{np.median(exponents[s.name]) + 0.0:.2f}"])
+                       f"{round(float(np.median(exponents[s.name])), 2) + 0.0:.2f}"])
     headers = (["stack"] + [f"layer {l}" for l in layers]
                + [f"norm_{depth} / norm_0, median (min..max)", "closed form",
                   f"k: norm ~ l^k fitted on l={fit_from}..{depth}"])

@@ -182,8 +182,9 @@ def run(size="full", seed=0):
         f"{num(med['no residual, gain 1.1'][0])}x (gain 1.1) the gradient of layer {depth} "
         f"(median over {seeds} seeds); the geometric mean over seeds is "
         f"{num(plain_drift[0.9])} and {num(plain_drift[1.1])} times gain^{depth - 1}: random "
-        f"products drift below gain^{depth - 1} (one row: exactly x "
-        f"{num(one_row_drift(depth, d))} in the median; {n} rows drift less).",
+        f"products drift below gain^{depth - 1} (for one row the log's mean is exactly "
+        f"(L-1)(psi(D/2) - ln(D/2))/2, a factor {num(one_row_drift(depth, d))}; {n} rows "
+        f"drift less).",
         f"Pre-Norm, gain 1: layer 1 receives {num(med[pre1][0])}x "
         f"({num(med[pre1][1])}..{num(med[pre1][2])}) the gradient of layer {depth}, closed "
         f"form {num(closed_form(normed[2], depth, d)[1])}; with gain 1/sqrt(2L): "
