@@ -59,14 +59,29 @@ def _values(text):
     return rows[0] if len(rows) == 1 else rows
 
 
+def _alpha(args):
+    """--alpha: one value is a scalar (fixed, or learnable with --learnable-alpha), D values
+    a learnable per-channel scale."""
+    if args.alpha is None:
+        if args.learnable_alpha:
+            args.parser.error("--learnable-alpha needs --alpha")
+        return None
+    if isinstance(args.alpha, list) and len(args.alpha) == 1:
+        import numpy as np
+        return np.array(args.alpha[0]) if args.learnable_alpha else args.alpha[0]
+    if args.learnable_alpha:
+        args.parser.error("--learnable-alpha is for one value; D values are learnable anyway")
+    return args.alpha
+
+
 def _explain(args):
     from .explain import explain
 
     try:
         e = explain(args.kind, args.x, weight=args.weight, bias=args.bias, eps=args.eps,
                     dy=args.dy, dtype=args.dtype, residual=args.residual, dh=args.dh,
-                    alpha=args.alpha, p=args.p, seed=args.seed,
-                    training=False if args.eval else None)
+                    alpha=_alpha(args), p=args.p, seed=args.seed,
+                    training=False if args.eval else None, F=args.F, g=args.g)
     except (TypeError, ValueError) as err:
         args.parser.error(str(err))
     print(e.render(digits=args.digits))
@@ -130,28 +145,38 @@ def main(argv=None):
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench, parser=b)
 
+    from .explain import KINDS
+
     e = sub.add_parser(
-        "explain", help="print every step of a norm on a small input, kernel vs reference",
+        "explain", help="print every step of a kernel on a small input, kernel vs reference",
         description="Runs the compiled kernels on a small input and prints every step, "
-        "element by element, with the float64 reference's intermediate values and a "
-        "kernel-vs-reference verdict (exit status 1 when they disagree).",
+        "element by element, with the float64 reference's intermediate values, finite-"
+        "difference checks of every gradient, and a verdict (exit status 1 when a check "
+        "fails).",
         epilog="Values: --x 1,2,3,4 (one row) or --x '1,2;3,4' (two rows). "
         "A list starting with a minus sign needs '=': --x=-1,2,3.")
-    e.add_argument("kind", choices=["rms", "layer", "add-rms", "dropout"])
+    e.add_argument("kind", choices=list(KINDS))
     e.add_argument("--x", type=_values, required=True, help="input row(s)")
     e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
     e.add_argument("--bias", type=_values, help="per-channel bias b (D values; layer only)")
     e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
     e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
     e.add_argument("--residual", type=_values,
-                   help="add-rms: the stream (shape of x); h = residual + alpha*dropout(x)")
-    e.add_argument("--alpha", type=float, help="add-rms: residual scale (default 1)")
-    e.add_argument("--dh", type=_values, help="add-rms: gradient along the stream h (default 0)")
-    e.add_argument("--p", type=float, help="add-rms, dropout: drop probability "
-                   "(required for dropout, default 0 for add-rms)")
-    e.add_argument("--seed", type=int, help="add-rms, dropout: mask seed (default 0)")
+                   help="add-*: the stream (shape of x); h = residual + alpha*dropout(x)")
+    e.add_argument("--alpha", type=_values,
+                   help="add-*, scaled: residual scale, one value (fixed) or D values "
+                   "(learnable per channel, LayerScale); add-* default 1")
+    e.add_argument("--learnable-alpha", action="store_true",
+                   help="make a one-value --alpha a learnable scalar (explains dalpha)")
+    e.add_argument("--dh", type=_values, help="add-rms, add-layer: gradient along the stream "
+                   "h (default 0); scaled, gated: gradient of the output h")
+    e.add_argument("--F", type=_values, help="scaled, gated: the branch output (shape of x)")
+    e.add_argument("--g", type=_values, help="gated: gate logits (shape of x, or D values)")
+    e.add_argument("--p", type=float, help="add-*, dropout: drop probability "
+                   "(required for dropout, default 0 for add-*)")
+    e.add_argument("--seed", type=int, help="add-*, dropout: mask seed (default 0)")
     e.add_argument("--eval", action="store_true",
-                   help="add-rms, dropout: eval mode (dropout is the identity)")
+                   help="add-*, dropout: eval mode (dropout is the identity)")
     e.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     e.add_argument("--digits", type=int, help="significant digits (default 8 for float32, "
                    "10 for float64)")
