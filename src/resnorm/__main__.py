@@ -124,7 +124,7 @@ def main(argv=None):
         "of the run (the report says so).")
     b.add_argument("--quick", action="store_true",
                    help="main ops, 8x768 and 2048x4096 float32, table + latency, no "
-                   "torch.compile: under 30 s")
+                   "torch.compile: about half a minute")
     b.add_argument("--ops", nargs="+", help="subset of ops (default: all; --quick: the main ones)")
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
     b.add_argument("--dtype", nargs="+", choices=["float32", "float64"],

@@ -16,6 +16,7 @@ from statistics import median
 
 from . import _cases
 from ._cases import BACKWARD, FORWARD
+from ._results import one_per_cell
 
 DTYPE = "float32"
 THREADS = [1, 2]
@@ -53,13 +54,8 @@ class Goal:
 
 def _preallocated(rows):
     """{(op, shape, threads): the preallocated row (the allocating one for ops without)}."""
-    found = {}
-    for r in rows:
-        if r.dtype == DTYPE and r.threads in THREADS:
-            key = (r.op, tuple(r.shape), r.threads)
-            if key not in found or r.preallocated:
-                found[key] = r
-    return found
+    return {(r.op, tuple(r.shape), r.threads): r for r in one_per_cell(rows)
+            if r.dtype == DTYPE and r.threads in THREADS}
 
 
 def _family(kind):

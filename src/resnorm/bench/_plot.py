@@ -3,7 +3,7 @@ peer's, against the copy bandwidth of the same bytes, one panel per thread count
 thread scaling.  The legends sit below the panels, where they cover no point."""
 import os
 
-from ._results import OK, PEERS
+from ._results import OK, PEERS, one_per_cell
 from ._run import LARGE
 
 MARKERS = {"resnorm": "o", "numpy": "x", "torch": "^", "torch.compile": "v", "numba": "s",
@@ -16,12 +16,7 @@ def _plotted_rows(rows):
     dtype = "float32" if any(r.dtype == "float32" for r in rows) else rows[0].dtype
     rows = [r for r in rows if r.dtype == dtype]
     large = [r for r in rows if r.shape[0] * r.shape[1] >= LARGE]
-    chosen = {}
-    for r in large or rows:
-        key = (r.op, tuple(r.shape), r.threads)
-        if key not in chosen or r.preallocated:
-            chosen[key] = r
-    return dtype, list(chosen.values())
+    return dtype, one_per_cell(large or rows)
 
 
 def _points(r):

@@ -6,7 +6,7 @@ from statistics import median
 from .._parallel import PARALLEL_MIN_ELEMENTS
 from . import _check, _peers
 from ._machine import OPENBLAS_VARS
-from ._results import OK, PEERS, UNSUPPORTED, WRONG
+from ._results import OK, PEERS, UNSUPPORTED, WRONG, one_per_cell
 
 LATENCY_VARIANTS = ["preallocated", "allocating"]
 
@@ -65,21 +65,10 @@ def markdown_table(rows):
     return _table(header, lines)
 
 
-def _judged(rows):
-    """One row per (op, shape, dtype, threads): the preallocated one (the allocating one
-    for ops without an output argument), with a best peer to compare with."""
-    chosen = {}
-    for r in rows:
-        key = (r.op, tuple(r.shape), r.dtype, r.threads)
-        if key not in chosen or r.preallocated:
-            chosen[key] = r
-    return [r for r in chosen.values() if r.vs_best is not None]
-
-
 def standing(rows, worst=5):
     """One paragraph: in how many cells resnorm is ahead of the fastest peer, the median
     ratio, the cells where it is furthest behind, and the peers whose output was wrong."""
-    judged = _judged(rows)
+    judged = [r for r in one_per_cell(rows) if r.vs_best is not None]
     text = ""
     if judged:
         ahead = sum(r.vs_best > 1 for r in judged)

@@ -55,6 +55,17 @@ class Row:
     repeats: int
 
 
+def one_per_cell(rows):
+    """One row per (op, shape, dtype, threads): the preallocated one, or the allocating one
+    for ops without an output argument."""
+    chosen = {}
+    for r in rows:
+        key = (r.op, tuple(r.shape), r.dtype, r.threads)
+        if key not in chosen or r.preallocated:
+            chosen[key] = r
+    return list(chosen.values())
+
+
 @dataclass
 class ScalingRow:
     """resnorm time of one op on `threads` threads, interleaved with the other counts."""
