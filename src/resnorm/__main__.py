@@ -3,6 +3,8 @@
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 
 
@@ -16,23 +18,28 @@ def _shape(text):
 
 def _bench(args):
     from . import bench
+    from .bench._machine import openblas_overrides, without_openblas_overrides
     from .bench._plot import save_png
 
     if args.png and not _has_matplotlib():
         args.parser.error("--png needs matplotlib (pip install 'resnorm[plot]')")
+    if openblas_overrides(os.environ):
+        # NumPy's OpenBLAS reads them when NumPy is imported: run again without them
+        return subprocess.call([sys.executable, "-m", "resnorm"] + args.argv,
+                               env=without_openblas_overrides(os.environ))
     budget = None
     if args.budget is not None:
         base = bench._run.QUICK if args.quick else bench._run.FULL
         budget = dataclasses.replace(base, seconds=args.budget)
     try:
         results = bench.run(ops=args.ops, shapes=args.shape, dtypes=args.dtype,
-                            threads=args.threads, quick=args.quick, use_torch=not args.no_torch,
-                            sections=args.sections, budget=budget,
-                            progress=not args.no_progress, json_path=args.json,
+                            threads=args.threads, quick=args.quick, peers=args.peers,
+                            use_torch=not args.no_torch, sections=args.sections,
+                            budget=budget, progress=not args.no_progress, json_path=args.json,
                             command=" ".join(["resnorm"] + args.argv))
     except ValueError as err:
         args.parser.error(str(err))
-    print(bench.report(results, bench.evaluate_targets(results)))
+    print(bench.report(results, bench.evaluate_goals(results) if args.goals else None))
     if args.png:
         if save_png(results, args.png):
             print(f"figure: {args.png}")
@@ -119,17 +126,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="resnorm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .bench import SECTIONS
+    from .bench import PEERS, SECTIONS
 
     b = sub.add_parser(
-        "bench", help="time the kernels against NumPy, PyTorch and memcpy",
-        description="Times every kernel against NumPy, PyTorch CPU (when installed) and "
-        "np.copyto of the same bytes, interleaved; prints Markdown tables (kernels, thread "
-        "scaling, small-call latency) and the issue's performance targets as MET / NOT MET.",
-        epilog="For honest NumPy timings: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
-        "python -m resnorm bench --quick")
+        "bench", help="time the kernels against NumPy, PyTorch, numba, ONNX Runtime and memcpy",
+        description="Times every kernel against its peers (NumPy; torch eager and "
+        "torch.compile, numba, ONNX Runtime when installed) and np.copyto of the same bytes, "
+        "interleaved, after checking every output against the float64 reference; prints "
+        "Markdown tables: resnorm and its peers, small-call latency, thread scaling.",
+        epilog="Peers: pip install 'resnorm[bench]' (numba, onnxruntime, onnx) and "
+        "'resnorm[torch]'.  OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, when set, are left out "
+        "of the run (the report says so).")
     b.add_argument("--quick", action="store_true",
-                   help="main ops, 8x768 and 2048x4096 float32, table + latency: under 30 s")
+                   help="main ops, 8x768 and 2048x4096 float32, table + latency, no "
+                   "torch.compile: about half a minute")
     b.add_argument("--ops", nargs="+", help="subset of ops (default: all; --quick: the main ones)")
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
     b.add_argument("--dtype", nargs="+", choices=["float32", "float64"],
@@ -137,10 +147,16 @@ def main(argv=None):
     b.add_argument("--threads", nargs="+", type=int, help="default: 1, 2 and all cores")
     b.add_argument("--sections", nargs="+", choices=SECTIONS,
                    help="default: all (--quick: table latency)")
+    b.add_argument("--peers", nargs="+", choices=PEERS,
+                   help="peers to run (default: every installed one; --quick: all but "
+                   "torch.compile)")
     b.add_argument("--budget", type=float,
                    help="seconds of timed rounds per case (default 0.6, --quick 0.12)")
-    b.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    b.add_argument("--json", help="also write results, targets and machine info to this file")
+    b.add_argument("--no-torch", action="store_true",
+                   help="skip torch and torch.compile even if installed")
+    b.add_argument("--goals", action="store_true",
+                   help="also check the measured rows against resnorm's speed goals")
+    b.add_argument("--json", help="also write the results and machine info to this file")
     b.add_argument("--png", help="also draw the bandwidth / scaling chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench, parser=b)
