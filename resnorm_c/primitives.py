@@ -225,7 +225,7 @@ def docs_table():
     """The Markdown table of primitives for docs/architecture.md."""
     rows = ["| primitive | computes | defined in |", "|---|---|---|"]
     for p in PRIMITIVES:
-        rows.append(f"| `rn_{p.name}` | {p.formula.replace('|', '/')} | `resnorm_c/{p.source}` |")
+        rows.append(f"| `rn_{p.name}` | {p.formula.replace('|', '/')} | `resnorm_c/core/{p.source}` |")
     return "\n".join(rows) + "\n"
 
 
@@ -245,5 +245,16 @@ def generate(out_dir=_HERE):
             f.write(text)
 
 
+def update_docs(path=os.path.join(_HERE, "..", "docs", "architecture.md")):
+    """Rewrites the table between the primitives markers of docs/architecture.md."""
+    with open(path) as f:
+        doc = f.read()
+    begin, end = "<!-- primitives -->\n", "<!-- /primitives -->"
+    head, rest = doc.split(begin, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + docs_table() + end + rest.split(end, 1)[1])
+
+
 if __name__ == "__main__":
-    generate()
+    import sys
+    update_docs() if "--docs" in sys.argv[1:] else generate()

@@ -16,27 +16,28 @@ def _f64(a):
 # --------------------------------------------------------------------------- RMSNorm
 
 def rms_norm_forward(x, weight=None, eps=1e-6):
-    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps).  Returns (y, rstd)."""
+    """y = xn * w,  xn = x * rstd,  rstd = 1/sqrt(ms + eps),  ms = mean(x^2).
+    Returns (y, rstd)."""
     x, w = _f64(x), _f64(weight)
-    mean_square = np.mean(x * x, axis=-1)           # the one row reduction
-    rstd = 1.0 / np.sqrt(mean_square + eps)
-    y = x * rstd[..., None]
-    if w is not None:
-        y = y * w
+    ms = np.mean(x * x, axis=-1)                    # the one row reduction: the mean square
+    rstd = 1.0 / np.sqrt(ms + eps)
+    xn = x * rstd[..., None]                        # the normalised row
+    y = xn if w is None else xn * w
     return y, rstd
 
 
 def rms_norm_backward(dy, x, weight, rstd):
     """Gradients of y = x * rstd * w.  Returns (dx, dweight); dweight is None without weight.
 
-    With g = dy * w:  dx = rstd * (g - x * rstd^2 * mean(g * x)),  dw = sum_rows dy * x * rstd.
-    (Derivation: docs/rms_norm.md.)
+    With g = dy * w and xn = x * rstd:  dx = rstd * (g - xn * m),  m = mean(g * xn);
+    dw = sum_rows dy * xn.  (Derivation: docs/rms_norm.md.)
     """
     dy, x, w, rstd = _f64(dy), _f64(x), _f64(weight), _f64(rstd)[..., None]
+    xn = x * rstd
     g = dy if w is None else dy * w
-    c = np.mean(g * x, axis=-1, keepdims=True)      # the one row reduction
-    dx = rstd * (g - x * rstd**2 * c)
-    dw = None if w is None else (dy * x * rstd).reshape(-1, x.shape[-1]).sum(axis=0)
+    m = np.mean(g * xn, axis=-1, keepdims=True)     # the one row reduction
+    dx = rstd * (g - xn * m)
+    dw = None if w is None else (dy * xn).reshape(-1, x.shape[-1]).sum(axis=0)
     return dx, dw
 
 
@@ -111,7 +112,7 @@ def dropout_uniforms(seed, n, start=0):
 
     Element i takes output word (i % 64) // 16 of the Philox block whose counter is
     16 * (i // 64) + i % 16 (low and high 32 bits in words 0 and 1, words 2, 3 zero); the
-    key is (seed low 32 bits, seed high 32 bits).  (This is resnorm_c/philox.h's map: a
+    key is (seed low 32 bits, seed high 32 bits).  (This is resnorm_c/core/philox.h's map: a
     vector of 16 blocks yields 16 consecutive elements per word.)
     """
     i = np.arange(start, start + n, dtype=np.uint64)
