@@ -111,22 +111,28 @@ def merge_heads(a):
     return a.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
 
 
-def attention_forward(qkv, n_heads, causal=True):
-    """(out, att): att = softmax(q k^T / sqrt(dh)) per head, out = concat_h att v."""
+def attention_forward(qkv, n_heads, causal=True, dropout_p=0.0, dropout_seed=0):
+    """(out, att): att = softmax(q k^T / sqrt(dh)) per head, out = concat_h dropout(att) v.
+
+    Dropout on the probabilities (dropout_p > 0) uses the mask resnorm.dropout gives the
+    (B, H, T, T) array att under dropout_seed (resnorm.reference.dropout_forward); att is
+    returned before dropout."""
     q, k, v = split_heads(qkv, n_heads)
     scale = 1.0 / np.sqrt(q.shape[-1])
     att = softmax(q @ k.transpose(0, 1, 3, 2), scale, causal)
-    return merge_heads(att @ v), att
+    dropped, _ = norm_reference.dropout_forward(att, dropout_p, dropout_seed)
+    return merge_heads(dropped @ v), att
 
 
-def attention_backward(dout, qkv, att, n_heads):
-    """dqkv (B, T, 3D) of attention_forward."""
+def attention_backward(dout, qkv, att, n_heads, dropout_p=0.0, dropout_seed=0):
+    """dqkv (B, T, 3D) of attention_forward (the same dropout_p and dropout_seed)."""
     q, k, v = split_heads(qkv, n_heads)
     b, t, d = dout.shape
     do = _f64(dout).reshape(b, t, n_heads, d // n_heads).transpose(0, 2, 1, 3)
     att = _f64(att)
-    dp = do @ v.transpose(0, 1, 3, 2)                      # dP = dO v^T
-    dv = att.transpose(0, 1, 3, 2) @ do                    # dv = P^T dO
+    dropped, keep = norm_reference.dropout_forward(att, dropout_p, dropout_seed)
+    dp = norm_reference.dropout_backward(do @ v.transpose(0, 1, 3, 2), keep, dropout_p)
+    dv = dropped.transpose(0, 1, 3, 2) @ do                # dv = dropout(P)^T dO
     ds = softmax_backward(dp, att, 1.0 / np.sqrt(q.shape[-1]))
     dq = ds @ k                                            # dq = dS k
     dk = ds.transpose(0, 1, 3, 2) @ q                      # dk = dS^T q
@@ -184,3 +190,4 @@ def post_norm_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", cau
     u = norm(residual(x, a, p, "res1", residual_kind), p, "norm1", norm_kind, eps)
     f = feed_forward(u, p, activation)
     return norm(residual(u, f, p, "res2", residual_kind), p, "norm2", norm_kind, eps)
+
