@@ -180,3 +180,5 @@ def test_module_dropout_checks():
         nn.CausalSelfAttention(8, 2, dropout=1.5)
     with pytest.raises(TypeError, match="dropout must be"):
         nn.CausalSelfAttention(8, 2, dropout="0.1")
+    with pytest.raises(ValueError, match="attn_dropout must be"):
+        nn.PreNormBlock(8, 2, attn_dropout=-0.1)

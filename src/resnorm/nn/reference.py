@@ -191,3 +191,32 @@ def post_norm_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", cau
     f = feed_forward(u, p, activation)
     return norm(residual(u, f, p, "res2", residual_kind), p, "norm2", norm_kind, eps)
 
+
+def parallel_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", causal=True,
+                   activation="gelu", eps=1e-5, shared_norm=True):
+    """y = x + Attn(Norm1(x)) + FFN(Norm(x)), Norm = Norm1 (shared_norm) or Norm2; the
+    sums are res1 then res2 (residual "none": y = Attn(..) + FFN(..))   (dropout off)."""
+    n1 = norm(x, p, "norm1", norm_kind, eps)
+    n2 = n1 if shared_norm else norm(x, p, "norm2", norm_kind, eps)
+    h = residual(x, self_attention(n1, p, n_heads, causal), p, "res1", residual_kind)
+    return residual(h, feed_forward(n2, p, activation), p, "res2",
+                    "plain" if residual_kind == "none" else residual_kind)
+
+
+def deepnorm_block(x, p, n_heads, alpha, norm_kind="layer", causal=True, activation="gelu",
+                   eps=1e-5):
+    """u = Norm1(alpha x + Attn(x));  y = Norm2(alpha u + FFN(u))   (dropout off)."""
+    x = _f64(x)
+    u = norm(alpha * x + self_attention(x, p, n_heads, causal), p, "norm1", norm_kind, eps)
+    return norm(alpha * u + feed_forward(u, p, activation), p, "norm2", norm_kind, eps)
+
+
+def sandwich_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", causal=True,
+                   activation="gelu", eps=1e-5):
+    """u = x + Norm1_out(Attn(Norm1(x)));  y = u + Norm2_out(FFN(Norm2(u)))   (dropout off)."""
+    a = norm(self_attention(norm(x, p, "norm1", norm_kind, eps), p, n_heads, causal), p,
+             "norm1_out", norm_kind, eps)
+    u = residual(x, a, p, "res1", residual_kind)
+    f = norm(feed_forward(norm(u, p, "norm2", norm_kind, eps), p, activation), p, "norm2_out",
+             norm_kind, eps)
+    return residual(u, f, p, "res2", residual_kind)
