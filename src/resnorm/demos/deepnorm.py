@@ -30,9 +30,9 @@ SIZES = {
     # depth -> the block types trained at that depth
     "full": {"depths": {6: ("post", "deepnorm"),
                         12: ("post", "deepnorm", "pre", "parallel", "sandwich")},
-             "lr": 5e-3, "steps": 200, "warmup": 50, "batch": 8, "seq": 32, "d": 32,
+             "lr": 5e-3, "steps": 160, "warmup": 40, "batch": 8, "seq": 32, "d": 32,
              "heads": 4, "eval_batches": 8, "every": 5},
-    "tiny": {"depths": {12: ("post", "deepnorm")}, "lr": 5e-3, "steps": 150, "warmup": 40,
+    "tiny": {"depths": {12: ("post", "deepnorm")}, "lr": 5e-3, "steps": 120, "warmup": 30,
              "batch": 8, "seq": 32, "d": 32, "heads": 4, "eval_batches": 4, "every": 5},
 }
 NAMES = dict(BLOCKS)
