@@ -225,3 +225,27 @@ def test_docstring_examples_run(name):
     import importlib
     result = doctest.testmod(importlib.import_module(f"resnorm.nn.{name}"))
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("kind", list(TYPES) + ["deepnorm"])
+def test_read_only_inputs_and_gradients_are_not_written(kind):
+    m = make(kind, "layer", "gated" if kind != "deepnorm" else "plain", dtype=np.float32,
+             dropout=0.2, attn_dropout=0.2)
+    x = rand((2, 5, 8), 7).astype(np.float32)
+    dy = rand((2, 5, 8), 8).astype(np.float32)
+    x0, dy0 = x.copy(), dy.copy()
+    x.setflags(write=False)
+    dy.setflags(write=False)
+    m.forward(x)
+    m.backward(dy)
+    np.testing.assert_array_equal(x, x0)
+    np.testing.assert_array_equal(dy, dy0)
+    # non-contiguous input: the same result as its contiguous copy
+    m2 = make(kind, "layer", "plain", dtype=np.float32)
+    wide = np.repeat(x0, 2, axis=2)[:, :, ::2]
+    np.testing.assert_array_equal(m2.forward(wide), m2.forward(np.ascontiguousarray(wide)))
+
+
+def test_shared_norm_must_be_a_bool():
+    with pytest.raises(TypeError, match="shared_norm must be a bool"):
+        nn.ParallelBlock(8, 2, shared_norm="yes")

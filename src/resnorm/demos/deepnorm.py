@@ -111,12 +111,13 @@ def _findings(res, runs, unigram, cfg):
     deep_trained = not deep["diverged"] and deep["held_out"] < post["held_out"] - MATTERS
     how = ("diverged" if post["diverged"] else
            "stalled at the unigram level" if post_failed else "trained")
+    stall = post_failed and not post["diverged"]
     res.findings.append(
         f"at {deepest} layers plain Post-LN {how}; DeepNorm ends {num(deep['held_out'])}, "
         f"{'more than' if deep_trained else 'not more than'} {MATTERS} below it.  The "
         f"paper's claim (plain Post-LN fails at depth, DeepNorm trains) "
         f"{'holds' if post_failed and deep_trained else 'does not hold'} here"
-        f"{'; the failure is a stall, not the divergence the paper reports' if post_failed and not post['diverged'] else ''}.")
+        + ("; the failure is a stall, not the divergence the paper reports." if stall else "."))
     shallow = min(cfg["depths"])
     if shallow != deepest:
         ok = not (runs["post", shallow]["diverged"]

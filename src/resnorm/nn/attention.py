@@ -11,8 +11,8 @@ from .linear import Linear
 from .module import Module
 
 # Query rows per block of a causal head: block [i0, i1) computes scores against keys
-# 0 .. i1 only (resnorm_c/layers.pyx), so the products shrink to (1 + BLOCK/T) / 2 of the
-# full ones; smaller blocks cut more but make each gemm call smaller.
+# 0 .. i1 only (resnorm_c/layers.pyx), so the products shrink to (1 + CAUSAL_BLOCK/T) / 2
+# of the full ones; smaller blocks cut more but make each gemm call smaller.
 CAUSAL_BLOCK = 32
 
 
@@ -71,7 +71,6 @@ class CausalSelfAttention(Module):
         """The kernels' dropout argument: None, or a fresh seed's spec (as a dict)."""
         d = self.attn_dropout
         return dropout_spec(d.p, d.next_seed(), True).kernel_arg() if d.active else None
-
 
     def forward(self, x):
         x = _checks.module_input(x, "x", self.dtype, self.d_model, ndim=3)
