@@ -47,6 +47,11 @@ cdef class DropoutSpec:
         """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
         return 0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p)
 
+    def kernel_arg(self):
+        """The site as the kernels of resnorm._layers take it: the fields of rn_dropout
+        (on, seed, threshold, scale) as a dict; off when the spec is inactive."""
+        return kernel_dropout(self)
+
     def mask(self, shape, n_threads=None):
         """The boolean keep-mask of an array of this shape (what the kernels apply)."""
         cdef rn_dropout site = kernel_dropout(self)
