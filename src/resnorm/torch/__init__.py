@@ -17,6 +17,7 @@ if not hasattr(torch.nn, "RMSNorm"):
     raise ImportError(f"resnorm.torch needs torch>=2.4 (for torch.nn.RMSNorm); "
                       f"found torch {torch.__version__}")
 
+from . import ops  # noqa: E402,F401  (registers the resnorm:: custom operators)
 from .functions import LayerNormFunction, RMSNormFunction, layer_norm, rms_norm  # noqa: E402
 from .modules import LayerNorm, RMSNorm  # noqa: E402
 from .patch import Patch, patch  # noqa: E402
