@@ -13,7 +13,10 @@ import torch
 from torch.autograd import forward_ad
 
 # The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
-# dtype.  Half precision gets its own refusal below until the kernels take it.
+# dtype.  Half precision gets its own refusal below until the kernels take it; taking it
+# means an entry here (torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16), a
+# bit-cast in view() and tensor() (numpy() has no bfloat16: t.view(torch.int16).numpy()
+# .view(...), and back), and param_tensor's dtype rule if float32 weights are allowed.
 NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -162,6 +165,11 @@ def threads():
     """n_threads for resnorm: torch's thread count, so torch.set_num_threads sets both
     libraries' (resnorm still runs inputs under 2**14 elements on one thread)."""
     return torch.get_num_threads()
+
+
+def tensor(a):
+    """The tensor sharing the memory of an array resnorm returned (None stays None)."""
+    return None if a is None else torch.from_numpy(a)
 
 
 class ParamViews:

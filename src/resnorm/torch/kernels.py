@@ -11,21 +11,19 @@ views of x and the weight (the same memory as the tensors) and the float64 row s
 The custom operators, which may pass only tensors between forward and backward, rebuild
 the cache from saved tensors (rms_norm_cache / layer_norm_cache).
 """
-import torch
-
 import resnorm
 
-from ._tensors import threads, view
+from ._tensors import tensor, threads, view
 
 
 def rms_norm(x, weight_view, eps):
     """Inference: y = x * rstd * w (resnorm.rms_norm); weight as a NumPy view or None."""
-    return torch.from_numpy(resnorm.rms_norm(view(x), weight_view, eps, n_threads=threads()))
+    return tensor(resnorm.rms_norm(view(x), weight_view, eps, n_threads=threads()))
 
 
 def layer_norm(x, weight_view, bias_view, eps):
     """Inference: y = (x - mean) * rstd * w + b (resnorm.layer_norm); NumPy views or None."""
-    return torch.from_numpy(resnorm.layer_norm(view(x), weight_view, bias_view, eps,
+    return tensor(resnorm.layer_norm(view(x), weight_view, bias_view, eps,
                                                n_threads=threads()))
 
 
@@ -35,7 +33,7 @@ def rms_norm_forward(x, weight, eps, weight_view=None):
     if weight_view is None:
         weight_view = view(weight)
     y, cache = resnorm.rms_norm_forward(view(x), weight_view, eps, n_threads=threads())
-    return torch.from_numpy(y), cache
+    return tensor(y), cache
 
 
 def layer_norm_forward(x, weight, bias, eps, weight_view=None, bias_view=None):
@@ -46,20 +44,20 @@ def layer_norm_forward(x, weight, bias, eps, weight_view=None, bias_view=None):
         bias_view = view(bias)
     y, cache = resnorm.layer_norm_forward(view(x), weight_view, bias_view, eps,
                                           n_threads=threads())
-    return torch.from_numpy(y), cache
+    return tensor(y), cache
 
 
 def rms_norm_backward(dy, cache):
     """(dx, dweight, None) from rms_norm_forward's cache; dweight None without weight."""
     dx, dw = resnorm.rms_norm_backward(view(dy), cache, n_threads=threads())
-    return torch.from_numpy(dx), None if dw is None else torch.from_numpy(dw), None
+    return tensor(dx), tensor(dw), None
 
 
 def layer_norm_backward(dy, cache):
     """(dx, dweight, dbias) from layer_norm_forward's cache; None for an absent parameter."""
     dx, dw, db = resnorm.layer_norm_backward(view(dy), cache, n_threads=threads())
-    return (torch.from_numpy(dx), None if dw is None else torch.from_numpy(dw),
-            None if db is None else torch.from_numpy(db))
+    return (tensor(dx), tensor(dw),
+            tensor(db))
 
 
 def _rows(x):
@@ -80,4 +78,4 @@ def layer_norm_cache(x, weight, has_bias, mean, rstd):
 
 def dropout(x, p, seed):
     """y = x * keep / (1 - p) in training mode (resnorm.dropout); also its own backward."""
-    return torch.from_numpy(resnorm.dropout(view(x), p, seed=seed, n_threads=threads()))
+    return tensor(resnorm.dropout(view(x), p, seed=seed, n_threads=threads()))

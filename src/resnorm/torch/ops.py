@@ -37,7 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float | None) ->
     """y = x * rstd * w and rstd (float64, one value per row); eps None: the dtype's."""
     T.param_tensor(weight, "weight", T.input_tensor(x))
     y, cache = kernels.rms_norm_forward(x, weight, T.eps_for(eps, x))
-    return y, torch.from_numpy(cache.rstd)
+    return y, T.tensor(cache.rstd)
 
 
 @rms_norm.register_fake
@@ -89,7 +89,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
     T.param_tensor(weight, "weight", T.input_tensor(x))
     T.param_tensor(bias, "bias", x)
     y, cache = kernels.layer_norm_forward(x, weight, bias, T.eps_for(eps, x))
-    return y, torch.from_numpy(cache.mean), torch.from_numpy(cache.rstd)
+    return y, T.tensor(cache.mean), T.tensor(cache.rstd)
 
 
 @layer_norm.register_fake

@@ -66,16 +66,12 @@ def _forward(ctx, layer, x, residual, weight, bias, alpha, eps, p, seed, trainin
     else:
         (y, h), ctx.cache = resnorm.add_rms_norm_forward(
             T.view(x), T.view(residual), T.view(weight), eps, **options)
-    y, h = torch.from_numpy(y), torch.from_numpy(h)
+    y, h = T.tensor(y), T.tensor(h)
     ctx.alpha, ctx.eps, ctx.p, ctx.seed, ctx.training = alpha, eps, p, seed, training
     ctx.has_bias = bias is not None
     ctx.set_materialize_grads(False)   # an unused h must not cost a tensor of zeros
     ctx.save_for_backward(h, weight, x if ctx.needs_input_grad[3] else None)
     return y, h
-
-
-def _tensor(a):
-    return None if a is None else torch.from_numpy(a)
 
 
 def _backward(ctx, layer, dy, dh):
@@ -95,7 +91,7 @@ def _backward(ctx, layer, dy, dh):
         else:
             (dx, dres, dw, dalpha), db = resnorm.add_rms_norm_backward(
                 T.view(dy), T.view(dh), ctx.cache, n_threads=T.threads()), None
-        grads = tuple(_tensor(g) for g in (dx, dres, dw, dalpha, db))
+        grads = tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
     wanted = (*want[:4], layer and want[4])
     return tuple(g if w else None for g, w in zip(grads, wanted))
 
