@@ -18,13 +18,13 @@ can do fwd+bwd faster than that.
   PYTHONPATH=src python benchmarks/bench_torch_latency.py [--dims 256,4096] [--overhead]
 """
 import argparse
-import time
 
 import numpy as np
 import torch
 
 import resnorm
 import resnorm.torch as rt
+from resnorm.bench import time_interleaved
 
 
 _FORWARDS = (resnorm.rms_norm_forward, resnorm.layer_norm_forward)   # before any stand-in
@@ -64,17 +64,13 @@ class Floor(torch.nn.LayerNorm):
 
 
 def per_call(fns, repeats, calls):
-    """Median seconds per call of each function, bursts of `calls` calls interleaved."""
-    times = [[] for _ in fns]
-    for f in fns:
-        f()
-    for _ in range(repeats):
-        for t, f in zip(times, fns):
-            t0 = time.perf_counter()
+    """Median seconds per call of each function: bursts of `calls` calls, interleaved."""
+    def burst(f):
+        def run():
             for _ in range(calls):
                 f()
-            t.append((time.perf_counter() - t0) / calls)
-    return [float(np.median(t)) for t in times]
+        return run
+    return [t / calls for t in time_interleaved([burst(f) for f in fns], repeats, warmup=1)]
 
 
 def main():
