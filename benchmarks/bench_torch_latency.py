@@ -54,8 +54,8 @@ class _Floor(torch.autograd.Function):
     def backward(ctx, dy):
         ctx.saved_tensors
         d = dy.shape[-1]
-        return (torch.from_numpy(np.empty(tuple(dy.shape), np.float32)),
-                torch.from_numpy(np.empty(d, np.float32)), torch.from_numpy(np.empty(d, np.float32)))
+        empty = lambda *shape: torch.from_numpy(np.empty(shape, np.float32))   # noqa: E731
+        return empty(*dy.shape), empty(d), empty(d)
 
 
 class Floor(torch.nn.LayerNorm):

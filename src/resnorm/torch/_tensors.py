@@ -53,9 +53,9 @@ def graph_capture():
 
 
 def transforms_active():
-    """True inside a torch.func transform (vmap, grad, jvp, ...; also gradcheck's batched
-    gradients) or a forward-mode AD dual level: tensors there may carry a batch dimension
-    or a tangent besides their storage, so NumPy views of them would be wrong or fail."""
+    """True inside a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD dual
+    level: tensors there may carry a batch dimension or a tangent besides their storage,
+    so NumPy views of them would be wrong or fail."""
     return functorch_active() or getattr(forward_ad, "_current_level", 0) >= 0
 
 

@@ -20,6 +20,7 @@ import torch
 from . import _tensors as T
 from . import composite, kernels, ops
 
+
 class _NormFunction(torch.autograd.Function):
     """The apply of both norm Functions: outside torch.func transforms it skips
     Function.apply's per-call signature binding (which costs as much as a small norm);

@@ -58,8 +58,8 @@ def _forward(ctx, layer, x, residual, weight, bias, alpha, eps, p, seed, trainin
     T.param_tensor(weight, "weight", x)
     T.param_tensor(bias, "bias", x)
     eps = T.eps_for(eps, x)
-    options = dict(alpha=_alpha_arg(alpha, x, ctx.needs_input_grad[3]), p=p, seed=seed, training=training,
-                   n_threads=T.threads())
+    options = dict(alpha=_alpha_arg(alpha, x, ctx.needs_input_grad[3]), p=p, seed=seed,
+                   training=training, n_threads=T.threads())
     if layer:
         (y, h), ctx.cache = resnorm.add_layer_norm_forward(
             T.view(x), T.view(residual), T.view(weight), T.view(bias), eps, **options)
