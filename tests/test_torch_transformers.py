@@ -2,10 +2,12 @@
 downloaded): every norm swapped, logits and gradients as unpatched, generate's tokens the
 same, training with gradient checkpointing, save/load, undo, torch.compile without graph
 breaks, half precision skipped with its reason."""
+import os
 import warnings
 
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # nothing may come from the network
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
