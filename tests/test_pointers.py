@@ -93,18 +93,20 @@ def test_every_named_file_exists():
     assert _missing_paths() == []
 
 
-# `module.symbol` where module is one of ours: the symbol must be defined in that module.
-OUR_MODULES = {os.path.splitext(os.path.basename(p))[0]: p for p in SOURCES
-               if p.startswith(("resnorm_c/", "src/resnorm/"))
-               and not os.path.basename(p).startswith("__")}
+# `module.symbol` where module is one of the compiled core's Cython modules (common,
+# primitives, norm_kernels, ...: names no variable has): the symbol must be defined there.
+# (The Python modules' names are named as `resnorm.module.symbol`, checked below.)
+OUR_MODULES = {}
+for _p in SOURCES:
+    if _p.startswith("resnorm_c/") and _p.endswith((".pyx", ".pxd", ".pxi", ".py")):
+        OUR_MODULES.setdefault(os.path.splitext(os.path.basename(_p))[0], []).append(_p)
 DOTTED = re.compile(r"(?<![\w.])([a-z_][a-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)\b")
 
 
 def _defined_in(module, symbol):
-    text = SOURCES[OUR_MODULES[module]]
     if module == "primitives" and symbol.startswith("rn_"):
         return True  # the generated front-ends, one per registry entry
-    return re.search(rf"\b{re.escape(symbol)}\b", text) is not None
+    return any(re.search(rf"\b{re.escape(symbol)}\b", SOURCES[p]) for p in OUR_MODULES[module])
 
 
 # what follows a variable that shares a module's name (residual.append, norms.items)
