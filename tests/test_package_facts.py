@@ -68,4 +68,5 @@ def test_metadata_declares_mit_and_one_version():
     # the version is written once, in resnorm/__init__.py
     assert "version" not in meta and "version" in meta["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "resnorm.__version__"}
-    assert {"py.typed", "input-checks.md"} <= set(project["tool"]["setuptools"]["package-data"]["resnorm"])
+    shipped = set(project["tool"]["setuptools"]["package-data"]["resnorm"])
+    assert {"py.typed", "input-checks.md"} <= shipped

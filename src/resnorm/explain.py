@@ -17,10 +17,14 @@ dropout(x), y = RMSNorm(h): the fused Pre-Norm add) and "dropout" (inverted drop
 ``print(explanation)`` renders the steps element by element (``python -m resnorm explain``
 prints the same text).  The page docs/explain.md walks through an example.
 """
+from __future__ import annotations
+
 import numbers
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _checks, _explain_steps
 
@@ -36,16 +40,40 @@ TOLERANCE_ULPS = 128
 
 @dataclass(frozen=True)
 class Step:
-    """One named value of the computation.
+    """One named value of an explained computation (an element of `Explanation.steps`).
 
-    per: what one value belongs to: "element" (shape (N, D)), "row" (N,), "column" (D,) or
-    "scalar".  source: "input", "reference" (float64 NumPy) or "kernel" (compiled).
-    formula: the general form, e.g. "y_i = x_i * rstd * w_i".  expr: the right-hand side
-    with {operand} slots naming earlier steps (used to print each element with its numbers);
-    for a reduction (reduce = "sum" or "mean") expr is the summand.
+    Parameters
+    ----------
+    name : str
+        The value's name, e.g. ``"rstd"``.
+    value : ndarray
+        The value: shape (N, D) per element, (N,) per row, (D,) per column, or 0-d.
+    per : {"element", "row", "column", "scalar"}
+        What one value belongs to.
+    source : {"input", "reference", "kernel"}
+        Where the value comes from: an input, float64 NumPy (as `resnorm.reference`
+        computes it), or the compiled kernels.
+    phase : {"input", "forward", "backward"}
+        The part of the computation it belongs to.
+    formula : str
+        The general form, e.g. ``"y_i = x_i * rstd * w_i"``.
+    expr : str, default ""
+        The right-hand side with ``{operand}`` slots naming earlier steps (used to print
+        every element with its numbers); for a reduction, the summand.
+    reduce : {"", "sum", "mean"}, default ""
+        The reduction over the row (or over rows, for a column), if any.
+    note : str, default ""
+        A short remark printed with the step.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> step = resnorm.explain("rms", [1, 2, 3, 4]).step("y")
+    >>> step.formula, step.per, step.source, step.phase
+    ('y_i = x_i * rstd', 'element', 'kernel', 'forward')
     """
     name: str
-    value: np.ndarray
+    value: NDArray[np.floating]
     per: str
     source: str
     phase: str
@@ -57,47 +85,127 @@ class Step:
 
 @dataclass(frozen=True)
 class Check:
-    """A kernel output against its float64 reference twin."""
+    """A kernel output against its float64 reference twin (in `Explanation.checks`).
+
+    Parameters
+    ----------
+    name : str
+        The output's step name.
+    max_abs_diff : float
+        max |kernel - reference| over the output.
+    tolerance : float
+        ``128 * eps(dtype) * max(1, max |reference|)``: a few rounding errors per
+        operation on a short row.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> check = resnorm.explain("layer", [1, 2, 3, 4]).checks[0]
+    >>> check.name, check.agree
+    ('y', True)
+    """
     name: str
     max_abs_diff: float
     tolerance: float
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
+        """True when max_abs_diff <= tolerance."""
         return self.max_abs_diff <= self.tolerance
 
 
 @dataclass(frozen=True)
 class Explanation:
+    """Every step of one explained computation, as `explain` returns it.
+
+    ``e[name]`` is the value of the step called name; ``print(e)`` renders every step
+    element by element (the text of ``python -m resnorm explain``).
+
+    Parameters
+    ----------
+    kind : {"rms", "layer", "add-rms", "dropout"}
+        What was explained.
+    dtype : numpy.dtype
+        float32 or float64: the dtype the kernels ran in.
+    eps : float or None
+        The eps used (None for dropout).
+    steps : tuple of Step
+        Inputs, reference intermediates and kernel outputs, in computation order.
+    checks : tuple of Check
+        Every kernel output against its reference twin.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])
+    >>> e.names
+    ['x', 'eps', 'D', 'dy', 'squares', 'sum_sq', 'ms', 'rstd', 'xn', 'y', 'g', 'g_xn', 'm', 'dx']
+    >>> e["rstd"]
+    array([0.36514835])
+    >>> e.agree
+    True
+    >>> str(e).splitlines()[0]
+    'RMSNorm (float64), 1 row of D = 4, eps = 1e-06'
+    """
     kind: str
     dtype: np.dtype
     eps: float | None           # None for dropout
-    steps: tuple
-    checks: tuple
+    steps: tuple[Step, ...]
+    checks: tuple[Check, ...]
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
         """True when every kernel output matches the reference within tolerance."""
         return all(c.agree for c in self.checks)
 
     @property
-    def names(self):
+    def names(self) -> list[str]:
+        """The names of the steps, in order."""
         return [s.name for s in self.steps]
 
-    def step(self, name):
+    def step(self, name: str) -> Step:
+        """The step called name.
+
+        Parameters
+        ----------
+        name : str
+            One of `names`.
+
+        Returns
+        -------
+        Step
+            The step.
+
+        Raises
+        ------
+        KeyError
+            If there is no step of that name (the message lists the names).
+        """
         for s in self.steps:
             if s.name == name:
                 return s
         raise KeyError(f"no step named {name!r}; steps are {self.names}")
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> NDArray[np.floating]:
         return self.step(name).value
 
-    def render(self, digits=None):
+    def render(self, digits: int | None = None) -> str:
+        """The explanation as text: every step, element by element, with its numbers.
+
+        Parameters
+        ----------
+        digits : int, optional
+            Significant digits of the numbers (default 8 for float32, 10 for float64).
+
+        Returns
+        -------
+        str
+            The text ``print(e)`` shows.
+        """
         from ._explain_text import render
         return render(self, digits)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.render()
 
 
@@ -135,7 +243,7 @@ ARGUMENTS = {"rms": {"weight", "eps"}, "layer": {"weight", "bias", "eps"},
 
 
 @dataclass(frozen=True)
-class Inputs:
+class _Inputs:
     """Checked inputs: arrays as 2-D rows (N, D) of one float dtype, scalars resolved."""
     kind: str
     dtype: np.dtype
@@ -198,7 +306,7 @@ def _inputs(kind, x, dy, dtype, given):
     if isinstance(alpha, (bool, np.bool_, np.ndarray)) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a real number (explain shows a fixed alpha), "
                         f"got {type(alpha).__name__}")
-    return Inputs(
+    return _Inputs(
         kind=kind, dtype=dtype, x=x.reshape(-1, x.shape[-1]),
         residual=partner(given["residual"], "residual"),
         weight=_as_float(given["weight"], "weight", dtype),
@@ -219,26 +327,75 @@ def _check(name, kernel_value, reference_value, dtype):
     return Check(name, diff, TOLERANCE_ULPS * float(np.finfo(dtype).eps) * scale)
 
 
-def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, residual=None,
-            dh=None, alpha=None, p=None, seed=None, training=None):
+def explain(kind: Literal["rms", "layer", "add-rms", "dropout"], x: ArrayLike,
+            weight: ArrayLike | None = None, bias: ArrayLike | None = None,
+            eps: float | None = None, dy: ArrayLike | None = None, *,
+            dtype: DTypeLike | None = None, residual: ArrayLike | None = None,
+            dh: ArrayLike | None = None, alpha: float | None = None, p: float | None = None,
+            seed: int | None = None, training: bool | None = None) -> Explanation:
     """Runs one kernel on a small input and returns every step of its computation.
 
-    kind: "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" (h = residual + alpha *
-    dropout(x), y = RMSNorm(h): the fused Pre-Norm add) or "dropout" (inverted dropout).
-    x: one row (D,) or a few rows (N, D) of real numbers.  weight, bias: (D,) or None
-    (bias only for "layer"; neither for "dropout").  eps: None for the library default
-    (1e-6 for RMSNorm, 1e-5 for LayerNorm).  dy: gradient of y (x's shape) to explain
-    backward too.  dtype: float32 or float64 (None: x's float dtype, else float64); every
-    input is converted to it.
-    add-rms only: residual (x's shape, required), alpha (a real number, default 1), dh (the
-    gradient arriving along the stream h; None: 0).  add-rms and dropout: p (drop
-    probability; required for "dropout", default 0 for "add-rms"), seed (default 0),
-    training (default True; False: dropout is the identity).
+    The outputs are the compiled kernels' own numbers; the intermediate values are
+    computed in float64 NumPy as `resnorm.reference` computes them, and every kernel
+    output is checked against its reference twin.
 
-    Returns an Explanation: ``.steps`` (named values: inputs, reference intermediates,
-    kernel outputs), ``.checks`` (kernel vs resnorm.reference, max |difference|) and
-    ``.agree``; ``e["rstd"]`` gives a step's value; ``print(e)`` renders it.  Values are
-    per row: an (N, D) array per element, (N,) per row statistic, even for one row.
+    Parameters
+    ----------
+    kind : {"rms", "layer", "add-rms", "dropout"}
+        RMSNorm, LayerNorm, the fused Pre-Norm add (``h = residual + alpha * dropout(x)``,
+        ``y = RMSNorm(h)``) or inverted dropout.
+    x : array_like, shape (D,) or (N, D)
+        One row or a few rows of real numbers.
+    weight : array_like, shape (D,), optional
+        The per-channel gain (not for "dropout").
+    bias : array_like, shape (D,), optional
+        The per-channel bias ("layer" only).
+    eps : float, optional
+        Default: the library's (1e-6 for "rms" and "add-rms", 1e-5 for "layer").
+    dy : array_like, optional
+        The gradient arriving at y (x's shape): explains backward too.
+    dtype : {numpy.float32, numpy.float64}, optional
+        Every input is converted to it; default x's float dtype, else float64.
+    residual : array_like, optional
+        "add-rms" only, required: the stream x is added to (x's shape).
+    dh : array_like, optional
+        "add-rms" only: the gradient arriving along the stream h (default 0; needs dy).
+    alpha : float, optional
+        "add-rms" only: the residual scale (default 1).
+    p : float, optional
+        "add-rms" and "dropout": the drop probability (required for "dropout", default 0
+        for "add-rms").
+    seed : int, optional
+        "add-rms" and "dropout": the mask seed (default 0).
+    training : bool, optional
+        "add-rms" and "dropout": default True; False makes dropout the identity.
+
+    Returns
+    -------
+    Explanation
+        ``.steps`` (named values: inputs, reference intermediates, kernel outputs),
+        ``.checks`` and ``.agree``; ``e["rstd"]`` is a step's value, ``print(e)`` renders
+        it.  Values are per row even for one row: (N, D) per element, (N,) per row.
+
+    Raises
+    ------
+    TypeError
+        If kind is not a str, an input does not hold real numbers, dtype is not float32
+        or float64, or alpha is not a real number.
+    ValueError
+        If kind is unknown, an argument is given that the kind does not use, a required
+        one is missing, or a shape, eps, p or seed is out of range.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])
+    >>> e["y"]
+    array([[0.36514835, 0.73029669, 1.09544504, 1.46059339]])
+    >>> e["dx"]
+    array([[ 0.35297674, -0.02434322, -0.03651483, -0.04868644]])
+    >>> e.agree
+    True
     """
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
              "alpha": alpha, "p": p, "seed": seed, "training": training}
