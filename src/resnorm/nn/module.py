@@ -11,10 +11,12 @@ references taken once (``w = m.params()["weight"]``) stay valid.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+ModuleT = TypeVar("ModuleT", bound="Module")
 
 from .. import _checks
 
@@ -78,7 +80,7 @@ class Module:
         self._grads[name] = grad
         return value, grad
 
-    def add_module(self, name: str, module: Module) -> Module:
+    def add_module(self, name: str, module: ModuleT) -> ModuleT:
         """Registers a child module; its parameters are named ``"<name>.<its name>"``.
 
         Parameters
