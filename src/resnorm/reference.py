@@ -10,6 +10,8 @@ checked here: the functions are the formulas, and the checks live in the public 
 """
 from __future__ import annotations
 
+import re
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -44,10 +46,12 @@ p : float
 
 
 def _shared_doc(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Fills the {name} slots of func's docstring from _SHARED_DOC, at its indentation."""
+    """Replaces each line "{name}" of func's docstring by _SHARED_DOC[name], indented as
+    that line (Python 3.13 strips docstring indentation, older versions keep it)."""
     if func.__doc__:   # python -OO strips docstrings
-        func.__doc__ = func.__doc__.format(**{
-            name: text.replace("\n", "\n    ") for name, text in _SHARED_DOC.items()})
+        func.__doc__ = re.sub(r"^([ \t]*)\{(\w+)\}$",
+                              lambda m: textwrap.indent(_SHARED_DOC[m[2]], m[1]),
+                              func.__doc__, flags=re.M)
     return func
 
 

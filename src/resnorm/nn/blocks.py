@@ -8,6 +8,7 @@ Parameter names and layouts are those of torch.nn.TransformerEncoderLayer(batch_
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Literal
 
 import numpy as np
@@ -26,54 +27,54 @@ from .norms import LayerNorm, RMSNorm
 NORM_KINDS = ("rms", "layer")
 
 # The options of both blocks, written once: appended to each block's docstring.
-_BLOCK_OPTIONS = """
-    Parameters
-    ----------
-    d_model : int
-        D, the model width.
-    n_heads : int
-        The number of attention heads; d_model must be a multiple of it.
-    d_ff : int, optional
-        The feed-forward hidden width; default ``4 * d_model`` (torch's default is 2048:
-        pass it explicitly when comparing).
-    norm : {"layer", "rms"}, default "layer"
-        LayerNorm (weight and bias) or RMSNorm (weight) for norm1 and norm2.
-    residual : {"plain", "scaled", "gated", "none"}, default "plain"
-        ``h = x + d``; ``x + alpha*d`` (learnable scalar ``resK.alpha``);
-        ``x + sigmoid(gate)*d`` (learnable per-channel logits ``resK.gate``); ``h = d``
-        (no skip connection, for experiments).  d is the dropped-out sublayer output.
-    dropout : float, default 0.0
-        Inverted dropout on both residual branches, in training mode only.
-    causal : bool, default True
-        Mask key j > query i in attention.
-    activation : {"gelu", "gelu_tanh"}, default "gelu"
-        The feed-forward activation: exact (erf) GELU or its tanh approximation.
-    eps : float, default 1e-5
-        eps of both norms (torch's ``layer_norm_eps``).
-    bias : bool, default True
-        Biases of every Linear layer and LayerNorm.
-    alpha : float, default 1.0
-        The start value of alpha with ``residual="scaled"``.
-    gate : float, default 0.0
-        The start value of the gate logits with ``residual="gated"``.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        The dtype of all parameters and activations.
-    seed : int, numpy.random.SeedSequence or numpy.random.Generator, default 0
-        Deterministic initialisation (torch's distributions) and dropout masks.
+_BLOCK_OPTIONS = """\
+Parameters
+----------
+d_model : int
+    D, the model width.
+n_heads : int
+    The number of attention heads; d_model must be a multiple of it.
+d_ff : int, optional
+    The feed-forward hidden width; default ``4 * d_model`` (torch's default is 2048:
+    pass it explicitly when comparing).
+norm : {"layer", "rms"}, default "layer"
+    LayerNorm (weight and bias) or RMSNorm (weight) for norm1 and norm2.
+residual : {"plain", "scaled", "gated", "none"}, default "plain"
+    ``h = x + d``; ``x + alpha*d`` (learnable scalar ``resK.alpha``);
+    ``x + sigmoid(gate)*d`` (learnable per-channel logits ``resK.gate``); ``h = d``
+    (no skip connection, for experiments).  d is the dropped-out sublayer output.
+dropout : float, default 0.0
+    Inverted dropout on both residual branches, in training mode only.
+causal : bool, default True
+    Mask key j > query i in attention.
+activation : {"gelu", "gelu_tanh"}, default "gelu"
+    The feed-forward activation: exact (erf) GELU or its tanh approximation.
+eps : float, default 1e-5
+    eps of both norms (torch's ``layer_norm_eps``).
+bias : bool, default True
+    Biases of every Linear layer and LayerNorm.
+alpha : float, default 1.0
+    The start value of alpha with ``residual="scaled"``.
+gate : float, default 0.0
+    The start value of the gate logits with ``residual="gated"``.
+dtype : {numpy.float32, numpy.float64}, default numpy.float32
+    The dtype of all parameters and activations.
+seed : int, numpy.random.SeedSequence or numpy.random.Generator, default 0
+    Deterministic initialisation (torch's distributions) and dropout masks.
 
-    Raises
-    ------
-    TypeError, ValueError
-        If an option is of the wrong type or out of range (the message names it).
+Raises
+------
+TypeError, ValueError
+    If an option is of the wrong type or out of range (the message names it).
 """
 
 
 def _with_block_options(cls):
-    """Appends the shared options to a block class's docstring, before its Examples."""
+    """Puts the shared options into a block class's docstring, before its Examples."""
     if cls.__doc__ is None:   # python -OO strips docstrings
         return cls
-    head, examples = cls.__doc__.split("    Examples\n", 1)
-    cls.__doc__ = head.rstrip() + "\n" + _BLOCK_OPTIONS + "\n    Examples\n" + examples
+    head, examples = inspect.cleandoc(cls.__doc__).split("\nExamples\n", 1)
+    cls.__doc__ = f"{head.rstrip()}\n\n{_BLOCK_OPTIONS}\nExamples\n{examples}"
     return cls
 
 
