@@ -1,5 +1,5 @@
-"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info}`` (also the
-``resnorm`` script)."""
+"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info,checks}`` (also
+the ``resnorm`` script)."""
 import argparse
 import dataclasses
 import json
@@ -122,8 +122,18 @@ def _info(args):
     return 0
 
 
+def _input_checks(args):
+    from importlib.resources import files
+
+    print(files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8"), end="")
+    return 0
+
+
 def main(argv=None):
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="resnorm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"resnorm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     from .bench import PEERS, SECTIONS
@@ -215,6 +225,11 @@ def main(argv=None):
 
     i = sub.add_parser("info", help="print build and machine facts as JSON")
     i.set_defaults(func=_info)
+
+    c = sub.add_parser("checks", help="print the reference of every argument check",
+                       description="Prints which argument checks every public function "
+                       "makes and the exception each raises (Markdown).")
+    c.set_defaults(func=_input_checks)
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

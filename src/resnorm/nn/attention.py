@@ -1,5 +1,8 @@
 """Multi-head self-attention, laid out as torch.nn.MultiheadAttention(batch_first=True)."""
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _checks, _layers
 from .._parallel import threads_for
@@ -7,6 +10,7 @@ from ..inverted_dropout import dropout_spec
 from . import init
 from ._blas import single_threaded_blas
 from .dropout import Dropout
+from .init import Seed
 from .linear import Linear
 from .module import Module
 
@@ -17,30 +21,71 @@ CAUSAL_BLOCK = 32
 
 
 class CausalSelfAttention(Module):
-    """y = out_proj(concat_h Dropout(softmax(q_h k_h^T / sqrt(dh) [+ causal mask])) v_h)
+    """Multi-head self-attention, optionally causal, over inputs (B, T, D).
 
-    with q | k | v = x @ in_proj_weight^T + in_proj_bias  (x: (B, T, D), H heads, dh = D/H;
-    head h uses columns h*dh .. (h+1)*dh of q, k and v).  causal=True masks key j > query i,
-    and the masked half of the scores is not computed (query rows in blocks of
-    causal_block = CAUSAL_BLOCK rows, each against the keys it sees; causal_block = 0
-    computes the full scores, as a reference for benchmarks).  dropout: rate on the attention
-    probabilities (training mode), with resnorm.dropout's counter-based mask of the
-    (B, H, T, T) probabilities and a fresh seed per forward, as torch's
-    MultiheadAttention(dropout=p) drops them.
+    ``y = out_proj(concat_h softmax(q_h k_h^T / sqrt(dh) [+ causal mask]) v_h)`` with
+    ``q | k | v = x @ in_proj_weight.T + in_proj_bias``, H heads of width dh = D/H (head h
+    uses columns h*dh .. (h+1)*dh of q, k and v), as ``torch.nn.MultiheadAttention``
+    with ``batch_first=True``.  Backward goes through out_proj, then per head
+    ``dP = dO v^T``, ``dv = P^T dO``, ``dS = P (dP - rowsum(P dP)) / sqrt(dh)``,
+    ``dq = dS k``, ``dk = dS^T q``, then through the input projection.  Caches x, qkv
+    (B, T, 3D) and the probabilities P (B, H, T, T); out_proj caches the concatenated
+    heads.  NumPy twin: ``resnorm.nn.reference.attention_forward`` / ``attention_backward``.
 
-    Backward (resnorm_c/layers.pyx attention_backward): through out_proj, then per head,
-    with M the dropout multipliers (regenerated from the seed):  dP = (dO v^T) M,
-    dv = (P M)^T dO, dS = P (dP - rowsum(P dP)) / sqrt(dh), dq = dS k, dk = dS^T q,
-    then through the input projection.
-    Caches: x, qkv (B, T, 3D), the probabilities P (B, H, T, T), the dropout seed (no
-    mask); out_proj caches the concatenated heads (B, T, D).
-    Parameters (torch names): in_proj_weight (3D, D) ~ xavier_uniform, in_proj_bias (3D,) = 0,
-    out_proj.weight (D, D) ~ U(+-1/sqrt(D)), out_proj.bias (D,) = 0.
-    NumPy reference: resnorm.nn.reference.attention_forward / attention_backward.
+    A causal head does not compute the masked half of the scores: query rows go in blocks
+    of ``causal_block`` (``CAUSAL_BLOCK``) rows, each against the keys it sees
+    (``causal_block = 0`` computes the full scores, as a reference for benchmarks).  With
+    ``dropout`` the attention probabilities are dropped in training mode with
+    resnorm.dropout's counter-based mask of the (B, H, T, T) probabilities and a fresh seed
+    per forward, as torch's ``MultiheadAttention(dropout=p)`` drops them; backward uses the
+    dropout multipliers M, regenerated from the seed: ``dP = (dO v^T) M``,
+    ``dv = (P M)^T dO``.
+
+    Parameters
+    ----------
+    d_model : int
+        D, the model width; a multiple of `n_heads`.
+    n_heads : int
+        H, the number of heads.
+    causal : bool, default True
+        Mask key j > query i (torch's ``is_causal``).
+    bias : bool, default True
+        Whether the projections have biases.
+    dropout : float, default 0.0
+        Dropout rate of the attention probabilities (training mode only).
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the parameters and of the inputs.
+    seed : int, numpy.random.SeedSequence or numpy.random.Generator, default 0
+        Initialisation, as torch: ``in_proj_weight`` (3D, D) xavier-uniform,
+        ``in_proj_bias`` (3D,) zero, ``out_proj.weight`` (D, D) U(+-1/sqrt(D)),
+        ``out_proj.bias`` zero.
+
+    Raises
+    ------
+    TypeError
+        If a size is not an int, `dtype` is not float32 or float64, or `seed` is of
+        another type.
+    ValueError
+        If a size is not positive, or `d_model` is not a multiple of `n_heads`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from resnorm import nn
+    >>> attn = nn.CausalSelfAttention(8, 2, seed=0)
+    >>> x = np.random.default_rng(0).standard_normal((1, 5, 8)).astype(np.float32)
+    >>> y = attn.forward(x)
+    >>> y.shape
+    (1, 5, 8)
+    >>> x[0, 4] += 1                       # a change at the last position ...
+    >>> bool(np.array_equal(attn.forward(x)[0, :4], y[0, :4]))   # ... is not seen before it
+    True
+    >>> attn.backward(np.ones_like(y)).shape
+    (1, 5, 8)
     """
 
-    def __init__(self, d_model, n_heads, *, causal=True, bias=True, dropout=0.0,
-                 dtype=np.float32, seed=0):
+    def __init__(self, d_model: int, n_heads: int, *, causal: bool = True, bias: bool = True,
+                 dropout: float = 0.0, dtype: DTypeLike = np.float32, seed: Seed = 0) -> None:
         super().__init__()
         self.d_model = _checks.positive_int(d_model, "d_model")
         self.n_heads = _checks.positive_int(n_heads, "n_heads")
@@ -67,12 +112,12 @@ class CausalSelfAttention(Module):
         self.causal_block = CAUSAL_BLOCK   # 0: full scores (what the benchmark compares)
         self._cache = None
 
-    def _dropout_arg(self):
+    def _dropout_arg(self) -> dict | None:
         """The kernels' dropout argument: None, or a fresh seed's spec (as a dict)."""
         d = self.attn_dropout
         return dropout_spec(d.p, d.next_seed(), True).kernel_arg() if d.active else None
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.d_model, ndim=3)
         x = np.ascontiguousarray(x)
         b, t, d = x.shape
@@ -90,7 +135,7 @@ class CausalSelfAttention(Module):
         self._cache = (x, qkv, att, dropout)
         return self.out_proj.forward(heads)
 
-    def backward(self, dy):
+    def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
         x, qkv, att, dropout = self._take_cache()
         dheads = self.out_proj.backward(dy)
         b, t, d = x.shape

@@ -5,9 +5,14 @@ float64 model built from the same seed hold the same numbers (up to that roundin
 The distributions are torch's defaults for the same layers (the numbers differ: torch has
 its own generator).
 """
+from __future__ import annotations
+
 import math
 
 import numpy as np
+
+# What every seed= argument of resnorm.nn accepts.
+Seed = int | np.random.SeedSequence | np.random.Generator
 
 
 def generator(seed):
