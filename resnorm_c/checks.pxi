@@ -140,23 +140,29 @@ cdef inline double eps_of(eps, cnp.ndarray x) except -1.0:
 
 
 cpdef n_threads_value(n_threads):
-    """None (OpenMP default) or an int in [1, MAX_THREADS]."""
+    """None (the OpenMP default), -1 (every core) or an int in [1, MAX_THREADS] (a count
+    above OVERSUBSCRIBE per core runs on that many: launch.pxi's team)."""
     if n_threads is None:
         return None
     if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, numbers.Integral):
-        raise TypeError(f"n_threads must be None or an int >= 1, got {type(n_threads).__name__}")
-    if not 1 <= n_threads <= MAX_THREADS:
-        raise ValueError(f"n_threads must be None or an int >= 1 and <= {MAX_THREADS}, "
+        raise TypeError(f"n_threads must be None, -1 or an int >= 1, got "
+                        f"{type(n_threads).__name__}")
+    if not (n_threads == -1 or 1 <= n_threads <= MAX_THREADS):
+        cores = rn_cores()
+        raise ValueError(f"n_threads must be None (the default), -1 (all {cores} cores of "
+                         f"this machine) or an int from 1 to {MAX_THREADS} (more than "
+                         f"{OVERSUBSCRIBE * cores} run on {OVERSUBSCRIBE * cores} threads), "
                          f"got {n_threads}")
     return int(n_threads)
 
 
-cdef inline int threads_of(n_threads) except -1:
-    """n_threads_value(n_threads) as a C int, 0 for None (the OpenMP default)."""
+cdef inline int threads_of(n_threads) except -2:
+    """n_threads_value(n_threads) as a C int: 0 for None (the OpenMP default), -1 for every
+    core."""
     if n_threads is None:
         return 0
     # compared as Python ints: a C cast would overflow on 2**70
-    if type(n_threads) is int and 1 <= n_threads <= MAX_THREADS:
+    if type(n_threads) is int and -1 <= n_threads <= MAX_THREADS and n_threads != 0:
         return <int>n_threads
     return <int>n_threads_value(n_threads)
 

@@ -333,12 +333,13 @@ def test_n_threads_type(op, nt):
 
 
 @each(list(OPS))
-@pytest.mark.parametrize("nt", [0, -1, np.int64(0), _checks.MAX_THREADS + 1, 2**40, -2**70],
+@pytest.mark.parametrize("nt", [0, -2, np.int64(0), _checks.MAX_THREADS + 1, 2**40, -2**70],
                          ids=repr)
 def test_n_threads_value(op, nt):
     raises(op, ValueError, "n_threads", good(), n_threads=nt)
-    # the bounds themselves are accepted (this input is too small to start threads)
-    for ok in (1, _checks.MAX_THREADS, np.int32(2)):
+    # the bounds themselves are accepted (this input is too small to start threads), and
+    # -1 means every core
+    for ok in (1, _checks.MAX_THREADS, np.int32(2), -1, np.int64(-1)):
         op.call(good(), n_threads=ok)
 
 
