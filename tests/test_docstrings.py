@@ -36,6 +36,9 @@ DOCUMENTED = [
     "resnorm.nn.losses",
     "resnorm.explain",
     "resnorm.reference",
+    "resnorm.norms",
+    "resnorm.residual",
+    "resnorm.inverted_dropout",
 ]
 PUBLIC_PACKAGES = ["resnorm.nn"]  # whose __all__ must be covered by DOCUMENTED
 
