@@ -8,10 +8,16 @@ import builtins
 import doctest
 import importlib
 import inspect
+import os
 import re
+import subprocess
+import sys
 import typing
+from pathlib import Path
 
 import pytest
+
+from resnorm._docstrings import complete_parameters
 
 DOCUMENTED = [
     "resnorm.nn.module",
@@ -22,10 +28,17 @@ DOCUMENTED = [
     "resnorm.nn.feedforward",
     "resnorm.nn.norms",
     "resnorm.nn.blocks",
+    "resnorm.nn.parallel",
+    "resnorm.nn.deepnorm",
+    "resnorm.nn.sandwich",
+    "resnorm.nn.stack",
     "resnorm.nn.optim",
     "resnorm.nn.losses",
     "resnorm.explain",
     "resnorm.reference",
+    "resnorm.norms",
+    "resnorm.residual",
+    "resnorm.inverted_dropout",
 ]
 PUBLIC_PACKAGES = ["resnorm.nn"]  # whose __all__ must be covered by DOCUMENTED
 
@@ -141,3 +154,48 @@ def test_every_public_name_is_documented(package):
     covered = {name for m in DOCUMENTED for name, _ in _public(importlib.import_module(m))}
     missing = sorted(set(pkg.__all__) - covered)
     assert not missing, f"{package}.__all__ names outside DOCUMENTED modules: {missing}"
+
+
+def test_shared_entries_fill_the_parameters_in_signature_order():
+    shared = {"a": "a : int\n    Shared a.", "b": "b : int\n    Shared b."}
+
+    @complete_parameters(shared, {"Raises": "ValueError\n    Always."})
+    def f(a: int, b: int, *, c: int) -> None:
+        """Summary.
+
+        Parameters
+        ----------
+        c : int
+            Own c.
+        b : int
+            Own b.
+
+        Examples
+        --------
+        >>> 1
+        1
+        """
+
+    sections = _sections(f.__doc__)
+    assert _documented_names(sections["Parameters"]) == {"a", "b", "c"}
+    assert sections["Parameters"].split() == \
+        "a : int Shared a. b : int Own b. c : int Own c.".split()
+    assert list(sections) == ["Parameters", "Raises", "Examples"]
+
+    def g(a: int, d: int) -> None:
+        """Summary."""
+    with pytest.raises(KeyError, match="d"):
+        complete_parameters(shared)(g)
+
+
+def test_the_package_imports_without_docstrings():
+    """python -OO strips docstrings; the shared text is then not filled in, and nothing
+    breaks."""
+    src = Path(__file__).resolve().parent.parent / "src"
+    code = ("import resnorm, resnorm.nn as nn; assert nn.PreNormBlock.__doc__ is None; "
+            "print(resnorm.explain('rms', [1.0, 2.0]).agree)")
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-OO", "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr

@@ -14,7 +14,7 @@
 # $RESNORM_ARM64_ROOT), the emulated build 40 minutes, and the test subset below more.
 # Needs root and Debian's packages: clang libomp-dev for clang; debootstrap
 # qemu-user-static for aarch64 (the script installs them with apt-get when missing).
-# Extra pytest arguments: RESNORM_PLATFORM_TESTS="tests/test_norms_reference.py -x".
+# Extra pytest arguments: RESNORM_PLATFORM_TESTS="tests/test_dropout.py -x".
 # Prints one PASS or FAIL line per platform; exits 0 only when every platform passed.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -491,10 +491,35 @@ def residual(out):
               "without", t["backward_buffers"] < t["backward_fresh"])
 
 
+# --------------------------------------------------------------------------- dropout
+
+DROPOUT_EXAMPLE = '''import numpy as np
+import resnorm
+
+x = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+step, layer = 7, 2
+s = step * 1000 + layer                        # a different seed for every step and site
+print(resnorm.dropout(x, 0.25, seed=s))        # inference-style call
+y, cache = resnorm.dropout_forward(x, 0.25, seed=s, return_mask=True)
+print(cache.mask)                              # bool keep-mask (only with return_mask)
+dx = resnorm.dropout_backward(np.ones_like(x), cache)   # mask regenerated from the seed
+print(dx)
+print(resnorm.dropout(x, 0.25, seed=s, training=False))  # eval: a copy of x
+'''
+
+
+def dropout(out):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(DROPOUT_EXAMPLE, {})
+    out.blocks["dropout.example"] = _fence(DROPOUT_EXAMPLE, "python")
+    out.blocks["dropout.example.output"] = _fence(buf.getvalue())
+
+
 # --------------------------------------------------------------------------- the docs
 
 SECTIONS = {"machine": machine, "demos": demos, "explain": explain, "layer_norm": layer_norm,
-            "rms_norm": rms_norm, "residual": residual}
+            "rms_norm": rms_norm, "residual": residual, "dropout": dropout}
 
 
 def load():
@@ -589,7 +614,7 @@ def main(argv=None):
 
 OWNERS = {"machine": ("machine.",), "demos": ("demo.", "depth.", "grad.", "rvl.", "conv.", "bn."),
           "explain": ("explain.",), "layer_norm": ("layer_norm.",), "rms_norm": ("rms_norm.",),
-          "residual": ("residual.",)}
+          "residual": ("residual.",), "dropout": ("dropout.",)}
 
 
 def _owned(key, section):

@@ -27,16 +27,22 @@ array) or learnable per channel (D values: LayerScale); a learnable alpha gets i
 ``print(explanation)`` renders all of it (``python -m resnorm explain`` prints the same
 text).  The page docs/explain.md walks through examples.
 """
+from __future__ import annotations
+
 import dataclasses
 import numbers
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from . import _explain_steps
+from ._docstrings import complete_parameters, parameter_entries
 
-KINDS = ("rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post", "dropout",
-         "scaled", "gated")
+Kind = Literal["rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post",
+               "dropout", "scaled", "gated"]
+KINDS = get_args(Kind)
 KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm",
                "add-rms": "Residual add + RMSNorm (Pre-Norm)",
                "add-layer": "Residual add + LayerNorm (Pre-Norm)",
@@ -59,16 +65,42 @@ FD_RELATIVE = 1e-6
 
 @dataclass(frozen=True)
 class Step:
-    """One named value of the computation.
+    """One named value of an explained computation (an element of `Explanation.steps`).
 
-    per: what one value belongs to: "element" (shape (N, D)), "row" (N,), "column" (D,) or
-    "scalar".  source: "input", "reference" (float64 NumPy) or "kernel" (compiled).
-    formula: the general form, e.g. "y_i = x_i * rstd * w_i".  expr: the right-hand side
-    with {operand} slots naming earlier steps (used to print each element with its numbers);
-    for a reduction (reduce = "sum" or "mean") expr is the summand.
+    Parameters
+    ----------
+    name : str
+        The value's name, e.g. ``"rstd"``.
+    value : ndarray
+        The value: shape (N, D) per element, (N,) per row, (D,) per column, or 0-d.
+    per : {"element", "row", "column", "scalar"}
+        What one value belongs to.
+    source : {"input", "reference", "kernel"}
+        Where the value comes from: an input, float64 NumPy (as `resnorm.reference`
+        computes it), or the compiled kernels.
+    phase : {"input", "forward", "backward"}
+        The part of the computation it belongs to.
+    formula : str
+        The general form, e.g. ``"y_i = x_i * rstd * w_i"``.
+    expr : str, default ""
+        The right-hand side with ``{operand}`` slots naming earlier steps (used to print
+        every element with its numbers); for a reduction, the summand.
+    reduce : {"", "sum", "mean"}, default ""
+        The reduction over the row (or over rows, for a column), if any.
+    note : str, default ""
+        A short remark printed with the step.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> step = resnorm.explain("rms", [1, 2, 3, 4]).step("rstd")
+    >>> step.formula, step.per, step.source, step.phase
+    ('rstd = 1 / sqrt(ms + eps)', 'row', 'kernel', 'forward')
+    >>> step.value.round(6), step.note
+    (array([0.365148]), 'cached for backward (float64)')
     """
     name: str
-    value: np.ndarray
+    value: NDArray[Any]
     per: str
     source: str
     phase: str
@@ -80,95 +112,293 @@ class Step:
 
 @dataclass(frozen=True)
 class Check:
-    """A kernel output against its float64 reference twin."""
+    """A kernel output against its float64 `resnorm.reference` twin (in
+    `Explanation.checks`).
+
+    They agree when max_abs_diff <= tolerance, ``TOLERANCE_ULPS * eps(dtype) * max(1,
+    max |reference|)``: a few rounding errors per operation on a short row.
+
+    Parameters
+    ----------
+    name : str
+        The name of the step checked, e.g. ``"y"`` or ``"dx"``.
+    max_abs_diff : float
+        The largest absolute difference between the two sides.
+    tolerance : float
+        The largest difference that counts as agreement.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> check = resnorm.explain("layer", [1, 2, 3, 4]).checks[0]
+    >>> check.name, check.agree, check.max_abs_diff <= check.tolerance
+    ('y', True, True)
+    """
     name: str
     max_abs_diff: float
     tolerance: float
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
+        """True when max_abs_diff <= tolerance."""
         return self.max_abs_diff <= self.tolerance
 
 
+# The record classes below document only their own fields; those of Check are filled in.
+_check_fields = complete_parameters(parameter_entries(Check.__doc__))
+
+
+@_check_fields
 @dataclass(frozen=True)
 class GradientCheck(Check):
     """A kernel gradient against central finite differences of the float64 forward kernel,
-    element by element (of the loss sum(dy * y), plus sum(dh * h) where h has a gradient)."""
+    element by element (in `Explanation.gradient_checks`).
+
+    The finite differences differentiate the loss `Explanation.gradient_loss`
+    (``sum(dy * y)``, plus ``sum(dh * h)`` where h has a gradient), with the step
+    ``FD_STEP * max(1, |value|)``; no backward formula is involved.
+
+    Parameters
+    ----------
+    tolerance : float
+        The kernel's rounding tolerance (as `Check`'s) plus ``FD_RELATIVE * max(1,
+        max |finite difference|)`` for the error of the differences themselves.
+    wrt : str, default ""
+        The input the gradient belongs to, e.g. ``"x"`` for dx.
+    kernel : ndarray, optional
+        The kernel's gradient (float64).
+    finite_difference : ndarray, optional
+        Its finite-difference twin, the same shape.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1.0, 2.0, 3.0], weight=[1.0, 0.5, 2.0], dy=[1.0, 0.0, 0.0])
+    >>> [(c.name, c.wrt, c.agree) for c in e.gradient_checks]
+    [('dx', 'x', True), ('dw', 'w', True)]
+    >>> c = e.gradient_checks[0]
+    >>> bool(abs(c.kernel - c.finite_difference).max() < 1e-8)
+    True
+    """
     wrt: str = ""
-    kernel: np.ndarray = None
-    finite_difference: np.ndarray = None
+    kernel: NDArray[np.float64] | None = None
+    finite_difference: NDArray[np.float64] | None = None
 
 
+@_check_fields
 @dataclass(frozen=True)
 class Jacobian(Check):
-    """d y / d v of one row (v = x, or h for the fused kinds): the closed form from the
-    reference statistics, against its finite-difference twin and, as J^T dy, against the
-    kernel's gradient through the norm; max_abs_diff is the larger of the two."""
+    """The Jacobian of one row of a norm (in `Explanation.jacobians`): d y / d v with
+    v = x, or h for the fused kinds.
+
+    The closed form, from the reference's row statistics, is checked two ways: against
+    its finite-difference twin (central differences of the forward kernel in float64),
+    and, as ``J^T dy``, against the kernel's gradient through the norm.
+
+    Parameters
+    ----------
+    name : str
+        ``"J row r"``.
+    max_abs_diff : float
+        The larger of max_abs_diff_fd and max_abs_diff_backward.
+    tolerance : float
+        ``FD_RELATIVE * max(1, max |J|)`` plus the kernel's rounding tolerance.
+    row : int, default 0
+        The row r.
+    of : str, default "y"
+        The output differentiated.
+    wrt : str, default "x"
+        The value it is differentiated by: ``"x"``, or ``"h"`` for the fused kinds.
+    formula : str, default ""
+        The closed form of element (i, j).
+    closed_form : ndarray, optional
+        J, shape (D, D), ``J[i, j] = d y_i / d v_j``.
+    max_abs_diff_fd : float, default 0.0
+        max |J - its finite-difference twin|.
+    max_abs_diff_backward : float, default 0.0
+        max |J^T dy - the kernel's gradient through the norm|.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> e = resnorm.explain("layer", [1.0, 2.0, 6.0], dy=[1.0, 0.0, 0.0])
+    >>> j = e.jacobians[0]
+    >>> j.name, j.formula
+    ('J row 0', 'J_ij = w_i * rstd * ([i == j] - 1/D - xhat_i * xhat_j / D)')
+    >>> bool(np.allclose(j.closed_form.sum(axis=1), 0)), j.agree   # a shift of x: no change
+    (True, True)
+    """
     row: int = 0
     of: str = "y"
     wrt: str = "x"
     formula: str = ""
-    closed_form: np.ndarray = None
+    closed_form: NDArray[np.float64] | None = None
     max_abs_diff_fd: float = 0.0
     max_abs_diff_backward: float = 0.0
 
 
 @dataclass(frozen=True)
 class Invariant:
-    """An identity the gradient obeys, per row: the kernel's value and the value exact
-    arithmetic gives (0, or a term proportional to eps)."""
+    """An identity the gradient of a norm obeys, per row (in `Explanation.invariants`):
+    the kernel's value against the value exact arithmetic gives (0, or a term
+    proportional to eps).
+
+    Parameters
+    ----------
+    name : str
+        E.g. ``"sum dx"``.
+    formula : str
+        What is computed per row, e.g. ``"sum_i dx_i"``.
+    value : ndarray
+        Its value from the kernel's gradient, one per row (float64).
+    exact : ndarray
+        The value exact arithmetic gives, the same shape.
+    note : str
+        Why the identity holds.
+    tolerance : float
+        The largest difference that counts as agreement (the kernel's rounding
+        tolerance, as `Check`'s).
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("layer", [1.0, 2.0, 6.0], dy=[1.0, 0.0, 0.0])
+    >>> inv = e.invariants[0]
+    >>> inv.formula, inv.exact, inv.agree
+    ('sum_i dx_i', array([0.]), True)
+    >>> inv.note
+    'exact: 0; y does not change when a constant is added to x'
+    """
     name: str
     formula: str
-    value: np.ndarray
-    exact: np.ndarray
+    value: NDArray[np.float64]
+    exact: NDArray[np.float64]
     note: str
     tolerance: float
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
+        """True when every row's value is within tolerance of the exact value."""
         return bool(np.all(np.abs(self.value - self.exact) <= self.tolerance))
 
 
 @dataclass(frozen=True)
 class Explanation:
+    """Every step of one explained computation and its checks, as `explain` returns it.
+
+    ``e[name]`` is the value of the step called name; ``print(e)`` renders every step
+    element by element and every check (the text of ``python -m resnorm explain``).
+
+    Parameters
+    ----------
+    kind : str
+        What was explained: one of `resnorm.explain.KINDS`.
+    dtype : numpy.dtype
+        float32 or float64: the dtype the kernels ran in.
+    eps : float or None
+        The norm's eps (None for "dropout", "scaled" and "gated").
+    steps : tuple of Step
+        Inputs, reference intermediates and kernel outputs, in computation order.
+    checks : tuple of Check
+        Every kernel output against its reference twin.
+    gradient_checks : tuple of GradientCheck, default ()
+        Every gradient against finite differences (with a gradient given).
+    jacobians : tuple of Jacobian, default ()
+        The norm's Jacobian of each row (the norm kinds, with a gradient given).
+    invariants : tuple of Invariant, default ()
+        The identities the norm's gradient obeys (the norm kinds, with a gradient given).
+    cache : tuple of (str, str), default ()
+        (field, what it holds) of the forward's cache.
+    cache_why : str, default ""
+        Why the cache holds what it holds.
+    philox : dict or None, default None
+        With dropout: the element index k, Philox counter, output word, key, block and
+        uniform u of every element.
+    gradient_loss : str, default ""
+        The scalar the finite differences differentiate, e.g. ``"sum(dy * y)"``.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])
+    >>> e.names
+    ['x', 'eps', 'D', 'dy', 'squares', 'sum_sq', 'ms', 'rstd', 'xn', 'y', 'g', 'g_xn', 'm', 'dx']
+    >>> e["rstd"]
+    array([0.36514835])
+    >>> e.agree, e.gradient_loss, [i.name for i in e.invariants]
+    (True, 'sum(dy * y)', ['dx . x'])
+    >>> str(e).splitlines()[0]
+    'RMSNorm (float64), 1 row of D = 4, eps = 1e-06'
+    """
     kind: str
     dtype: np.dtype
-    eps: float | None           # None for dropout, scaled and gated
-    steps: tuple
-    checks: tuple
-    gradient_checks: tuple = ()
-    jacobians: tuple = ()
-    invariants: tuple = ()
-    cache: tuple = ()           # (field, what it holds) of the forward's cache
+    eps: float | None
+    steps: tuple[Step, ...]
+    checks: tuple[Check, ...]
+    gradient_checks: tuple[GradientCheck, ...] = ()
+    jacobians: tuple[Jacobian, ...] = ()
+    invariants: tuple[Invariant, ...] = ()
+    cache: tuple[tuple[str, str], ...] = ()
     cache_why: str = ""
-    philox: dict | None = None  # k, counter, word, key, block, u of every element
-    gradient_loss: str = ""     # the scalar the finite differences differentiate
+    philox: dict[str, Any] | None = None
+    gradient_loss: str = ""
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
         """True when every kernel output matches the reference, every gradient matches
         finite differences, and every Jacobian and invariant holds, within tolerance."""
         return all(c.agree for c in (*self.checks, *self.gradient_checks, *self.jacobians,
                                      *self.invariants))
 
     @property
-    def names(self):
+    def names(self) -> list[str]:
+        """The names of the steps, in order."""
         return [s.name for s in self.steps]
 
-    def step(self, name):
+    def step(self, name: str) -> Step:
+        """The step called name.
+
+        Parameters
+        ----------
+        name : str
+            One of `names`.
+
+        Returns
+        -------
+        Step
+            The step.
+
+        Raises
+        ------
+        KeyError
+            If there is no step of that name (the message lists the names).
+        """
         for s in self.steps:
             if s.name == name:
                 return s
         raise KeyError(f"no step named {name!r}; steps are {self.names}")
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> NDArray[Any]:
         return self.step(name).value
 
-    def render(self, digits=None):
+    def render(self, digits: int | None = None) -> str:
+        """The explanation as text: every step, element by element, with its numbers, then
+        the cache and every check with its verdict.
+
+        Parameters
+        ----------
+        digits : int, optional
+            Significant digits of the numbers (default 8 for float32, 10 for float64).
+
+        Returns
+        -------
+        str
+            The text ``print(e)`` shows.
+        """
         from ._explain_text import render
         return render(self, digits)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.render()
 
 
@@ -217,7 +447,7 @@ OUTPUT_GRADIENT = {"scaled": "dh", "gated": "dh"}    # kinds whose output is h, 
 
 
 @dataclass(frozen=True)
-class Inputs:
+class _Inputs:
     """Arrays as 2-D rows (N, D) of one float dtype; scalars as given (the library's
     functions check them when the builder calls them)."""
     kind: str
@@ -310,7 +540,7 @@ def _inputs(kind, x, dy, dtype, given):
     if g is not None and g.shape != (d,):
         g = g.reshape(-1, d)
     eps = given["eps"]
-    return Inputs(
+    return _Inputs(
         kind=kind, dtype=dtype, x=x.reshape(-1, d),
         residual=partner(given["residual"], "residual"),
         weight=_as_float(given["weight"], "weight", dtype),
@@ -423,13 +653,18 @@ def _cache(built):
                  if getattr(built.cache, f.name) is not None)
 
 
-def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, residual=None,
-            dh=None, alpha=None, p=None, seed=None, training=None, F=None, g=None):
+def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
+            bias: ArrayLike | None = None, eps: float | None = None, dy: ArrayLike | None = None,
+            *, dtype: DTypeLike | None = None, residual: ArrayLike | None = None,
+            dh: ArrayLike | None = None, alpha: float | ArrayLike | None = None,
+            p: float | None = None, seed: int | None = None, training: bool | None = None,
+            F: ArrayLike | None = None, g: ArrayLike | None = None) -> Explanation:
     """Runs one kernel on a small input and returns every step of its computation.
 
     Parameters
     ----------
-    kind : str
+    kind : {"rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post", \
+"dropout", "scaled", "gated"}
         "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" / "add-layer" (Pre-Norm:
         h = residual + alpha * dropout(x), y = norm(h)), "add-rms-post" / "add-layer-post"
         (Post-Norm: y = norm(residual + alpha * dropout(x))), "dropout" (inverted
@@ -455,9 +690,13 @@ def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, r
         Fused kinds and "scaled" (required there): a real number is a fixed scale; a 0-d
         array a learnable scalar; D values a learnable per-channel scale (LayerScale).
         Learnable scales get dalpha.  Default 1 for the fused kinds.
-    p, seed, training : optional
-        Fused kinds and "dropout": drop probability (required for "dropout", default 0),
-        mask seed (default 0), training (default True; False: dropout is the identity).
+    p : float, optional
+        Fused kinds and "dropout": the drop probability of x (required for "dropout";
+        default 0).
+    seed : int, optional
+        Fused kinds and "dropout": the mask seed, in [0, 2**64) (default 0).
+    training : bool, optional
+        Fused kinds and "dropout": default True; False: dropout is the identity.
     F : array_like, optional
         "scaled" and "gated" (required): the branch output, x's shape.
     g : array_like, optional
@@ -488,6 +727,14 @@ def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, r
     (7.5, True)
     >>> [c.name for c in e.gradient_checks]
     ['dx']
+
+    A learnable residual scale (a 0-d alpha) gets its gradient, checked like every other:
+
+    >>> import numpy as np
+    >>> s = resnorm.explain("scaled", [1.0, 2.0], F=[3.0, 4.0], alpha=np.array(0.5),
+    ...                     dh=[1.0, 1.0])
+    >>> s["h"], s["dalpha"], [c.name for c in s.gradient_checks], s.agree
+    (array([[2.5, 4. ]]), array(7.), ['dx', 'dF', 'dalpha'], True)
     """
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
              "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}

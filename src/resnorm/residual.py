@@ -20,6 +20,11 @@ arrays between forward and backward.  What is cached and why: docs/residual.md.
 
 Each function is one call into the compiled call path (resnorm._api).
 """
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
 from . import _api
 from ._api import AddNormCache, GatedResidualCache, ResidualScale, ScaledResidualCache
 
@@ -33,8 +38,14 @@ __all__ = ["AddNormCache", "GatedResidualCache", "ResidualScale", "ScaledResidua
 
 # --------------------------------------------------------------------------- Pre-Norm
 
-def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                         training=True, out=None, residual_out=None, n_threads=None):
+def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                         eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                         seed: int = 0, training: bool = True,
+                         out: NDArray[np.floating] | None = None,
+                         residual_out: NDArray[np.floating] | None = None,
+                         n_threads: int | None = None
+                         ) -> tuple[tuple[NDArray[np.floating], NDArray[np.floating]],
+                                    AddNormCache]:
     """Pre-Norm add + RMSNorm in one pass, keeping what backward needs.
 
     ``h = residual + alpha * dropout(x, p, seed)``, ``y = h * rstd * w``,
@@ -86,8 +97,12 @@ def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0
                                      residual_out, n_threads)
 
 
-def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                 training=True, out=None, residual_out=None, n_threads=None):
+def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                 eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                 seed: int = 0, training: bool = True, out: NDArray[np.floating] | None = None,
+                 residual_out: NDArray[np.floating] | None = None,
+                 n_threads: int | None = None
+                 ) -> tuple[NDArray[np.floating], NDArray[np.floating]]:
     """Pre-Norm add + RMSNorm: ``h = residual + alpha * dropout(x)``, ``y = rms_norm(h)``.
 
     The inference form of :func:`add_rms_norm_forward` (same arguments, no cache).  One pass
@@ -125,7 +140,12 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
                              residual_out, n_threads)
 
 
-def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
+def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
+                          out: NDArray[np.floating] | None = None,
+                          dresidual_out: NDArray[np.floating] | None = None,
+                          n_threads: int | None = None
+                          ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                     NDArray[np.floating] | None, NDArray[np.floating] | None]:
     """Gradients of :func:`add_rms_norm_forward`.
 
     ``gh = dh + rstd * (g - hn * mean(g * hn))`` (g = dy*w, hn = h*rstd) is the gradient
@@ -172,8 +192,14 @@ def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_thre
     return dx, dres, dw, da
 
 
-def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0,
-                           seed=0, training=True, out=None, residual_out=None, n_threads=None):
+def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                           bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                           alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                           training: bool = True, out: NDArray[np.floating] | None = None,
+                           residual_out: NDArray[np.floating] | None = None,
+                           n_threads: int | None = None
+                           ) -> tuple[tuple[NDArray[np.floating], NDArray[np.floating]],
+                                      AddNormCache]:
     """Pre-Norm add + LayerNorm in one pass, keeping what backward needs.
 
     ``h = residual + alpha * dropout(x)``, ``y = (h - mean) * rstd * w + b``,
@@ -209,8 +235,13 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alp
                                        out, residual_out, n_threads)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0, seed=0,
-                   training=True, out=None, residual_out=None, n_threads=None):
+def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                   bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                   alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                   training: bool = True, out: NDArray[np.floating] | None = None,
+                   residual_out: NDArray[np.floating] | None = None,
+                   n_threads: int | None = None
+                   ) -> tuple[NDArray[np.floating], NDArray[np.floating]]:
     """Pre-Norm add + LayerNorm: ``h = residual + alpha * dropout(x)``, ``y = layer_norm(h)``.
 
     The inference form of :func:`add_layer_norm_forward` (same arguments, no cache).
@@ -243,7 +274,13 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, 
                                residual_out, n_threads)
 
 
-def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
+def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
+                            out: NDArray[np.floating] | None = None,
+                            dresidual_out: NDArray[np.floating] | None = None,
+                            n_threads: int | None = None
+                            ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                       NDArray[np.floating] | None, NDArray[np.floating] | None,
+                                       NDArray[np.floating] | None]:
     """Gradients of :func:`add_layer_norm_forward`.
 
     ``gh = dh + rstd * (g - mean_g - hhat * mean_ghhat)`` (g = dy*w,
@@ -285,8 +322,12 @@ def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_th
 
 # --------------------------------------------------------------------------- Post-Norm
 
-def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                              training=True, out=None, n_threads=None):
+def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                              eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                              seed: int = 0, training: bool = True,
+                              out: NDArray[np.floating] | None = None,
+                              n_threads: int | None = None
+                              ) -> tuple[NDArray[np.floating], AddNormCache]:
     """Post-Norm: ``y = rms_norm(residual + alpha * dropout(x))``, keeping what backward needs.
 
     The sum h is not written (forward moves three streams: x, residual, y); backward
@@ -325,8 +366,11 @@ def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, 
                                           out, n_threads)
 
 
-def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                      training=True, out=None, n_threads=None):
+def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                      eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                      seed: int = 0, training: bool = True,
+                      out: NDArray[np.floating] | None = None,
+                      n_threads: int | None = None) -> NDArray[np.floating]:
     """Post-Norm: ``y = rms_norm(residual + alpha * dropout(x), weight, eps)``.
 
     The inference form of :func:`add_rms_norm_post_forward` (same arguments); ``out=x`` or
@@ -359,7 +403,13 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, s
                                   n_threads)
 
 
-def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
+def add_rms_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
+                               out: NDArray[np.floating] | None = None,
+                               dresidual_out: NDArray[np.floating] | None = None,
+                               n_threads: int | None = None
+                               ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                          NDArray[np.floating] | None,
+                                          NDArray[np.floating] | None]:
     """Gradients of :func:`add_rms_norm_post_forward` (h recomputed from the cache).
 
     ``gh = rstd * (g - hn * mean(g * hn))``, g = dy*w, hn = h*rstd; ``dresidual = gh``,
@@ -398,8 +448,12 @@ def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_thr
     return dx, dres, dw, da
 
 
-def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0,
-                                p=0.0, seed=0, training=True, out=None, n_threads=None):
+def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                                bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                                alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                                training: bool = True, out: NDArray[np.floating] | None = None,
+                                n_threads: int | None = None
+                                ) -> tuple[NDArray[np.floating], AddNormCache]:
     """Post-Norm: ``y = layer_norm(residual + alpha * dropout(x))``, keeping what backward
     needs (h is recomputed in backward, as in :func:`add_rms_norm_post_forward`).
 
@@ -432,8 +486,11 @@ def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *
                                             training, out, n_threads)
 
 
-def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0,
-                        seed=0, training=True, out=None, n_threads=None):
+def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
+                        bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                        alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                        training: bool = True, out: NDArray[np.floating] | None = None,
+                        n_threads: int | None = None) -> NDArray[np.floating]:
     """Post-Norm: ``y = layer_norm(residual + alpha * dropout(x), weight, bias, eps)``.
 
     The inference form of :func:`add_layer_norm_post_forward` (same arguments).
@@ -465,7 +522,14 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=
                                     out, n_threads)
 
 
-def add_layer_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
+def add_layer_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
+                                 out: NDArray[np.floating] | None = None,
+                                 dresidual_out: NDArray[np.floating] | None = None,
+                                 n_threads: int | None = None
+                                 ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                            NDArray[np.floating] | None,
+                                            NDArray[np.floating] | None,
+                                            NDArray[np.floating] | None]:
     """Gradients of :func:`add_layer_norm_post_forward` (h recomputed from the cache).
 
     ``gh = rstd * (g - mean_g - hhat * mean_ghhat)``; ``dresidual = gh``,
@@ -503,7 +567,10 @@ def add_layer_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_t
 
 # --------------------------------------------------------------------------- scaled residual
 
-def scaled_residual_forward(x, F, alpha, *, out=None, n_threads=None):
+def scaled_residual_forward(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
+                            out: NDArray[np.floating] | None = None,
+                            n_threads: int | None = None
+                            ) -> tuple[NDArray[np.floating], ScaledResidualCache]:
     """Scaled residual ``h = x + alpha * F``, keeping what backward needs.
 
     Parameters
@@ -539,7 +606,9 @@ def scaled_residual_forward(x, F, alpha, *, out=None, n_threads=None):
     return _api.scaled_residual_forward(x, F, alpha, out, n_threads)
 
 
-def scaled_residual(x, F, alpha, *, out=None, n_threads=None):
+def scaled_residual(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
+                    out: NDArray[np.floating] | None = None,
+                    n_threads: int | None = None) -> NDArray[np.floating]:
     """Scaled residual ``h = x + alpha * F``: the inference form of
     :func:`scaled_residual_forward` (same arguments; out may be x or F).
 
@@ -568,7 +637,10 @@ def scaled_residual(x, F, alpha, *, out=None, n_threads=None):
     return _api.scaled_residual(x, F, alpha, out, n_threads)
 
 
-def scaled_residual_backward(dh, cache, *, n_threads=None):
+def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
+                             n_threads: int | None = None
+                             ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                        NDArray[np.floating] | None]:
     """Gradients of :func:`scaled_residual_forward`: ``dx = dh``, ``dF = alpha * dh``,
     ``dalpha = sum of dh * F`` (over rows; and over channels for a scalar alpha).
 
@@ -602,7 +674,10 @@ def scaled_residual_backward(dh, cache, *, n_threads=None):
 
 # --------------------------------------------------------------------------- gated residual
 
-def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
+def gated_residual_forward(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
+                           out: NDArray[np.floating] | None = None,
+                           n_threads: int | None = None
+                           ) -> tuple[NDArray[np.floating], GatedResidualCache]:
     """Gated residual ``h = x + sigmoid(g) * F``, keeping what backward needs.
 
     sigmoid is evaluated in float64 (exp of -|g|: no overflow), then rounded to x's dtype.
@@ -638,7 +713,9 @@ def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
     return _api.gated_residual_forward(x, F, g, out, n_threads)
 
 
-def gated_residual(x, F, g, *, out=None, n_threads=None):
+def gated_residual(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
+                   out: NDArray[np.floating] | None = None,
+                   n_threads: int | None = None) -> NDArray[np.floating]:
     """Gated residual ``h = x + sigmoid(g) * F``: the inference form of
     :func:`gated_residual_forward` (same arguments; out may be x, F or g).
 
@@ -668,7 +745,10 @@ def gated_residual(x, F, g, *, out=None, n_threads=None):
     return _api.gated_residual(x, F, g, out, n_threads)
 
 
-def gated_residual_backward(dh, cache, *, n_threads=None):
+def gated_residual_backward(dh: ArrayLike, cache: GatedResidualCache, *,
+                            n_threads: int | None = None
+                            ) -> tuple[NDArray[np.floating], NDArray[np.floating],
+                                       NDArray[np.floating]]:
     """Gradients of :func:`gated_residual_forward`, with ``s = sigmoid(g)``: ``dx = dh``,
     ``dF = s * dh``, ``dg = dh * F * s * (1 - s)`` (summed over rows for a per-channel g).
 

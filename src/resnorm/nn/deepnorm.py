@@ -9,14 +9,19 @@ alpha and beta are the paper's for an encoder-only stack of N blocks (its Table 
 decoder-only row is the same formula with the decoder depth M, so these values also serve a
 causal stack.  The encoder-decoder values are not implemented.
 """
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .. import _checks
 from . import init
+from ._block import Activation, Block, NormKind, block_doc
 from .blocks import PostNormBlock
+from .init import Seed
 
 
-def deepnorm_constants(n_layers):
+def deepnorm_constants(n_layers: int) -> tuple[float, float]:
     """(alpha, beta) of DeepNorm for an encoder-only stack of n_layers blocks:
     alpha = (2 n_layers)^(1/4), beta = (8 n_layers)^(-1/4).
 
@@ -46,7 +51,7 @@ def deepnorm_constants(n_layers):
     return (2.0 * n) ** 0.25, (8.0 * n) ** -0.25
 
 
-def deepnorm_init(block, beta, rng):
+def deepnorm_init(block: Block, beta: float, rng: np.random.Generator) -> None:
     """Re-initialises a block's sublayer weights in place as the paper's deepnorm_init.
 
     Xavier-normal with gain beta for the feed-forward weights (linear1, linear2), the value
@@ -90,53 +95,40 @@ def deepnorm_init(block, beta, rng):
             p.fill(0)
 
 
+@block_doc
 class DeepNormBlock(PostNormBlock):
-    """A DeepNorm block: u = Norm1(alpha x + Dropout(Attn(x))), y = Norm2(alpha u +
-    Dropout(FFN(u))), with the weights initialised by deepnorm_init (gain beta).
+    """A DeepNorm block over inputs (B, T, D): ``u = Norm1(alpha x + Dropout(Attn(x)))``,
+    ``y = Norm2(alpha u + Dropout(FFN(u)))``, its weights initialised by `deepnorm_init`
+    with gain beta.
 
-    Backward is Post-Norm's with the skip scaled: per sum h = alpha x + d,
-    dh = Norm'(dy), dx = alpha dh (plus the branch's input gradient), dd = dh.  It runs on
-    the fused Post-Norm kernels as norm(x + d / alpha) with eps / alpha^2, the same function
-    forward and backward (see docs/deepnorm.md).
-    NumPy reference: resnorm.nn.reference.deepnorm_block.
+    The residual is always the plain sum, with the skip connection scaled by alpha.
+    Backward is Post-Norm's with the skip scaled: per sum ``h = alpha x + d``,
+    ``dh = Norm'(dy)``, ``dx = alpha dh`` (plus the branch's input gradient), ``dd = dh``.
+    It runs on the fused Post-Norm kernels as ``norm(x + d / alpha)`` with
+    ``eps / alpha^2``, the same function forward and backward (see docs/deepnorm.md).
+    Parameter names are PostNormBlock's (torch's TransformerEncoderLayer names); every
+    Linear bias starts at 0.  NumPy twin: ``resnorm.nn.reference.deepnorm_block``.
 
     Parameters
     ----------
-    d_model, n_heads, d_ff : int
-        Width, attention heads (a divisor of d_model), FFN hidden size (default 4 d_model).
     n_layers : int
-        The depth N of the stack the block belongs to: alpha = (2N)^(1/4) and
-        beta = (8N)^(-1/4) (deepnorm_constants, the paper's encoder-only formulas).
+        The depth N of the stack the block belongs to: ``alpha = (2N)^(1/4)`` and
+        ``beta = (8N)^(-1/4)`` (`deepnorm_constants`, the paper's encoder-only formulas).
     alpha, beta : float, optional
         Override the formula values (both > 0), for ablations.
-    norm : {"layer", "rms"}
+    norm : {"layer", "rms"}, default "layer"
         LayerNorm (the paper's) or RMSNorm for norm1 and norm2.
-    dropout, attn_dropout : float
-        Dropout on both residual branches / on the attention probabilities.
-    causal : bool
-        Mask key j > query i.
-    activation : {"gelu", "gelu_tanh"}
-        GELU form of the feed-forward network.
-    eps : float
-        eps of both norms (applied to alpha x + d, as in the formula).
-    bias : bool
-        Biases on every Linear (initialised to 0) and LayerNorm.
-    dtype : float32 or float64
-    seed : int, numpy SeedSequence or Generator
-        Initialisation and dropout masks.
+    eps : float, default 1e-5
+        eps of both norms, applied to ``alpha x + d`` as in the formula.
 
     Attributes
     ----------
     alpha, beta : float
-        The values in use.  Parameter names are PostNormBlock's (torch's
-        TransformerEncoderLayer names); the residual is always the plain sum.
+        The values in use.
 
-    Raises
-    ------
-    TypeError
-        n_layers missing or not an int; a residual or gate option (DeepNorm has neither).
-    ValueError
-        n_layers < 1; alpha or beta <= 0; norm or activation not one of the values above.
+    See Also
+    --------
+    deepnorm_constants, deepnorm_init
 
     Examples
     --------
@@ -145,14 +137,21 @@ class DeepNormBlock(PostNormBlock):
     >>> deep = nn.DeepNormBlock(16, 2, n_layers=18, seed=0)
     >>> round(deep.alpha, 4), round(deep.beta, 4)
     (2.4495, 0.2887)
+    >>> float(np.abs(deep.params()["linear1.bias"]).max())      # deepnorm_init zeroes biases
+    0.0
+    >>> y = deep.forward(np.ones((1, 4, 16), np.float32))
+    >>> deep.backward(np.ones_like(y)).shape
+    (1, 4, 16)
     >>> stack = nn.TransformerStack(18, 16, 2, block="deepnorm", seed=0)
     >>> stack.layers[0].alpha == deep.alpha and stack.norm is None
     True
     """
 
-    def __init__(self, d_model, n_heads, d_ff=None, *, n_layers, alpha=None, beta=None,
-                 norm="layer", dropout=0.0, attn_dropout=0.0, causal=True, activation="gelu",
-                 eps=1e-5, bias=True, dtype=np.float32, seed=0):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None, *, n_layers: int,
+                 alpha: float | None = None, beta: float | None = None,
+                 norm: NormKind = "layer", dropout: float = 0.0, attn_dropout: float = 0.0,
+                 causal: bool = True, activation: Activation = "gelu", eps: float = 1e-5,
+                 bias: bool = True, dtype: DTypeLike = np.float32, seed: Seed = 0) -> None:
         rng = init.generator(seed)
         super().__init__(d_model, n_heads, d_ff, norm=norm, residual="plain", dropout=dropout,
                          attn_dropout=attn_dropout, causal=causal, activation=activation,
@@ -165,7 +164,7 @@ class DeepNormBlock(PostNormBlock):
         deepnorm_init(self, self.beta, rng)
 
 
-def _positive(v, name):
+def _positive(v: float, name: str) -> float:
     v = _checks.real_value(v, name)
     if not v > 0:
         raise ValueError(f"{name} must be > 0, got {v}")
