@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import resnorm
 from resnorm._docstrings import complete_parameters
 
 DOCUMENTED = [
@@ -191,7 +192,8 @@ def test_shared_entries_fill_the_parameters_in_signature_order():
 def test_the_package_imports_without_docstrings():
     """python -OO strips docstrings; the shared text is then not filled in, and nothing
     breaks."""
-    src = Path(__file__).resolve().parent.parent / "src"
+    # The resnorm this suite imported (the installed one, or src/ in a development build).
+    src = Path(resnorm.__file__).resolve().parent.parent
     code = ("import resnorm, resnorm.nn as nn; assert nn.PreNormBlock.__doc__ is None; "
             "print(resnorm.explain('rms', [1.0, 2.0]).agree)")
     env = dict(os.environ,
