@@ -41,7 +41,7 @@ from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport rn_import_core, rn_philox_uniforms
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward, gated_forward,
-                               row_scratch_elements, scaled_backward, scaled_forward, sigmoid)
+                               scaled_backward, scaled_forward, sigmoid)
 
 rn_import_core()
 cnp.import_array()

@@ -168,7 +168,8 @@ class Op:
     def buffers(self):
         """The output buffer arguments, and what each receives."""
         return {b: t for b, t in (("out", self.output), ("residual_out", "h"),
-                                  ("dresidual_out", "dresidual"))
+                                  ("dresidual_out", "dresidual"), ("dbranch_out", "dF"),
+                                  ("dgate_out", "dg"))
                 if b in self.parameters}
 
     def default_eps(self):

@@ -7,6 +7,7 @@ row without a test fails here.
 import dataclasses
 import functools
 import inspect
+import math
 import re
 from pathlib import Path
 
@@ -45,6 +46,7 @@ ARGUMENT_ROWS = {
     "residual": "partner-", "dh": "partner-", "F": "partner-", "g": "partner-",
     "alpha": "alpha-", "p": "dropout-p", "seed": "seed-", "training": "flag-",
     "return_mask": "flag-", "residual_out": "out-", "dresidual_out": "out-",
+    "dbranch_out": "out-", "dgate_out": "out-",
 }
 
 
@@ -498,8 +500,48 @@ def test_out_training(op, arg):
     assert_same_bits(target, before, f"{kept} modified")
 
 
-@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln")])
+def _elementwise_cache_arrays(op, inp):
+    """(kwargs of a valid call on inp, name -> the arrays its cache holds, as views of the
+    gradients' shape where they have their size): the scaled and gated residual backward."""
+    shape = inp.x.shape
+    kw = op.kwargs(inp)
+    cache = kw["cache"]
+    if op.family == "scaled":
+        arrays = {"F": cache.branch, "alpha": cache.alpha.vector}
+    else:
+        arrays = {"F": cache.branch, "g": cache.gate, "s": cache.s, "ds": cache.ds}
+    return kw, {name: a.reshape(shape) if a.size == math.prod(shape) else a
+                for name, a in arrays.items() if a is not None}
+
+
+def _out_cache_elementwise(op):
+    """Every buffer of the scaled / gated backward against every array its cache holds of
+    its shape: F and a full gate; with rank-1 input the (D,) alpha; a per-channel gate's s
+    and ds, which dgate_out has the shape of."""
+    checked = set()
+    for shape, gate in (((4, D), "full"), ((D,), "full"), ((4, D), "channel")):
+        inp = good(np.float64, shape, gate=gate)
+        kw, arrays = _elementwise_cache_arrays(op, inp)
+        grads = op.run(inp)
+        for buffer in op.buffers:
+            for name, view in arrays.items():
+                if view.shape != grads[op.buffers[buffer]].shape:
+                    continue
+                before = view.copy()
+                with pytest.raises(ValueError, match=rf"\b{buffer}\b.*\b{name}\b"):
+                    op.fn(**kw, **{buffer: view})
+                assert_same_bits(view, before, f"cache {name} modified")
+                checked.add((buffer, name))
+    names = {"scaled": ("F", "alpha"), "gated": ("F", "g", "s", "ds")}[op.family]
+    assert {n for _, n in checked} == set(names)
+    assert {b for b, _ in checked} == set(op.buffers)
+
+
+@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln", "scaled", "gated")])
 def test_out_cache(op):
+    if op.family in ("scaled", "gated"):
+        _out_cache_elementwise(op)
+        return
     inp = good(np.float64, (4, 1))
     kw = op.kwargs(inp)
     cache = kw["cache"]
