@@ -5,6 +5,9 @@ favours clarity over speed and computes everything in float64.  Tests compare th
 against these; explain mode prints their intermediate values.
 
 Shapes: x is (..., D); row statistics (mean, rstd) have shape (...,); weight/bias are (D,).
+With normalized_shape (the norms and the fused add + norm, as in torch) a row is the last
+k axes together: x is (..., *normalized_shape), the statistics (...,), weight/bias
+normalized_shape.  zero_centered_weight: the gain applied is 1 + weight.
 """
 import numpy as np
 
@@ -13,42 +16,75 @@ def _f64(a):
     return None if a is None else np.asarray(a, dtype=np.float64)
 
 
+def _axes(x, normalized_shape):
+    """How many trailing axes of x a row spans (normalized_shape None: the last one)."""
+    if normalized_shape is None:
+        return 1
+    return len(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else 1
+
+
+def _flat(a, k):
+    """a (..., *row) with its last k axes flattened into one (None stays None)."""
+    if a is None:
+        return None
+    lead, row = np.shape(a)[:np.ndim(a) - k], np.shape(a)[np.ndim(a) - k:]
+    return np.reshape(a, lead + (int(np.prod(row)),))
+
+
+def gain(weight, zero_centered_weight=False):
+    """The per-channel factor a norm applies: weight, or 1 + weight for a zero-centred
+    weight (Gemma: weight starts at 0, the identity); None for no weight."""
+    w = _f64(weight)
+    return 1.0 + w if w is not None and zero_centered_weight else w
+
+
 # --------------------------------------------------------------------------- RMSNorm
 
-def rms_norm_forward(x, weight=None, eps=1e-6):
-    """y = xn * w,  xn = x * rstd,  rstd = 1/sqrt(ms + eps),  ms = mean(x^2).
+def rms_norm_forward(x, weight=None, eps=1e-6, *, normalized_shape=None,
+                     zero_centered_weight=False):
+    """y = xn * w,  xn = x * rstd,  rstd = 1/sqrt(ms + eps),  ms = mean(x^2) over a row.
     Returns (y, rstd)."""
-    x, w = _f64(x), _f64(weight)
+    k = _axes(x, normalized_shape)
+    shape = np.shape(x)
+    x, w = _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k)
     ms = np.mean(x * x, axis=-1)                    # the one row reduction: the mean square
     rstd = 1.0 / np.sqrt(ms + eps)
     xn = x * rstd[..., None]                        # the normalised row
     y = xn if w is None else xn * w
-    return y, rstd
+    return y.reshape(shape), rstd
 
 
-def rms_norm_backward(dy, x, weight, rstd):
+def rms_norm_backward(dy, x, weight, rstd, *, normalized_shape=None, zero_centered_weight=False):
     """Gradients of y = x * rstd * w.  Returns (dx, dweight); dweight is None without weight.
 
     With g = dy * w and xn = x * rstd:  dx = rstd * (g - xn * m),  m = mean(g * xn);
-    dw = sum_rows dy * xn.  (Derivation: docs/rms_norm.md.)
+    dw = sum_rows dy * xn (also for a zero-centred weight: 1 + w has w's gradient).
+    (Derivation: docs/rms_norm.md.)
     """
-    dy, x, w, rstd = _f64(dy), _f64(x), _f64(weight), _f64(rstd)[..., None]
+    k = _axes(x, normalized_shape)
+    shape, row = np.shape(x), np.shape(x)[np.ndim(x) - k:]
+    dy, x = _flat(_f64(dy), k), _flat(_f64(x), k)
+    w, rstd = _flat(gain(weight, zero_centered_weight), k), _f64(rstd)[..., None]
     xn = x * rstd
     g = dy if w is None else dy * w
     m = np.mean(g * xn, axis=-1, keepdims=True)     # the one row reduction
     dx = rstd * (g - xn * m)
-    dw = None if w is None else (dy * xn).reshape(-1, x.shape[-1]).sum(axis=0)
-    return dx, dw
+    dw = None if w is None else (dy * xn).reshape(-1, x.shape[-1]).sum(axis=0).reshape(row)
+    return dx.reshape(shape), dw
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
-def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
-    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), var biased (divide by D).
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                       zero_centered_weight=False):
+    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), var biased (divide by D,
+    the elements of a row).
 
     Returns (y, mean, rstd).
     """
-    x, w, b = _f64(x), _f64(weight), _f64(bias)
+    k = _axes(x, normalized_shape)
+    shape = np.shape(x)
+    x, w, b = _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k), _flat(_f64(bias), k)
     mean = np.mean(x, axis=-1)                      # reduction 1
     centred = x - mean[..., None]
     var = np.mean(centred * centred, axis=-1)       # reduction 2 (two-pass variance)
@@ -58,10 +94,11 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5):
         y = y * w
     if b is not None:
         y = y + b
-    return y, mean, rstd
+    return y.reshape(shape), mean, rstd
 
 
-def layer_norm_backward(dy, x, weight, mean, rstd):
+def layer_norm_backward(dy, x, weight, mean, rstd, *, normalized_shape=None,
+                        zero_centered_weight=False):
     """Gradients of y = xhat * w + b.  Returns (dx, dweight, dbias).
 
     With g = dy * w and xhat = (x - mean) * rstd:
@@ -69,7 +106,9 @@ def layer_norm_backward(dy, x, weight, mean, rstd):
     db = sum_rows dy.  (Derivation: docs/layer_norm.md.)  dweight is None without weight;
     dbias is always returned (the caller drops it when there is no bias).
     """
-    dy, x, w = _f64(dy), _f64(x), _f64(weight)
+    k = _axes(x, normalized_shape)
+    shape, row = np.shape(x), np.shape(x)[np.ndim(x) - k:]
+    dy, x, w = _flat(_f64(dy), k), _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k)
     mean, rstd = _f64(mean)[..., None], _f64(rstd)[..., None]
     xhat = (x - mean) * rstd
     g = dy if w is None else dy * w
@@ -77,9 +116,9 @@ def layer_norm_backward(dy, x, weight, mean, rstd):
     mean_gxhat = np.mean(g * xhat, axis=-1, keepdims=True)    # reduction 2
     dx = rstd * (g - mean_g - xhat * mean_gxhat)
     d = x.shape[-1]
-    dw = None if w is None else (dy * xhat).reshape(-1, d).sum(axis=0)
-    db = dy.reshape(-1, d).sum(axis=0)
-    return dx, dw, db
+    dw = None if w is None else (dy * xhat).reshape(-1, d).sum(axis=0).reshape(row)
+    db = dy.reshape(-1, d).sum(axis=0).reshape(row)
+    return dx.reshape(shape), dw, db
 
 
 # --------------------------------------------------------------------------- dropout
@@ -154,80 +193,82 @@ def dropout_backward(dy, keep, p):
 
 # --------------------------------------------------------------------------- fused add + norm
 
-def _sum_like(a, alpha):
+def sum_like(a, alpha):
     """Sums a (..., D) over what alpha broadcasts along: everything for a scalar alpha, the
-    rows for a (D,) alpha."""
+    rows for a (D,) alpha (for alpha of a normalised row's shape, the rows of that shape)."""
     if np.ndim(alpha) == 0:
         return np.asarray(a.sum())
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+    return a.reshape((-1,) + np.shape(alpha)).sum(axis=0)
 
 
 def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, alpha=1.0, p=0.0, seed=0,
-                         training=True):
+                         training=True, **norm):
     """Pre-Norm, step by step:  d = dropout(x);  h = residual + alpha * d;  y = rms_norm(h).
+    norm: normalized_shape, zero_centered_weight, as for rms_norm_forward.
     Returns (y, h, rstd, keep)."""
     d, keep = dropout_forward(x, p, seed, training)
     h = _f64(residual) + _f64(alpha) * d
-    y, rstd = rms_norm_forward(h, weight, eps)
+    y, rstd = rms_norm_forward(h, weight, eps, **norm)
     return y, h, rstd, keep
 
 
-def add_rms_norm_backward(dy, dh, x, h, weight, rstd, alpha, keep, p):
+def add_rms_norm_backward(dy, dh, x, h, weight, rstd, alpha, keep, p, **norm):
     """Gradients of (y, h) of add_rms_norm_forward given dy and dh (dh None: 0).
 
     gh = dh + (RMSNorm backward of dy at h);  dresidual = gh;  dx = dropout_backward(alpha*gh);
     dalpha = sum gh * dropout(x).  Returns (dx, dresidual, dweight, dalpha)."""
-    gh, dweight = rms_norm_backward(dy, h, weight, rstd)
+    gh, dweight = rms_norm_backward(dy, h, weight, rstd, **norm)
     if dh is not None:
         gh = gh + _f64(dh)
     d = dropout_backward(x, keep, p)                 # = dropout(x): the same linear map
     dx = dropout_backward(_f64(alpha) * gh, keep, p)
-    return dx, gh, dweight, _sum_like(gh * d, alpha)
+    return dx, gh, dweight, sum_like(gh * d, alpha)
 
 
 def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, alpha=1.0, p=0.0,
-                           seed=0, training=True):
+                           seed=0, training=True, **norm):
     """Pre-Norm:  d = dropout(x);  h = residual + alpha * d;  y = layer_norm(h).
     Returns (y, h, mean, rstd, keep)."""
     d, keep = dropout_forward(x, p, seed, training)
     h = _f64(residual) + _f64(alpha) * d
-    y, mean, rstd = layer_norm_forward(h, weight, bias, eps)
+    y, mean, rstd = layer_norm_forward(h, weight, bias, eps, **norm)
     return y, h, mean, rstd, keep
 
 
-def add_layer_norm_backward(dy, dh, x, h, weight, mean, rstd, alpha, keep, p):
+def add_layer_norm_backward(dy, dh, x, h, weight, mean, rstd, alpha, keep, p, **norm):
     """Gradients of (y, h) of add_layer_norm_forward.  Returns (dx, dresidual, dweight,
     dbias, dalpha)."""
-    gh, dweight, dbias = layer_norm_backward(dy, h, weight, mean, rstd)
+    gh, dweight, dbias = layer_norm_backward(dy, h, weight, mean, rstd, **norm)
     if dh is not None:
         gh = gh + _f64(dh)
     d = dropout_backward(x, keep, p)
     dx = dropout_backward(_f64(alpha) * gh, keep, p)
-    return dx, gh, dweight, dbias, _sum_like(gh * d, alpha)
+    return dx, gh, dweight, dbias, sum_like(gh * d, alpha)
 
 
 def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, alpha=1.0, p=0.0, seed=0,
-                              training=True):
+                              training=True, **norm):
     """Post-Norm:  y = rms_norm(residual + alpha * dropout(x)): the Pre-Norm computation, of
     which only y leaves the block.  Returns (y, h, rstd, keep)."""
-    return add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training)
+    return add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, **norm)
 
 
-def add_rms_norm_post_backward(dy, x, h, weight, rstd, alpha, keep, p):
+def add_rms_norm_post_backward(dy, x, h, weight, rstd, alpha, keep, p, **norm):
     """Pre-Norm backward with no gradient along h (dh = 0)."""
-    return add_rms_norm_backward(dy, None, x, h, weight, rstd, alpha, keep, p)
+    return add_rms_norm_backward(dy, None, x, h, weight, rstd, alpha, keep, p, **norm)
 
 
 def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, alpha=1.0,
-                                p=0.0, seed=0, training=True):
+                                p=0.0, seed=0, training=True, **norm):
     """Post-Norm:  y = layer_norm(residual + alpha * dropout(x)).
     Returns (y, h, mean, rstd, keep)."""
-    return add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training)
+    return add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training,
+                                  **norm)
 
 
-def add_layer_norm_post_backward(dy, x, h, weight, mean, rstd, alpha, keep, p):
+def add_layer_norm_post_backward(dy, x, h, weight, mean, rstd, alpha, keep, p, **norm):
     """Pre-Norm backward with dh = 0."""
-    return add_layer_norm_backward(dy, None, x, h, weight, mean, rstd, alpha, keep, p)
+    return add_layer_norm_backward(dy, None, x, h, weight, mean, rstd, alpha, keep, p, **norm)
 
 
 # --------------------------------------------------------------------------- scaled, gated
@@ -240,7 +281,7 @@ def scaled_residual_forward(x, F, alpha):
 def scaled_residual_backward(dh, F, alpha):
     """dx = dh;  dF = alpha * dh;  dalpha = sum dh * F.  Returns (dx, dF, dalpha)."""
     dh = _f64(dh)
-    return dh.copy(), _f64(alpha) * dh, _sum_like(dh * _f64(F), alpha)
+    return dh.copy(), _f64(alpha) * dh, sum_like(dh * _f64(F), alpha)
 
 
 def sigmoid(g):

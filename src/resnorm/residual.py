@@ -33,8 +33,9 @@ __all__ = ["AddNormCache", "GatedResidualCache", "ResidualScale", "ScaledResidua
 
 # --------------------------------------------------------------------------- Pre-Norm
 
-def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                         training=True, out=None, residual_out=None, n_threads=None):
+def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                         zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                         out=None, residual_out=None, n_threads=None):
     """Pre-Norm add + RMSNorm in one pass, keeping what backward needs.
 
     ``h = residual + alpha * dropout(x, p, seed)``, ``y = h * rstd * w``,
@@ -49,6 +50,13 @@ def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0
     weight : ndarray, shape (D,), optional
         The norm's gain, of x's dtype (None: 1).
     eps : float, default 1e-6
+    normalized_shape : int or tuple of int, optional
+        The normalised trailing axes, as in torch (e.g. ``(5, 64)`` for x of shape
+        (..., 5, 64)): each row of h is then their elements together, and weight (bias,
+        a per-channel alpha) have this shape.  None: the last axis.
+    zero_centered_weight : bool, default False
+        Apply ``1 + weight`` (rounded once in x's dtype) instead of ``weight`` (Gemma's
+        RMSNorm); dweight is still the gradient of weight.
     alpha : float or ndarray, default 1.0
         A real number (fixed), a 0-d array (learnable scalar) or a (D,) array (learnable per
         channel, LayerScale); arrays of x's dtype.
@@ -82,12 +90,14 @@ def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0
     >>> h, y.round(4)
     (array([[3., 4.]]), array([[0.8485, 1.1314]]))
     """
-    return _api.add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, out,
+    return _api.add_rms_norm_forward(x, residual, weight, eps, normalized_shape,
+                                     zero_centered_weight, alpha, p, seed, training, out,
                                      residual_out, n_threads)
 
 
-def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                 training=True, out=None, residual_out=None, n_threads=None):
+def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                 residual_out=None, n_threads=None):
     """Pre-Norm add + RMSNorm: ``h = residual + alpha * dropout(x)``, ``y = rms_norm(h)``.
 
     The inference form of :func:`add_rms_norm_forward` (same arguments, no cache).  One pass
@@ -100,7 +110,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
         Branch and residual stream, the same shape (..., D) and dtype.
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training
+    normalized_shape, zero_centered_weight, alpha, p, seed, training
         As in :func:`add_rms_norm_forward`.
     out, residual_out : ndarray, optional
     n_threads : int, optional
@@ -121,8 +131,8 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
     >>> h
     array([[3., 4.]])
     """
-    return _api.add_rms_norm(x, residual, weight, eps, alpha, p, seed, training, out,
-                             residual_out, n_threads)
+    return _api.add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                             alpha, p, seed, training, out, residual_out, n_threads)
 
 
 def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
@@ -150,7 +160,7 @@ def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_thre
     -------
     dx, dresidual : ndarray
     dweight : ndarray or None
-        None without weight.
+        Of the weight's shape; None without weight.
     dalpha : ndarray or None
         None for a fixed alpha, else of alpha's shape.
 
@@ -172,8 +182,9 @@ def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_thre
     return dx, dres, dw, da
 
 
-def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0,
-                           seed=0, training=True, out=None, residual_out=None, n_threads=None):
+def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                           zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                           out=None, residual_out=None, n_threads=None):
     """Pre-Norm add + LayerNorm in one pass, keeping what backward needs.
 
     ``h = residual + alpha * dropout(x)``, ``y = (h - mean) * rstd * w + b``,
@@ -185,7 +196,7 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alp
         Branch and residual stream, the same shape (..., D) and dtype.
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, residual_out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, residual_out, n_threads
         As in :func:`add_rms_norm_forward`.
 
     Returns
@@ -205,12 +216,14 @@ def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alp
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training,
-                                       out, residual_out, n_threads)
+    return _api.add_layer_norm_forward(x, residual, weight, bias, eps, normalized_shape,
+                                       zero_centered_weight, alpha, p, seed, training, out,
+                                       residual_out, n_threads)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0, seed=0,
-                   training=True, out=None, residual_out=None, n_threads=None):
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                   residual_out=None, n_threads=None):
     """Pre-Norm add + LayerNorm: ``h = residual + alpha * dropout(x)``, ``y = layer_norm(h)``.
 
     The inference form of :func:`add_layer_norm_forward` (same arguments, no cache).
@@ -220,7 +233,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, 
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, residual_out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, residual_out, n_threads
         As in :func:`add_rms_norm_forward`.
 
     Returns
@@ -239,8 +252,9 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, 
     >>> h
     array([[2., 3., 4.]])
     """
-    return _api.add_layer_norm(x, residual, weight, bias, eps, alpha, p, seed, training, out,
-                               residual_out, n_threads)
+    return _api.add_layer_norm(x, residual, weight, bias, eps, normalized_shape,
+                               zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                               n_threads)
 
 
 def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
@@ -285,8 +299,9 @@ def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_th
 
 # --------------------------------------------------------------------------- Post-Norm
 
-def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                              training=True, out=None, n_threads=None):
+def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                              zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                              out=None, n_threads=None):
     """Post-Norm: ``y = rms_norm(residual + alpha * dropout(x))``, keeping what backward needs.
 
     The sum h is not written (forward moves three streams: x, residual, y); backward
@@ -299,7 +314,7 @@ def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, 
         Branch and residual stream, the same shape (..., D) and dtype.
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, n_threads
         As in :func:`add_rms_norm_forward`.
     out : ndarray, optional
         Buffer for y.
@@ -321,12 +336,14 @@ def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, alpha=1.0, 
     >>> y.round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post_forward(x, residual, weight, eps, alpha, p, seed, training,
-                                          out, n_threads)
+    return _api.add_rms_norm_post_forward(x, residual, weight, eps, normalized_shape,
+                                          zero_centered_weight, alpha, p, seed, training, out,
+                                          n_threads)
 
 
-def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                      training=True, out=None, n_threads=None):
+def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                      out=None, n_threads=None):
     """Post-Norm: ``y = rms_norm(residual + alpha * dropout(x), weight, eps)``.
 
     The inference form of :func:`add_rms_norm_post_forward` (same arguments); ``out=x`` or
@@ -337,7 +354,7 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, s
     x, residual : ndarray
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -355,8 +372,8 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, s
     >>> resnorm.add_rms_norm_post(np.array([[1.0, 2.0]]), np.array([[2.0, 2.0]])).round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post(x, residual, weight, eps, alpha, p, seed, training, out,
-                                  n_threads)
+    return _api.add_rms_norm_post(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                                  alpha, p, seed, training, out, n_threads)
 
 
 def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
@@ -398,7 +415,8 @@ def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_thr
     return dx, dres, dw, da
 
 
-def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0,
+def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *,
+                                normalized_shape=None, zero_centered_weight=False, alpha=1.0,
                                 p=0.0, seed=0, training=True, out=None, n_threads=None):
     """Post-Norm: ``y = layer_norm(residual + alpha * dropout(x))``, keeping what backward
     needs (h is recomputed in backward, as in :func:`add_rms_norm_post_forward`).
@@ -408,7 +426,7 @@ def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -428,12 +446,14 @@ def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post_forward(x, residual, weight, bias, eps, alpha, p, seed,
-                                            training, out, n_threads)
+    return _api.add_layer_norm_post_forward(x, residual, weight, bias, eps, normalized_shape,
+                                            zero_centered_weight, alpha, p, seed, training, out,
+                                            n_threads)
 
 
-def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0,
-                        seed=0, training=True, out=None, n_threads=None):
+def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                        zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                        out=None, n_threads=None):
     """Post-Norm: ``y = layer_norm(residual + alpha * dropout(x), weight, bias, eps)``.
 
     The inference form of :func:`add_layer_norm_post_forward` (same arguments).
@@ -443,7 +463,7 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -461,8 +481,8 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=
     >>> resnorm.add_layer_norm_post(np.array([[1.0, 2.0, 3.0]]), np.ones((1, 3))).round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post(x, residual, weight, bias, eps, alpha, p, seed, training,
-                                    out, n_threads)
+    return _api.add_layer_norm_post(x, residual, weight, bias, eps, normalized_shape,
+                                    zero_centered_weight, alpha, p, seed, training, out, n_threads)
 
 
 def add_layer_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
