@@ -97,6 +97,11 @@ cdef inline object gain_of(w, bint zero_centered):
     return np.add(w, 1, dtype=w.dtype)
 
 
+cdef inline bint zero_centered_of(value) except -1:
+    """flag(value, "zero_centered_weight"), deciding the default at once."""
+    return False if value is False else flag(value, "zero_centered_weight")
+
+
 cdef inline int axes_of(normalized_shape, cnp.ndarray x) except -1:
     """norm_axes(normalized_shape, x.shape), deciding None at once."""
     return 1 if normalized_shape is None else norm_axes(normalized_shape, shape_of(x))
@@ -130,7 +135,7 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     wp = param_of(weight, xa, "weight", k)
     bp = param_of(bias, xa, "bias", k) if layer else None
     cdef double e = eps_of(eps, xa)
-    cdef bint zc = flag(zero_centered, "zero_centered_weight")
+    cdef bint zc = zero_centered_of(zero_centered)
     cdef int nt = threads_of(n_threads)
     cdef tuple inputs = (xa, wp, bp) if layer else (xa, wp)
     cdef tuple names = LAYER_INPUTS if layer else RMS_INPUTS

@@ -56,7 +56,7 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     wp = param_of(weight, xa, "weight", k)
     bp = param_of(bias, xa, "bias", k) if layer else None
     cdef double e = eps_of(eps, xa)
-    cdef bint zc = flag(zero_centered, "zero_centered_weight")
+    cdef bint zc = zero_centered_of(zero_centered)
     cdef ResidualScale scale = residual_scale_of(alpha, xa, k)
     cdef DropoutSpec spec = None
     cdef rn_dropout site
