@@ -89,8 +89,6 @@ PRIMITIVES = [
               "Py_ssize_t d, int stream",
               "dresidual = gh + dh,  dx = (gh + dh)*alpha*m,  dalpha_part += (gh + dh)*(x*m)",
               "residual_rows.h"),
-    Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
-              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "residual_rows.h"),
     # ---- sums over rows (partials.h)
     Primitive("narrow", "void", "T *out, const double *acc, Py_ssize_t d", "out_i = (T) acc_i",
               "partials.h"),
@@ -107,7 +105,7 @@ PRIMITIVES = [
               "uint64_t *words, uint64_t seed, uint64_t group, Py_ssize_t count, "
               "uint32_t threshold",
               "bit b of words_j = keep of element 64 (group + j) + b", "philox.h", typed=False),
-    # ---- exp and erfc loops of the Transformer layers (vmath.h)
+    # ---- exp and erfc loops: the Transformer layers, the gated residual (vmath.h)
     Primitive("gelu", "void", "T *y, const T *x, Py_ssize_t n", "y = x * Phi(x)", "vmath.h"),
     Primitive("gelu_backward", "void", "T *dx, const T *dy, const T *x, Py_ssize_t n",
               "dx = dy * (Phi(x) + x phi(x))", "vmath.h"),
@@ -117,6 +115,15 @@ PRIMITIVES = [
               "dx = dy * d/dx gelu_tanh(x)", "vmath.h"),
     Primitive("exp_shifted", "void", "T *p, const T *s, T m, T scale, Py_ssize_t n",
               "p_j = exp(scale * (s_j - m))", "vmath.h"),
+    Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
+              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h"),
+    Primitive("gated_add", "void",
+              "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream",
+              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h"),
+    Primitive("gated_bwd", "void",
+              "T *dx, T *dF, T *dg, const T *dh, const T *F, const T *g, Py_ssize_t d, "
+              "int stream",
+              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s));  s = sigmoid(g)", "vmath.h"),
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -70,10 +70,26 @@ def test_rms_norm_default_eps_is_the_dtype_epsilon(dtype):
 
 
 @pytest.mark.parametrize("torch_cls,ours", PAIRS)
-def test_multi_axis_normalized_shape_is_refused(torch_cls, ours):
-    with pytest.raises(ValueError, match="last axis only"):
-        ours((4, 8))
-    ours([8])   # a 1-element list is the last axis: fine
+@pytest.mark.parametrize("shape", [(4, 8), (1, 2, 3), [8]], ids=str)
+def test_multi_axis_normalized_shape_matches_torch(torch_cls, ours, shape):
+    """normalized_shape over several trailing axes (torch's OpInfo samples use (1, 2, 3)):
+    the outputs and every gradient are torch's; the state_dict is interchangeable."""
+    theirs = torch_cls(shape, dtype=torch.float64)
+    for p in theirs.parameters():
+        torch.nn.init.normal_(p)
+    mine = ours(shape, dtype=torch.float64)
+    mine.load_state_dict(theirs.state_dict())
+    assert repr(mine) == repr(theirs)
+    x = torch.randn((5,) + tuple(shape), dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(x.shape, dtype=torch.float64)
+    y, ref = mine(x), theirs(x)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(torch.autograd.grad(y, [x, *mine.parameters()], dy),
+                               torch.autograd.grad(ref, [x, *theirs.parameters()], dy))
+    with torch.no_grad():
+        torch.testing.assert_close(mine(x), ref)
+    with pytest.raises(ValueError, match=r"input must have shape \(\.\.\., "):
+        mine(torch.ones(2, 7))
 
 
 @pytest.mark.parametrize("torch_cls,ours", PAIRS)
@@ -145,7 +161,7 @@ class Block(nn.Module):
         self.ln = nn.LayerNorm(d)
         self.rms = nn.RMSNorm(d)
         self.shared = self.ln                 # one module reachable under two names
-        self.wide = nn.LayerNorm((2, d))      # multi-axis: stays on torch
+        self.wide = nn.LayerNorm(d, dtype=torch.float16)   # half precision: stays on torch
         self.fc = nn.Linear(d, d)
 
     def forward(self, x):

@@ -7,6 +7,9 @@ against these; explain mode prints their intermediate values.
 Shapes: x is (..., D); row statistics (mean, rstd) have shape (...,); weight/bias are (D,).
 Inputs may be any array-like of real numbers; outputs are float64 arrays.  Nothing is
 checked here: the functions are the formulas, and the checks live in the public API.
+With normalized_shape (the norms and the fused add + norm, as in torch) a row is the last
+k axes together: x is (..., *normalized_shape), the statistics (...,), weight/bias
+normalized_shape.  zero_centered_weight: the gain applied is 1 + weight.
 """
 from __future__ import annotations
 
@@ -40,6 +43,12 @@ p : float
     The forward's drop probability.""",
     "weight_grad": """dweight : ndarray, shape (D,), or None
     The gradient of the weight; None without a weight.""",
+    "norm_args": """normalized_shape : int or tuple of int, optional
+    The trailing axes a row spans together, as in torch (default: the last axis).
+zero_centered_weight : bool, default False
+    Whether the gain applied is 1 + weight (Gemma).""",
+    "norm_kwargs": """**norm
+    normalized_shape and zero_centered_weight, as for `rms_norm_forward`.""",
     "alpha_grad": """dalpha : ndarray, shape () or (D,)
     The gradient of alpha.""",
 }
@@ -59,10 +68,54 @@ def _f64(a: ArrayLike | None) -> F64 | None:
     return None if a is None else np.asarray(a, dtype=np.float64)
 
 
+def _axes(x, normalized_shape):
+    """How many trailing axes of x a row spans (normalized_shape None: the last one)."""
+    if normalized_shape is None:
+        return 1
+    return len(normalized_shape) if isinstance(normalized_shape, (tuple, list)) else 1
+
+
+def _flat(a, k):
+    """a (..., *row) with its last k axes flattened into one (None stays None)."""
+    if a is None:
+        return None
+    lead, row = np.shape(a)[:np.ndim(a) - k], np.shape(a)[np.ndim(a) - k:]
+    return np.reshape(a, lead + (int(np.prod(row)),))
+
+
+def gain(weight: ArrayLike | None, zero_centered_weight: bool = False) -> F64 | None:
+    """The per-channel factor a norm applies: weight, or ``1 + weight`` for a zero-centred
+    weight (Gemma: the weight starts at 0, the identity).
+
+    Parameters
+    ----------
+    weight : array_like, or None
+        The norm's weight.
+    zero_centered_weight : bool, default False
+        Whether the factor is 1 + weight.
+
+    Returns
+    -------
+    gain : ndarray, or None
+        The factor in float64; None without a weight.
+
+    Examples
+    --------
+    >>> from resnorm import reference
+    >>> reference.gain([0.0, 0.5], zero_centered_weight=True)
+    array([1. , 1.5])
+    """
+    w = _f64(weight)
+    return 1.0 + w if w is not None and zero_centered_weight else w
+
+
 # --------------------------------------------------------------------------- RMSNorm
 
+@_shared_doc
 def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
-                     eps: float = 1e-6) -> tuple[F64, F64]:
+                     eps: float = 1e-6, *,
+                     normalized_shape: int | tuple[int, ...] | None = None,
+                     zero_centered_weight: bool = False) -> tuple[F64, F64]:
     """RMSNorm: ``y = xn * w``, ``xn = x * rstd``, ``rstd = 1/sqrt(ms + eps)``,
     ``ms = mean(x^2)``, over the last axis.
 
@@ -74,6 +127,7 @@ def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
         The per-channel gain w (none: 1).
     eps : float, default 1e-6
         Added to the mean square.
+    {norm_args}
 
     Returns
     -------
@@ -93,17 +147,21 @@ def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     >>> bool(np.allclose(resnorm.rms_norm(np.array([[3.0, 4.0]]), eps=1e-300), y))
     True
     """
-    x, w = _f64(x), _f64(weight)
+    k = _axes(x, normalized_shape)
+    shape = np.shape(x)
+    x, w = _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k)
     ms = np.mean(x * x, axis=-1)                    # the one row reduction: the mean square
     rstd = 1.0 / np.sqrt(ms + eps)
     xn = x * rstd[..., None]                        # the normalised row
     y = xn if w is None else xn * w
-    return y, rstd
+    return y.reshape(shape), rstd
 
 
 @_shared_doc
 def rms_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
-                      rstd: ArrayLike) -> tuple[F64, F64 | None]:
+                      rstd: ArrayLike, *,
+                      normalized_shape: int | tuple[int, ...] | None = None,
+                      zero_centered_weight: bool = False) -> tuple[F64, F64 | None]:
     """The gradients of RMSNorm's ``y = x * rstd * w``.
 
     With ``g = dy * w`` and ``xn = x * rstd``: ``dx = rstd * (g - xn * m)``,
@@ -120,6 +178,7 @@ def rms_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
         The forward weight.
     rstd : array_like, shape (...,)
         The forward's row statistic, as `rms_norm_forward` returned it.
+    {norm_args}
 
     Returns
     -------
@@ -135,20 +194,25 @@ def rms_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
     >>> reference.rms_norm_backward([[1.0, 0.0]], x, None, rstd)
     (array([[ 0.18101934, -0.1357645 ]]), None)
     """
-    dy, x, w, rstd = _f64(dy), _f64(x), _f64(weight), _f64(rstd)[..., None]
+    k = _axes(x, normalized_shape)
+    shape, row = np.shape(x), np.shape(x)[np.ndim(x) - k:]
+    dy, x = _flat(_f64(dy), k), _flat(_f64(x), k)
+    w, rstd = _flat(gain(weight, zero_centered_weight), k), _f64(rstd)[..., None]
     xn = x * rstd
     g = dy if w is None else dy * w
     m = np.mean(g * xn, axis=-1, keepdims=True)     # the one row reduction
     dx = rstd * (g - xn * m)
-    dw = None if w is None else (dy * xn).reshape(-1, x.shape[-1]).sum(axis=0)
-    return dx, dw
+    dw = None if w is None else (dy * xn).reshape(-1, x.shape[-1]).sum(axis=0).reshape(row)
+    return dx.reshape(shape), dw
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
+@_shared_doc
 def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
-                       bias: ArrayLike | None = None, eps: float = 1e-5
-                       ) -> tuple[F64, F64, F64]:
+                       bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                       normalized_shape: int | tuple[int, ...] | None = None,
+                       zero_centered_weight: bool = False) -> tuple[F64, F64, F64]:
     """LayerNorm: ``y = (x - mean) * rstd * w + b`` over the last axis.
 
     ``rstd = 1/sqrt(var + eps)`` with the biased variance (divided by D), computed in two
@@ -162,6 +226,7 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
         The per-channel gain w (none: 1) and bias b (none: 0).
     eps : float, default 1e-5
         Added to the variance.
+    {norm_args}
 
     Returns
     -------
@@ -176,7 +241,9 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     >>> reference.layer_norm_forward([[1.0, 3.0]], eps=0.0)
     (array([[-1.,  1.]]), array([2.]), array([1.]))
     """
-    x, w, b = _f64(x), _f64(weight), _f64(bias)
+    k = _axes(x, normalized_shape)
+    shape = np.shape(x)
+    x, w, b = _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k), _flat(_f64(bias), k)
     mean = np.mean(x, axis=-1)                      # reduction 1
     centred = x - mean[..., None]
     var = np.mean(centred * centred, axis=-1)       # reduction 2 (two-pass variance)
@@ -186,12 +253,14 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
         y = y * w
     if b is not None:
         y = y + b
-    return y, mean, rstd
+    return y.reshape(shape), mean, rstd
 
 
 @_shared_doc
 def layer_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
-                        mean: ArrayLike, rstd: ArrayLike) -> tuple[F64, F64 | None, F64]:
+                        mean: ArrayLike, rstd: ArrayLike, *,
+                        normalized_shape: int | tuple[int, ...] | None = None,
+                        zero_centered_weight: bool = False) -> tuple[F64, F64 | None, F64]:
     """The gradients of LayerNorm's ``y = xhat * w + b``, ``xhat = (x - mean) * rstd``.
 
     With ``g = dy * w``: ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))``,
@@ -208,6 +277,7 @@ def layer_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
         The forward weight.
     mean, rstd : array_like, shape (...,)
         The forward's row statistics, as `layer_norm_forward` returned them.
+    {norm_args}
 
     Returns
     -------
@@ -226,7 +296,9 @@ def layer_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
     >>> dx, db                     # dx sums to 0: a shift of x does not change y
     (array([[ 0.22908106, -0.3436216 ,  0.11454053]]), array([1., 0., 0.]))
     """
-    dy, x, w = _f64(dy), _f64(x), _f64(weight)
+    k = _axes(x, normalized_shape)
+    shape, row = np.shape(x), np.shape(x)[np.ndim(x) - k:]
+    dy, x, w = _flat(_f64(dy), k), _flat(_f64(x), k), _flat(gain(weight, zero_centered_weight), k)
     mean, rstd = _f64(mean)[..., None], _f64(rstd)[..., None]
     xhat = (x - mean) * rstd
     g = dy if w is None else dy * w
@@ -234,9 +306,9 @@ def layer_norm_backward(dy: ArrayLike, x: ArrayLike, weight: ArrayLike | None,
     mean_gxhat = np.mean(g * xhat, axis=-1, keepdims=True)    # reduction 2
     dx = rstd * (g - mean_g - xhat * mean_gxhat)
     d = x.shape[-1]
-    dw = None if w is None else (dy * xhat).reshape(-1, d).sum(axis=0)
-    db = dy.reshape(-1, d).sum(axis=0)
-    return dx, dw, db
+    dw = None if w is None else (dy * xhat).reshape(-1, d).sum(axis=0).reshape(row)
+    db = dy.reshape(-1, d).sum(axis=0).reshape(row)
+    return dx.reshape(shape), dw, db
 
 
 # --------------------------------------------------------------------------- dropout
@@ -432,12 +504,33 @@ def dropout_backward(dy: ArrayLike, keep: NDArray[np.bool_], p: float) -> F64:
 
 # --------------------------------------------------------------------------- fused add + norm
 
-def _sum_like(a: F64, alpha: ArrayLike) -> F64:
+def sum_like(a: F64, alpha: ArrayLike) -> F64:
     """Sums a (..., D) over what alpha broadcasts along: everything for a scalar alpha, the
-    rows for a (D,) alpha."""
+    rows for a (D,) alpha (for alpha of a normalised row's shape, the rows of that shape).
+
+    Parameters
+    ----------
+    a : ndarray, shape (..., D)
+        The terms, e.g. ``gh * dropout(x)`` for the gradient of alpha.
+    alpha : float or array_like
+        The residual scale whose gradient is being summed.
+
+    Returns
+    -------
+    total : ndarray, shape of alpha
+        The sum.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from resnorm import reference
+    >>> a = np.arange(6.0).reshape(3, 2)
+    >>> reference.sum_like(a, 1.0), reference.sum_like(a, np.ones(2))
+    (array(15.), array([6., 9.]))
+    """
     if np.ndim(alpha) == 0:
         return np.asarray(a.sum())
-    return a.reshape(-1, a.shape[-1]).sum(axis=0)
+    return a.reshape((-1,) + np.shape(alpha)).sum(axis=0)
 
 
 @_shared_doc
@@ -460,6 +553,7 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     eps : float, default 1e-6
         The norm's eps.
     {forward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -481,14 +575,14 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     """
     d, keep = dropout_forward(x, p, seed, training)
     h = _f64(residual) + _f64(alpha) * d
-    y, rstd = rms_norm_forward(h, weight, eps)
+    y, rstd = rms_norm_forward(h, weight, eps, **norm)
     return y, h, rstd, keep
 
 
 @_shared_doc
 def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h: ArrayLike,
                           weight: ArrayLike | None, rstd: ArrayLike, alpha: ArrayLike,
-                          keep: NDArray[np.bool_], p: float
+                          keep: NDArray[np.bool_], p: float, **norm: Any
                           ) -> tuple[F64, F64, F64 | None, F64]:
     """The gradients of `add_rms_norm_forward`'s two outputs (y, h).
 
@@ -509,6 +603,7 @@ def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h: 
     rstd : array_like, shape (...,)
         The forward's row statistic.
     {backward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -527,19 +622,19 @@ def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h: 
     >>> dx, dres, dalpha           # with dy = 0 only the stream's gradient flows
     (array([[1., 1.]]), array([[1., 1.]]), array(2.))
     """
-    gh, dweight = rms_norm_backward(dy, h, weight, rstd)
+    gh, dweight = rms_norm_backward(dy, h, weight, rstd, **norm)
     if dh is not None:
         gh = gh + _f64(dh)
     d = dropout_backward(x, keep, p)                 # = dropout(x): the same linear map
     dx = dropout_backward(_f64(alpha) * gh, keep, p)
-    return dx, gh, dweight, _sum_like(gh * d, alpha)
+    return dx, gh, dweight, sum_like(gh * d, alpha)
 
 
 @_shared_doc
 def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                            bias: ArrayLike | None = None, eps: float = 1e-5,
                            alpha: ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
-                           training: bool = True
+                           training: bool = True, **norm: Any
                            ) -> tuple[F64, F64, F64, F64, NDArray[np.bool_]]:
     """The fused Pre-Norm add + LayerNorm, step by step.
 
@@ -554,6 +649,7 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
     eps : float, default 1e-5
         The norm's eps.
     {forward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -574,7 +670,7 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
     """
     d, keep = dropout_forward(x, p, seed, training)
     h = _f64(residual) + _f64(alpha) * d
-    y, mean, rstd = layer_norm_forward(h, weight, bias, eps)
+    y, mean, rstd = layer_norm_forward(h, weight, bias, eps, **norm)
     return y, h, mean, rstd, keep
 
 
@@ -600,6 +696,7 @@ def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h
     mean, rstd : array_like, shape (...,)
         The forward's row statistics.
     {backward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -620,19 +717,19 @@ def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h
     >>> grads[0], grads[3]         # a constant dy does not reach x through LayerNorm
     (array([[0., 0.]]), array([1., 1.]))
     """
-    gh, dweight, dbias = layer_norm_backward(dy, h, weight, mean, rstd)
+    gh, dweight, dbias = layer_norm_backward(dy, h, weight, mean, rstd, **norm)
     if dh is not None:
         gh = gh + _f64(dh)
     d = dropout_backward(x, keep, p)
     dx = dropout_backward(_f64(alpha) * gh, keep, p)
-    return dx, gh, dweight, dbias, _sum_like(gh * d, alpha)
+    return dx, gh, dweight, dbias, sum_like(gh * d, alpha)
 
 
 @_shared_doc
 def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike,
                               weight: ArrayLike | None = None, eps: float = 1e-6,
                               alpha: ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
-                              training: bool = True
+                              training: bool = True, **norm: Any
                               ) -> tuple[F64, F64, F64, NDArray[np.bool_]]:
     """The fused Post-Norm add + RMSNorm: ``y = rms_norm(residual + alpha * dropout(x))``.
 
@@ -648,6 +745,7 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike,
     eps : float, default 1e-6
         The norm's eps.
     {forward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -664,13 +762,13 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike,
     >>> reference.add_rms_norm_post_forward([[1.0, 1.0]], [[2.0, 0.0]], eps=0.0)[0]
     array([[1.34164079, 0.4472136 ]])
     """
-    return add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training)
+    return add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, **norm)
 
 
 @_shared_doc
 def add_rms_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
                                weight: ArrayLike | None, rstd: ArrayLike, alpha: ArrayLike,
-                               keep: NDArray[np.bool_], p: float
+                               keep: NDArray[np.bool_], p: float, **norm: Any
                                ) -> tuple[F64, F64, F64 | None, F64]:
     """The gradients of `add_rms_norm_post_forward`: the Pre-Norm backward with dh = 0.
 
@@ -685,6 +783,7 @@ def add_rms_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
     rstd : array_like, shape (...,)
         The forward's row statistic.
     {backward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -703,7 +802,7 @@ def add_rms_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
     >>> bool((dx == dres).all())    # alpha = 1, no dropout: both are the norm's dx
     True
     """
-    return add_rms_norm_backward(dy, None, x, h, weight, rstd, alpha, keep, p)
+    return add_rms_norm_backward(dy, None, x, h, weight, rstd, alpha, keep, p, **norm)
 
 
 @_shared_doc
@@ -723,6 +822,7 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike,
     eps : float, default 1e-5
         The norm's eps.
     {forward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -739,7 +839,8 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike,
     >>> reference.add_layer_norm_post_forward([[1.0, 1.0]], [[2.0, 0.0]], eps=0.0)[0]
     array([[ 1., -1.]])
     """
-    return add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training)
+    return add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training,
+                                  **norm)
 
 
 @_shared_doc
@@ -760,6 +861,7 @@ def add_layer_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
     mean, rstd : array_like, shape (...,)
         The forward's row statistics.
     {backward_args}
+    {norm_kwargs}
 
     Returns
     -------
@@ -779,7 +881,7 @@ def add_layer_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
     ...                                        keep, 0.0)[3]
     array([1., 1.])
     """
-    return add_layer_norm_backward(dy, None, x, h, weight, mean, rstd, alpha, keep, p)
+    return add_layer_norm_backward(dy, None, x, h, weight, mean, rstd, alpha, keep, p, **norm)
 
 
 # --------------------------------------------------------------------------- scaled, gated
@@ -837,7 +939,7 @@ def scaled_residual_backward(dh: ArrayLike, F: ArrayLike, alpha: ArrayLike
     (array([1., 1.]), array([0.5, 0.5]), array(6.))
     """
     dh = _f64(dh)
-    return dh.copy(), _f64(alpha) * dh, _sum_like(dh * _f64(F), alpha)
+    return dh.copy(), _f64(alpha) * dh, sum_like(dh * _f64(F), alpha)
 
 
 def sigmoid(g: ArrayLike) -> F64:

@@ -39,7 +39,10 @@ __all__ = ["AddNormCache", "GatedResidualCache", "ResidualScale", "ScaledResidua
 # --------------------------------------------------------------------------- Pre-Norm
 
 def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
-                         eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                         eps: float = 1e-6, *,
+                         normalized_shape: int | tuple[int, ...] | None = None,
+                         zero_centered_weight: bool = False,
+                         alpha: float | ArrayLike = 1.0, p: float = 0.0,
                          seed: int = 0, training: bool = True,
                          out: NDArray[np.floating] | None = None,
                          residual_out: NDArray[np.floating] | None = None,
@@ -60,6 +63,13 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     weight : ndarray, shape (D,), optional
         The norm's gain, of x's dtype (None: 1).
     eps : float, default 1e-6
+    normalized_shape : int or tuple of int, optional
+        The normalised trailing axes, as in torch (e.g. ``(5, 64)`` for x of shape
+        (..., 5, 64)): each row of h is then their elements together, and weight (bias,
+        a per-channel alpha) have this shape.  None: the last axis.
+    zero_centered_weight : bool, default False
+        Apply ``1 + weight`` (rounded once in x's dtype) instead of ``weight`` (Gemma's
+        RMSNorm); dweight is still the gradient of weight.
     alpha : float or ndarray, default 1.0
         A real number (fixed), a 0-d array (learnable scalar) or a (D,) array (learnable per
         channel, LayerScale); arrays of x's dtype.
@@ -93,12 +103,16 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     >>> h, y.round(4)
     (array([[3., 4.]]), array([[0.8485, 1.1314]]))
     """
-    return _api.add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, out,
+    return _api.add_rms_norm_forward(x, residual, weight, eps, normalized_shape,
+                                     zero_centered_weight, alpha, p, seed, training, out,
                                      residual_out, n_threads)
 
 
 def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
-                 eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                 eps: float = 1e-6, *,
+                 normalized_shape: int | tuple[int, ...] | None = None,
+                 zero_centered_weight: bool = False,
+                 alpha: float | ArrayLike = 1.0, p: float = 0.0,
                  seed: int = 0, training: bool = True, out: NDArray[np.floating] | None = None,
                  residual_out: NDArray[np.floating] | None = None,
                  n_threads: int | None = None
@@ -115,7 +129,7 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = N
         Branch and residual stream, the same shape (..., D) and dtype.
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training
+    normalized_shape, zero_centered_weight, alpha, p, seed, training
         As in :func:`add_rms_norm_forward`.
     out, residual_out : ndarray, optional
     n_threads : int, optional
@@ -136,8 +150,8 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = N
     >>> h
     array([[3., 4.]])
     """
-    return _api.add_rms_norm(x, residual, weight, eps, alpha, p, seed, training, out,
-                             residual_out, n_threads)
+    return _api.add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                             alpha, p, seed, training, out, residual_out, n_threads)
 
 
 def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
@@ -170,7 +184,7 @@ def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCac
     -------
     dx, dresidual : ndarray
     dweight : ndarray or None
-        None without weight.
+        Of the weight's shape; None without weight.
     dalpha : ndarray or None
         None for a fixed alpha, else of alpha's shape.
 
@@ -194,6 +208,8 @@ def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCac
 
 def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                            bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                           normalized_shape: int | tuple[int, ...] | None = None,
+                           zero_centered_weight: bool = False,
                            alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
                            training: bool = True, out: NDArray[np.floating] | None = None,
                            residual_out: NDArray[np.floating] | None = None,
@@ -211,7 +227,7 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
         Branch and residual stream, the same shape (..., D) and dtype.
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, residual_out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, residual_out, n_threads
         As in :func:`add_rms_norm_forward`.
 
     Returns
@@ -231,12 +247,15 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training,
-                                       out, residual_out, n_threads)
+    return _api.add_layer_norm_forward(x, residual, weight, bias, eps, normalized_shape,
+                                       zero_centered_weight, alpha, p, seed, training, out,
+                                       residual_out, n_threads)
 
 
 def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                    bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                   normalized_shape: int | tuple[int, ...] | None = None,
+                   zero_centered_weight: bool = False,
                    alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
                    training: bool = True, out: NDArray[np.floating] | None = None,
                    residual_out: NDArray[np.floating] | None = None,
@@ -251,7 +270,7 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None =
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, residual_out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, residual_out, n_threads
         As in :func:`add_rms_norm_forward`.
 
     Returns
@@ -270,8 +289,9 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None =
     >>> h
     array([[2., 3., 4.]])
     """
-    return _api.add_layer_norm(x, residual, weight, bias, eps, alpha, p, seed, training, out,
-                               residual_out, n_threads)
+    return _api.add_layer_norm(x, residual, weight, bias, eps, normalized_shape,
+                               zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                               n_threads)
 
 
 def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
@@ -323,7 +343,10 @@ def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormC
 # --------------------------------------------------------------------------- Post-Norm
 
 def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
-                              eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                              eps: float = 1e-6, *,
+                              normalized_shape: int | tuple[int, ...] | None = None,
+                              zero_centered_weight: bool = False,
+                              alpha: float | ArrayLike = 1.0, p: float = 0.0,
                               seed: int = 0, training: bool = True,
                               out: NDArray[np.floating] | None = None,
                               n_threads: int | None = None
@@ -340,7 +363,7 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLi
         Branch and residual stream, the same shape (..., D) and dtype.
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, n_threads
         As in :func:`add_rms_norm_forward`.
     out : ndarray, optional
         Buffer for y.
@@ -362,12 +385,16 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLi
     >>> y.round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post_forward(x, residual, weight, eps, alpha, p, seed, training,
-                                          out, n_threads)
+    return _api.add_rms_norm_post_forward(x, residual, weight, eps, normalized_shape,
+                                          zero_centered_weight, alpha, p, seed, training, out,
+                                          n_threads)
 
 
 def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
-                      eps: float = 1e-6, *, alpha: float | ArrayLike = 1.0, p: float = 0.0,
+                      eps: float = 1e-6, *,
+                      normalized_shape: int | tuple[int, ...] | None = None,
+                      zero_centered_weight: bool = False,
+                      alpha: float | ArrayLike = 1.0, p: float = 0.0,
                       seed: int = 0, training: bool = True,
                       out: NDArray[np.floating] | None = None,
                       n_threads: int | None = None) -> NDArray[np.floating]:
@@ -381,7 +408,7 @@ def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | Non
     x, residual : ndarray
     weight : ndarray, shape (D,), optional
     eps : float, default 1e-6
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -399,8 +426,8 @@ def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | Non
     >>> resnorm.add_rms_norm_post(np.array([[1.0, 2.0]]), np.array([[2.0, 2.0]])).round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post(x, residual, weight, eps, alpha, p, seed, training, out,
-                                  n_threads)
+    return _api.add_rms_norm_post(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                                  alpha, p, seed, training, out, n_threads)
 
 
 def add_rms_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
@@ -450,6 +477,8 @@ def add_rms_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
 
 def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                                 bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                                normalized_shape: int | tuple[int, ...] | None = None,
+                                zero_centered_weight: bool = False,
                                 alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
                                 training: bool = True, out: NDArray[np.floating] | None = None,
                                 n_threads: int | None = None
@@ -462,7 +491,7 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: Array
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -482,12 +511,15 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: Array
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post_forward(x, residual, weight, bias, eps, alpha, p, seed,
-                                            training, out, n_threads)
+    return _api.add_layer_norm_post_forward(x, residual, weight, bias, eps, normalized_shape,
+                                            zero_centered_weight, alpha, p, seed, training, out,
+                                            n_threads)
 
 
 def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                         bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                        normalized_shape: int | tuple[int, ...] | None = None,
+                        zero_centered_weight: bool = False,
                         alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
                         training: bool = True, out: NDArray[np.floating] | None = None,
                         n_threads: int | None = None) -> NDArray[np.floating]:
@@ -500,7 +532,7 @@ def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | N
     x, residual : ndarray
     weight, bias : ndarray, shape (D,), optional
     eps : float, default 1e-5
-    alpha, p, seed, training, out, n_threads
+    normalized_shape, zero_centered_weight, alpha, p, seed, training, out, n_threads
         As in :func:`add_rms_norm_post_forward`.
 
     Returns
@@ -518,8 +550,8 @@ def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | N
     >>> resnorm.add_layer_norm_post(np.array([[1.0, 2.0, 3.0]]), np.ones((1, 3))).round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post(x, residual, weight, bias, eps, alpha, p, seed, training,
-                                    out, n_threads)
+    return _api.add_layer_norm_post(x, residual, weight, bias, eps, normalized_shape,
+                                    zero_centered_weight, alpha, p, seed, training, out, n_threads)
 
 
 def add_layer_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
@@ -638,6 +670,8 @@ def scaled_residual(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
 
 
 def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
+                             out: NDArray[np.floating] | None = None,
+                             dbranch_out: NDArray[np.floating] | None = None,
                              n_threads: int | None = None
                              ) -> tuple[NDArray[np.floating], NDArray[np.floating],
                                         NDArray[np.floating] | None]:
@@ -649,6 +683,11 @@ def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
     dh : ndarray
         Gradient of h.
     cache : ScaledResidualCache
+    out : ndarray, optional
+        Buffer for dx (h's shape and dtype); it may be dh itself, never an array the cache
+        holds (F, alpha).
+    dbranch_out : ndarray, optional
+        Buffer for dF, with the same rules; out and dbranch_out must not share memory.
     n_threads : int, optional
 
     Returns
@@ -669,7 +708,7 @@ def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
     >>> resnorm.scaled_residual_backward(np.ones((2, 2)), cache)[2]
     array(4.)
     """
-    return _api.scaled_residual_backward(dh, cache, n_threads)
+    return _api.scaled_residual_backward(dh, cache, out, dbranch_out, n_threads)
 
 
 # --------------------------------------------------------------------------- gated residual
@@ -680,7 +719,9 @@ def gated_residual_forward(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
                            ) -> tuple[NDArray[np.floating], GatedResidualCache]:
     """Gated residual ``h = x + sigmoid(g) * F``, keeping what backward needs.
 
-    sigmoid is evaluated in float64 (exp of -|g|: no overflow), then rounded to x's dtype.
+    sigmoid is evaluated from ``e = exp(-|g|)`` (no overflow) in x's dtype: in float32
+    with resnorm's vectorised exp, within 3 units in the last place of the float64 value;
+    in float64 with the C library's exp.
 
     Parameters
     ----------
@@ -746,16 +787,27 @@ def gated_residual(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
 
 
 def gated_residual_backward(dh: ArrayLike, cache: GatedResidualCache, *,
+                            out: NDArray[np.floating] | None = None,
+                            dbranch_out: NDArray[np.floating] | None = None,
+                            dgate_out: NDArray[np.floating] | None = None,
                             n_threads: int | None = None
                             ) -> tuple[NDArray[np.floating], NDArray[np.floating],
                                        NDArray[np.floating]]:
     """Gradients of :func:`gated_residual_forward`, with ``s = sigmoid(g)``: ``dx = dh``,
-    ``dF = s * dh``, ``dg = dh * F * s * (1 - s)`` (summed over rows for a per-channel g).
+    ``dF = s * dh``, ``dg = F * (dh * s * (1 - s))`` (summed over rows for a per-channel g).
 
     Parameters
     ----------
     dh : ndarray
     cache : GatedResidualCache
+    out : ndarray, optional
+        Buffer for dx (h's shape and dtype); it may be dh itself, never an array the cache
+        holds (F, g).
+    dbranch_out : ndarray, optional
+        Buffer for dF, with the same rules.
+    dgate_out : ndarray, optional
+        Buffer for dg, of g's shape (F's, or (D,) for a per-channel gate), with the same
+        rules.  The buffers given must not share memory with each other.
     n_threads : int, optional
 
     Returns
@@ -775,4 +827,4 @@ def gated_residual_backward(dh: ArrayLike, cache: GatedResidualCache, *,
     >>> resnorm.gated_residual_backward(np.ones((1, 2)), cache)[2]
     array([0.25, 0.25])
     """
-    return _api.gated_residual_backward(dh, cache, n_threads)
+    return _api.gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads)

@@ -354,6 +354,7 @@ def _scaled_residual_backward(shape, dtype, torch):
 def _gated_residual_backward(shape, dtype, torch):
     """dx = dh, dF = s * dh, dg = dh * F * s * (1 - s), s = sigmoid(g) (full-shape gate)."""
     x, f, g, dh = arrays(shape, dtype, ["x", "F", "g", "dh"])
+    dx, df, dg = np.empty_like(x), np.empty_like(x), np.empty_like(x)
     _, cache = gated_residual_forward(x, f, g)
 
     def numpy_backward():
@@ -365,6 +366,8 @@ def _gated_residual_backward(shape, dtype, torch):
         spec = TorchSpec(lambda tx, tf, tg: tx + torch.sigmoid(tg) * tf, [x, f, g], grads=[dh])
     # reads dh, F, g; writes dx, dF, dg
     return Case(6 * x.nbytes,
+                out=lambda n: gated_residual_backward(dh, cache, out=dx, dbranch_out=df,
+                                                      dgate_out=dg, n_threads=n),
                 alloc=lambda n: gated_residual_backward(dh, cache, n_threads=n),
                 reference=lambda rows, keep: reference.gated_residual_backward(
                     dh[rows], f[rows], g[rows]),

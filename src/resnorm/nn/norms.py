@@ -9,6 +9,13 @@ from ..norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, 
 from .module import Module
 
 
+def _initial_weight(d, dtype, zero_centered_weight):
+    """The weight a norm starts with: the identity gain, ones (or zeros when the gain is
+    1 + weight)."""
+    zero = _checks.flag(zero_centered_weight, "zero_centered_weight")
+    return zero, (np.zeros if zero else np.ones)(d, dtype)
+
+
 class RMSNorm(Module):
     """RMSNorm over the last axis: ``y = x * rstd * weight``, ``rstd = 1/sqrt(mean(x^2) + eps)``.
 
@@ -20,9 +27,13 @@ class RMSNorm(Module):
     Parameters
     ----------
     d : int
-        The size of the normalised (last) axis; ``weight`` has shape (d,) and starts at 1.
+        The size of the normalised (last) axis; ``weight`` has shape (d,) and starts at 1
+        (0 with zero_centered_weight).
     eps : float, default 1e-6
         Added to the mean square.
+    zero_centered_weight : bool, default False
+        Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
+        so that weight decay pulls toward the identity.  dweight is the same sum.
     dtype : {numpy.float32, numpy.float64}, default numpy.float32
         The dtype of the weight and of the inputs.
 
@@ -45,17 +56,21 @@ class RMSNorm(Module):
     array([0.3651, 0.7303, 1.0954, 1.4606], dtype=float32)
     """
 
-    def __init__(self, d: int, eps: float = 1e-6, *, dtype: DTypeLike = np.float32) -> None:
+    def __init__(self, d: int, eps: float = 1e-6, *, zero_centered_weight: bool = False,
+                 dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype)
-        self.weight, self.dweight = self.add_param("weight", np.ones(self.d, self.dtype))
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+                                                            zero_centered_weight)
+        self.weight, self.dweight = self.add_param("weight", weight)
         self._cache = None
 
     def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.d)
-        y, self._cache = rms_norm_forward(x, self.weight, self.eps)
+        y, self._cache = rms_norm_forward(x, self.weight, self.eps,
+                                          zero_centered_weight=self.zero_centered_weight)
         return y
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
@@ -83,6 +98,9 @@ class LayerNorm(Module):
         Added to the variance.
     bias : bool, default True
         Whether the norm has a bias.
+    zero_centered_weight : bool, default False
+        Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
+        so that weight decay pulls toward the identity.  dweight is the same sum.
     dtype : {numpy.float32, numpy.float64}, default numpy.float32
         The dtype of the parameters and of the inputs.
 
@@ -106,12 +124,14 @@ class LayerNorm(Module):
     """
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True, *,
-                 dtype: DTypeLike = np.float32) -> None:
+                 zero_centered_weight: bool = False, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype)
-        self.weight, self.dweight = self.add_param("weight", np.ones(self.d, self.dtype))
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+                                                            zero_centered_weight)
+        self.weight, self.dweight = self.add_param("weight", weight)
         self.bias = self.dbias = None
         if bias:
             self.bias, self.dbias = self.add_param("bias", np.zeros(self.d, self.dtype))
@@ -119,7 +139,8 @@ class LayerNorm(Module):
 
     def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.d)
-        y, self._cache = layer_norm_forward(x, self.weight, self.bias, self.eps)
+        y, self._cache = layer_norm_forward(x, self.weight, self.bias, self.eps,
+                                            zero_centered_weight=self.zero_centered_weight)
         return y
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:

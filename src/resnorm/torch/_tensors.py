@@ -8,6 +8,8 @@ A CPU tensor and its ``.numpy()`` view share memory, so resnorm's functions read
 own storage and write into tensors allocated here: no copies, except that a strided input
 is copied once by the function it reaches (as for any strided NumPy array).
 """
+import operator
+
 import numpy as np
 import torch
 from torch.autograd import forward_ad
@@ -83,8 +85,38 @@ def eps_for(eps, x):
     return torch.finfo(x.dtype).eps if eps is None else eps
 
 
-def param_tensor(p, name, x):
-    """None, or p checked as a (D,) CPU tensor of x's dtype (D = x's last axis)."""
+def row_shape(normalized_shape, x):
+    """The shape of one normalised row, as a tuple: x's last axis for None, else torch's
+    normalized_shape (an int, or a sequence of ints such as torch.Size) as a tuple.  The
+    sizes are checked against x by trailing_axes (and by resnorm)."""
+    if normalized_shape is None:
+        return (x.shape[-1],)
+    sizes = normalized_shape if isinstance(normalized_shape, (tuple, list)) else (
+        normalized_shape,)
+    try:
+        return tuple(operator.index(s) for s in sizes)
+    except TypeError:
+        raise TypeError(f"normalized_shape must be None, an int or a sequence of ints, got "
+                        f"{normalized_shape!r}") from None
+
+
+def trailing_axes(x, row, name="input"):
+    """Checks that x ends with the normalised axes `row` (a tuple, e.g. a module's
+    normalized_shape)."""
+    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(row):]) != row:
+        sizes = ", ".join(map(str, row))
+        raise ValueError(f"{name} must have shape (..., {sizes}) for normalized_shape={row}, "
+                         f"got {tuple(x.shape)}")
+
+
+def normalized_arg(row):
+    """normalized_shape as resnorm takes it: None for the last axis alone (its fast path)."""
+    return None if len(row) == 1 else row
+
+
+def param_tensor(p, name, x, row=None):
+    """None, or p checked as a CPU tensor of x's dtype of the normalised row's shape (row;
+    None: (D,), D = x's last axis)."""
     if p is None:
         return None
     if not isinstance(p, torch.Tensor):
@@ -95,9 +127,13 @@ def param_tensor(p, name, x):
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {p.layout}")
     if p.dtype is not x.dtype:
         raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {p.dtype}")
-    if p.dim() != 1 or p.shape[0] != x.shape[-1]:
-        raise ValueError(f"{name} must have shape ({x.shape[-1]},) (the input's last "
-                         f"axis), got {tuple(p.shape)}")
+    if row is None or len(row) == 1:
+        if p.dim() != 1 or p.shape[0] != x.shape[-1]:
+            raise ValueError(f"{name} must have shape ({x.shape[-1]},) (the input's last "
+                             f"axis), got {tuple(p.shape)}")
+    elif tuple(p.shape) != row:
+        raise ValueError(f"{name} must have shape {row} (normalized_shape), got "
+                         f"{tuple(p.shape)}")
     return p
 
 
@@ -115,23 +151,16 @@ def partner(t, name, x):
     return t
 
 
-def scale_tensor(alpha, x):
-    """alpha checked where torch knows more than resnorm: a tensor alpha must be a CPU tensor
-    of x's dtype (its shape, () or (D,), is checked by resnorm).  Numbers pass as they are."""
+def scale_tensor(alpha, x, name="alpha"):
+    """alpha (or a gate) checked where torch knows more than resnorm: a tensor must be a
+    CPU tensor of x's dtype (its shape is checked by resnorm).  Numbers pass as they are."""
     if isinstance(alpha, torch.Tensor):
         if not alpha.is_cpu:
-            raise TypeError(f"alpha must be a CPU tensor, got a tensor on device "
+            raise TypeError(f"{name} must be a CPU tensor, got a tensor on device "
                             f"'{alpha.device}'")
         if alpha.dtype is not x.dtype:
-            raise TypeError(f"alpha must have the input's dtype {x.dtype}, got {alpha.dtype}")
+            raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {alpha.dtype}")
     return alpha
-
-
-def last_axis(x, normalized_shape):
-    """Checks that x's last axis has a module's normalized_shape (a 1-tuple)."""
-    if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[-1] != normalized_shape[0]:
-        raise ValueError(f"input must have shape (..., {normalized_shape[0]}) for "
-                         f"normalized_shape={normalized_shape}, got {tuple(x.shape)}")
 
 
 class NoStorage(RuntimeError):
@@ -156,9 +185,12 @@ def new_like(x):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def row_count(x):
-    """Number of rows N of x seen as (N, D)."""
-    return x.numel() // x.shape[-1]
+def row_count(x, axes=1):
+    """Number of rows N of x seen as (N, D), a row spanning its last `axes` axes."""
+    d = 1
+    for s in x.shape[x.dim() - axes:]:
+        d *= s
+    return x.numel() // d
 
 
 def threads():
@@ -181,13 +213,14 @@ class ParamViews:
     assigning a new tensor or new .data (model.double(), param.data = ...) makes valid()
     False.  The views keep the old storage alive, so a new storage cannot reuse its address.
     """
-    __slots__ = ("weight", "bias", "dtype", "d", "w_ptr", "b_ptr", "w_shape", "b_shape",
-                 "weight_view", "bias_view", "default_eps")
+    __slots__ = ("weight", "bias", "dtype", "d", "row", "w_ptr", "b_ptr", "w_shape",
+                 "b_shape", "weight_view", "bias_view", "default_eps")
 
-    def __init__(self, weight, bias, x):
-        param_tensor(weight, "weight", x)
-        param_tensor(bias, "bias", x)
+    def __init__(self, weight, bias, x, row=None):
+        param_tensor(weight, "weight", x, row)
+        param_tensor(bias, "bias", x, row)
         self.weight, self.bias, self.dtype, self.d = weight, bias, x.dtype, x.shape[-1]
+        self.row = None if row is None or len(row) == 1 else row   # None: the last axis
         self.w_ptr, self.w_shape = _where(weight)
         self.b_ptr, self.b_shape = _where(bias)
         self.weight_view, self.bias_view = view(weight), view(bias)
@@ -195,8 +228,9 @@ class ParamViews:
 
     def valid(self, weight, bias, x):
         """True when weight and bias are the same tensors with the same memory, and x has
-        the dtype and last axis they were checked for."""
+        the dtype and the normalised axes they were checked for."""
         return (x.dtype is self.dtype and x.shape[-1] == self.d
+                and (self.row is None or tuple(x.shape[x.dim() - len(self.row):]) == self.row)
                 and weight is self.weight and bias is self.bias
                 and (weight is None or (weight.data_ptr() == self.w_ptr
                                         and weight.dtype is self.dtype

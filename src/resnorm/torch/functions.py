@@ -33,31 +33,42 @@ class _NormFunction(torch.autograd.Function):
         return super(torch.autograd.Function, cls).apply(*args)
 
 
-def _vmap(cls, info, in_dims, x, params, eps):
+def _vmap(cls, info, in_dims, x, params, eps, options):
     """The vmap rule of both Functions: the batch dimension becomes more rows of x (x is
     expanded when only a parameter is batched); batched parameters are applied with torch
-    operations after an unweighted norm (the kernels take one (D,) weight)."""
+    operations after an unweighted norm (the kernels take one weight)."""
     x_dim, param_dims = in_dims[0], in_dims[1:1 + len(params)]
     b = info.batch_size
     x = x.movedim(x_dim, 0) if x_dim is not None else x.expand(b, *x.shape)
     if all(d is None for d in param_dims):
-        y, cache = cls.apply(x, *params, eps)
+        y, cache = cls.apply(x, *params, eps, None, *options)
     else:
-        y, cache = cls.apply(x, *([None] * len(params)), eps)
-        shape = (b,) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+        y, cache = cls.apply(x, *([None] * len(params)), eps, None, *options)
+        normalized_shape, zero_centered = options
+        row = T.row_shape(normalized_shape, x)
+        shape = (b,) + (1,) * (x.dim() - 1 - len(row)) + row
         for op, p, d in zip((torch.mul, torch.add), params, param_dims):
             if p is not None:
-                y = op(y, p if d is None else p.movedim(d, 0).reshape(shape))
+                p = p if d is None else p.movedim(d, 0).reshape(shape)
+                y = op(y, composite.gain(p, zero_centered) if op is torch.mul else p)
     return (y, cache), (0, None)
 
 
-def _setup(ctx, x, weight, bias, eps, output):
+def _setup(ctx, x, weight, bias, eps, normalized_shape, zero_centered, output):
     """The common setup_context: the cache for the kernels, x and weight for autograd's
     in-place check and for the differentiable backward."""
     ctx.cache, ctx.eps, ctx.has_bias = output[1], eps, bias is not None
+    ctx.axes = 1 if normalized_shape is None else len(normalized_shape)
+    ctx.zero_centered = zero_centered
     ctx.save_for_backward(x, weight)
     if T.transforms_active():   # a jvp may follow
         ctx.save_for_forward(x, weight)
+
+
+def _jvp(ctx, layer, dx, dweight, dbias):
+    x, weight = ctx.saved_tensors
+    return composite.norm_jvp(x, weight, ctx.eps, layer, dx, dweight, dbias, ctx.axes,
+                              ctx.zero_centered), None
 
 
 def _rms_kernel_backward(ctx, dy):
@@ -65,13 +76,16 @@ def _rms_kernel_backward(ctx, dy):
 
 
 class RMSNormFunction(_NormFunction):
-    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps) over the last axis.
+    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps) over a row (the last axis, or the
+    normalised axes).
 
-    ``RMSNormFunction.apply(x, weight, eps, views=None) -> (y, cache)``: x (..., D), weight
-    (D,) or None, eps a positive float; views: optional (weight_view,), the NumPy view of
-    the weight its caller already holds (a module's); cache is resnorm's RMSNormCache
-    (NumPy views of x and the weight, the float64 rstd of each row), what backward
-    consumes.  resnorm.torch.rms_norm checks the arguments and returns y alone.
+    ``RMSNormFunction.apply(x, weight, eps, views=None, normalized_shape=None,
+    zero_centered=False) -> (y, cache)``: x (..., D), weight (D,) (or normalized_shape, a
+    tuple of x's trailing axes) or None, eps a positive float; views: optional
+    (weight_view,), the NumPy view of the weight its caller already holds (a module's);
+    zero_centered: the gain is 1 + weight.  cache is resnorm's RMSNormCache (NumPy views of
+    x and the gain, the float64 rstd of each row), what backward consumes.
+    resnorm.torch.rms_norm checks the arguments and returns y alone.
 
     Backward: dx = rstd * (g - xn * mean(g*xn)), g = dy*w, xn = x*rstd; dw = sum_rows dy*xn.
     NumPy reference: resnorm.reference.rms_norm_forward / rms_norm_backward.
@@ -79,26 +93,35 @@ class RMSNormFunction(_NormFunction):
     """
 
     @staticmethod
-    def forward(x, weight, eps, views=None):
-        return kernels.rms_norm_forward(x, weight, eps, views and views[0])
+    def forward(x, weight, eps, views=None, normalized_shape=None, zero_centered=False):
+        return kernels.rms_norm_forward(x, weight, eps, views and views[0],
+                                        normalized_shape=normalized_shape,
+                                        zero_centered_weight=zero_centered)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, weight, eps = inputs[:3]
-        _setup(ctx, x, weight, None, eps, output)
+        x, weight, eps, _views, normalized_shape, zero_centered = _padded(inputs, 3)
+        _setup(ctx, x, weight, None, eps, normalized_shape, zero_centered, output)
 
     @staticmethod
     def backward(ctx, dy, _dcache):
         return composite.gradients(ctx, dy, False, _rms_kernel_backward)
 
     @staticmethod
-    def jvp(ctx, dx, dweight, _deps, _dviews=None):
-        x, weight = ctx.saved_tensors
-        return composite.norm_jvp(x, weight, ctx.eps, False, dx, dweight, None), None
+    def jvp(ctx, dx, dweight, *_rest):
+        return _jvp(ctx, False, dx, dweight, None)
 
     @staticmethod
-    def vmap(info, in_dims, x, weight, eps, views=None):
-        return _vmap(RMSNormFunction, info, in_dims, x, (weight,), eps)
+    def vmap(info, in_dims, x, weight, eps, views=None, normalized_shape=None,
+             zero_centered=False):
+        return _vmap(RMSNormFunction, info, in_dims, x, (weight,), eps,
+                     (normalized_shape, zero_centered))
+
+
+def _padded(inputs, n):
+    """A Function's inputs with the optional ones (views, normalized_shape, zero_centered)
+    at their defaults when not passed; n: the required ones."""
+    return tuple(inputs) + (None, None, False)[len(inputs) - n:]
 
 
 def _layer_kernel_backward(ctx, dy):
@@ -106,13 +129,14 @@ def _layer_kernel_backward(ctx, dy):
 
 
 class LayerNormFunction(_NormFunction):
-    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps) over the last axis.
+    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps) over a row.
 
-    ``LayerNormFunction.apply(x, weight, bias, eps, views=None) -> (y, cache)``: weight,
-    bias (D,) or None independently; views: optional (weight_view, bias_view) the caller
-    already holds; cache is resnorm's LayerNormCache (views of x and the weight, the
-    float64 mean and rstd of each row), what backward consumes.
-    resnorm.torch.layer_norm checks the arguments and returns y alone.
+    ``LayerNormFunction.apply(x, weight, bias, eps, views=None, normalized_shape=None,
+    zero_centered=False) -> (y, cache)``: weight, bias (D,) (or normalized_shape) or None
+    independently; views: optional (weight_view, bias_view) the caller already holds;
+    cache is resnorm's LayerNormCache (views of x and the gain, the float64 mean and rstd
+    of each row), what backward consumes.  resnorm.torch.layer_norm checks the arguments
+    and returns y alone.
 
     Backward: xhat = (x-mean)*rstd, g = dy*w: dx = rstd*(g - mean(g) - xhat*mean(g*xhat)),
     dw = sum_rows dy*xhat, db = sum_rows dy.
@@ -121,26 +145,29 @@ class LayerNormFunction(_NormFunction):
     """
 
     @staticmethod
-    def forward(x, weight, bias, eps, views=None):
-        return kernels.layer_norm_forward(x, weight, bias, eps, *(views or ()))
+    def forward(x, weight, bias, eps, views=None, normalized_shape=None, zero_centered=False):
+        return kernels.layer_norm_forward(x, weight, bias, eps, *(views or ()),
+                                          normalized_shape=normalized_shape,
+                                          zero_centered_weight=zero_centered)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, weight, bias, eps = inputs[:4]
-        _setup(ctx, x, weight, bias, eps, output)
+        x, weight, bias, eps, _views, normalized_shape, zero_centered = _padded(inputs, 4)
+        _setup(ctx, x, weight, bias, eps, normalized_shape, zero_centered, output)
 
     @staticmethod
     def backward(ctx, dy, _dcache):
         return composite.gradients(ctx, dy, True, _layer_kernel_backward)
 
     @staticmethod
-    def jvp(ctx, dx, dweight, dbias, _deps, _dviews=None):
-        x, weight = ctx.saved_tensors
-        return composite.norm_jvp(x, weight, ctx.eps, True, dx, dweight, dbias), None
+    def jvp(ctx, dx, dweight, dbias, *_rest):
+        return _jvp(ctx, True, dx, dweight, dbias)
 
     @staticmethod
-    def vmap(info, in_dims, x, weight, bias, eps, views=None):
-        return _vmap(LayerNormFunction, info, in_dims, x, (weight, bias), eps)
+    def vmap(info, in_dims, x, weight, bias, eps, views=None, normalized_shape=None,
+             zero_centered=False):
+        return _vmap(LayerNormFunction, info, in_dims, x, (weight, bias), eps,
+                     (normalized_shape, zero_centered))
 
 
 def wants_grad(x, weight, bias):
@@ -150,34 +177,43 @@ def wants_grad(x, weight, bias):
                                         or (bias is not None and bias.requires_grad))
 
 
-def norm(layer, x, weight, bias, eps, views=None):
+def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_centered=False):
     """One norm call on the cheapest path that computes it (see the module docstring).
 
     layer: LayerNorm (else RMSNorm, bias None).  views: NumPy views (weight, bias) the
     caller already holds for these parameters (a module's ParamViews), or None.
+    normalized_shape: None (the last axis) or torch's argument (an int or a sequence of
+    x's trailing sizes); zero_centered: the gain is 1 + weight.
     """
     x = T.input_tensor(x)
     eps = T.eps_for(eps, x)
-    T.param_tensor(weight, "weight", x)
-    T.param_tensor(bias, "bias", x)
+    row = T.row_shape(normalized_shape, x)
+    if normalized_shape is not None:
+        T.trailing_axes(x, row, "x")
+    T.param_tensor(weight, "weight", x, row)
+    T.param_tensor(bias, "bias", x, row)
+    ns = T.normalized_arg(row)
     if T.graph_capture():
         if layer:
-            return ops.layer_norm(x, weight, bias, eps)[0]
-        return ops.rms_norm(x, weight, eps)[0]
+            return ops.layer_norm(x, weight, bias, eps, len(row), zero_centered)[0]
+        return ops.rms_norm(x, weight, eps, len(row), zero_centered)[0]
     if not (wants_grad(x, weight, bias) or T.transforms_active()):
         try:
+            options = dict(normalized_shape=ns, zero_centered_weight=zero_centered)
             if layer:
-                return kernels.layer_norm(x, *(views or (T.view(weight), T.view(bias))), eps)
-            return kernels.rms_norm(x, views[0] if views else T.view(weight), eps)
+                return kernels.layer_norm(x, *(views or (T.view(weight), T.view(bias))), eps,
+                                          **options)
+            return kernels.rms_norm(x, views[0] if views else T.view(weight), eps, **options)
         except T.NoStorage:
             pass   # a batched tensor outside torch.func: the Function's rules take it
     if layer:
-        return LayerNormFunction.apply(x, weight, bias, eps, views)[0]
-    return RMSNormFunction.apply(x, weight, eps, views)[0]
+        return LayerNormFunction.apply(x, weight, bias, eps, views, ns, zero_centered)[0]
+    return RMSNormFunction.apply(x, weight, eps, views, ns, zero_centered)[0]
 
 
-def rms_norm(x, weight=None, eps=1e-6):
-    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis of x (..., D).
+def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_weight=False):
+    """y = x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), over the last axis of x (..., D)
+    (or the trailing axes of normalized_shape together).
 
     Differentiable (RMSNormFunction), also twice, and under torch.compile, torch.func.vmap
     and forward-mode AD.
@@ -187,9 +223,14 @@ def rms_norm(x, weight=None, eps=1e-6):
     x : torch.Tensor
         float32 or float64 CPU tensor of shape (..., D).
     weight : torch.Tensor or None
-        (D,) of x's dtype, or None (w = 1).
+        (D,) (or normalized_shape) of x's dtype, or None (w = 1).
     eps : float or None
         Added to mean(x^2); None means torch.finfo(x.dtype).eps, as in torch.
+    normalized_shape : int or sequence of int, optional
+        The normalised trailing axes, as in torch.nn.functional.rms_norm (e.g. (5, 64) for
+        x of shape (..., 5, 64)); None: the last axis.
+    zero_centered_weight : bool
+        The gain is 1 + weight (Gemma's RMSNorm), rounded once in x's dtype.
 
     Returns
     -------
@@ -210,14 +251,19 @@ def rms_norm(x, weight=None, eps=1e-6):
     >>> x = torch.tensor([[3.0, 4.0]])
     >>> rt.rms_norm(x, eps=1e-12)
     tensor([[0.8485, 1.1314]])
+    >>> rt.rms_norm(torch.ones(2, 2, 3), torch.zeros(2, 3), normalized_shape=(2, 3),
+    ...             zero_centered_weight=True)[0, 0]
+    tensor([1.0000, 1.0000, 1.0000])
 
     NumPy reference: resnorm.reference.rms_norm_forward.
     """
-    return norm(False, x, weight, None, eps)
+    return norm(False, x, weight, None, eps, None, normalized_shape, zero_centered_weight)
 
 
-def layer_norm(x, weight=None, bias=None, eps=1e-5):
-    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis of x.
+def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+               zero_centered_weight=False):
+    """y = (x - mean) * rstd * w + b,  rstd = 1/sqrt(var + eps), over the last axis of x
+    (or the trailing axes of normalized_shape together).
 
     Differentiable (LayerNormFunction), also twice, and under torch.compile, torch.func.vmap
     and forward-mode AD.
@@ -227,9 +273,12 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
     x : torch.Tensor
         float32 or float64 CPU tensor of shape (..., D).
     weight, bias : torch.Tensor or None
-        (D,) of x's dtype, or None, independently.
+        (D,) (or normalized_shape) of x's dtype, or None, independently.
     eps : float or None
         Added to the (biased) variance; None means torch.finfo(x.dtype).eps.
+    normalized_shape : int or sequence of int, optional
+    zero_centered_weight : bool
+        As in rms_norm.
 
     Returns
     -------
@@ -249,4 +298,4 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5):
 
     NumPy reference: resnorm.reference.layer_norm_forward.
     """
-    return norm(True, x, weight, bias, eps)
+    return norm(True, x, weight, bias, eps, None, normalized_shape, zero_centered_weight)

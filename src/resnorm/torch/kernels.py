@@ -10,39 +10,43 @@ The training forms return resnorm's cache, which the backward consumes: it holds
 views of x and the weight (the same memory as the tensors) and the float64 row statistics.
 The custom operators, which may pass only tensors between forward and backward, rebuild
 the cache from saved tensors (rms_norm_cache / layer_norm_cache).
+
+The norms' options, as resnorm takes them (``**options``): normalized_shape (None for the
+last axis) and zero_centered_weight.
 """
 import resnorm
 
 from ._tensors import tensor, threads, view
 
 
-def rms_norm(x, weight_view, eps):
+def rms_norm(x, weight_view, eps, **options):
     """Inference: y = x * rstd * w (resnorm.rms_norm); weight as a NumPy view or None."""
-    return tensor(resnorm.rms_norm(view(x), weight_view, eps, n_threads=threads()))
+    return tensor(resnorm.rms_norm(view(x), weight_view, eps, **options, n_threads=threads()))
 
 
-def layer_norm(x, weight_view, bias_view, eps):
+def layer_norm(x, weight_view, bias_view, eps, **options):
     """Inference: y = (x - mean) * rstd * w + b (resnorm.layer_norm); NumPy views or None."""
-    return tensor(resnorm.layer_norm(view(x), weight_view, bias_view, eps,
-                                               n_threads=threads()))
+    return tensor(resnorm.layer_norm(view(x), weight_view, bias_view, eps, **options,
+                                     n_threads=threads()))
 
 
-def rms_norm_forward(x, weight, eps, weight_view=None):
+def rms_norm_forward(x, weight, eps, weight_view=None, **options):
     """Training forward: (y, cache).  weight_view: the weight's NumPy view, when the caller
     already has one (a module's cached view)."""
     if weight_view is None:
         weight_view = view(weight)
-    y, cache = resnorm.rms_norm_forward(view(x), weight_view, eps, n_threads=threads())
+    y, cache = resnorm.rms_norm_forward(view(x), weight_view, eps, **options,
+                                        n_threads=threads())
     return tensor(y), cache
 
 
-def layer_norm_forward(x, weight, bias, eps, weight_view=None, bias_view=None):
+def layer_norm_forward(x, weight, bias, eps, weight_view=None, bias_view=None, **options):
     """Training forward: (y, cache); the views as for rms_norm_forward."""
     if weight_view is None:
         weight_view = view(weight)
     if bias_view is None:
         bias_view = view(bias)
-    y, cache = resnorm.layer_norm_forward(view(x), weight_view, bias_view, eps,
+    y, cache = resnorm.layer_norm_forward(view(x), weight_view, bias_view, eps, **options,
                                           n_threads=threads())
     return tensor(y), cache
 
@@ -60,20 +64,33 @@ def layer_norm_backward(dy, cache):
             tensor(db))
 
 
-def _rows(x):
-    """x's storage as the (N, D) rows a cache holds (a view when x is contiguous)."""
-    return view(x.contiguous()).reshape(-1, x.shape[-1])
+def _rows(x, axes):
+    """x's storage as the (N, D) rows a cache holds (a view when x is contiguous), a row
+    spanning the last `axes` axes."""
+    d = 1
+    for s in x.shape[x.dim() - axes:]:
+        d *= s
+    return view(x.contiguous()).reshape(-1, d)
 
 
-def rms_norm_cache(x, weight, rstd):
+def _gain(weight, zero_centered):
+    """The (D,) gain the kernels applied: the weight, or 1 + weight (rounded once in its
+    dtype, as resnorm computes it), flattened."""
+    if weight is None:
+        return None
+    return view((weight.detach() + 1 if zero_centered else weight).reshape(-1))
+
+
+def rms_norm_cache(x, weight, rstd, axes=1, zero_centered=False):
     """The RMSNormCache rms_norm_forward made, from its tensors (x, weight, rstd)."""
-    return resnorm.RMSNormCache(_rows(x), view(weight), view(rstd), tuple(x.shape))
+    return resnorm.RMSNormCache(_rows(x, axes), _gain(weight, zero_centered), view(rstd),
+                                tuple(x.shape), axes)
 
 
-def layer_norm_cache(x, weight, has_bias, mean, rstd):
+def layer_norm_cache(x, weight, has_bias, mean, rstd, axes=1, zero_centered=False):
     """The LayerNormCache layer_norm_forward made, from its tensors."""
-    return resnorm.LayerNormCache(_rows(x), view(weight), has_bias, view(mean), view(rstd),
-                                  tuple(x.shape))
+    return resnorm.LayerNormCache(_rows(x, axes), _gain(weight, zero_centered), has_bias,
+                                  view(mean), view(rstd), tuple(x.shape), axes)
 
 
 def dropout(x, p, seed):

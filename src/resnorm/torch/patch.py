@@ -9,16 +9,17 @@ so an optimizer built before the patch keeps training the same tensors.
 torch.nn.RMSNorm / LayerNorm become resnorm.torch.RMSNorm / LayerNorm; any other class C
 becomes a subclass of C made once per class (same name, isinstance(m, C) still true).
 undo() switches the classes back.  Modules that do not match, or that resnorm cannot run
-(half precision, CUDA, several normalised axes, ...), stay on torch and are listed in
-Patch.skipped with the reason, and a warning says so.
+(half precision, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
+and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
+swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
 """
 import warnings
 
 import torch
 from torch import nn
 
-from . import functions
-from .modules import LayerNorm, RMSNorm, forget_views, module_norm, parameter
+from .modules import LayerNorm, RMSNorm, forget_views, module_norm
+from .residual_modules import OWN_MODULES
 from .recognise import norm_like, recognise
 
 _RESNORM_CLASS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
@@ -54,9 +55,9 @@ def _forward(self, x):
             f"{' and '.join(map(str, spec.dtypes))} input, got {x.dtype}; call "
             f"patch(model) again after changing the model's dtype, or undo() the patch")
     eps = getattr(self, spec.eps_attr)
-    if spec.kind == "rms_1p":   # Gemma: y = rms_norm(x) * (1 + w), in w's dtype
-        return functions.norm(False, x, 1 + parameter(self, "weight"), None, eps)
-    return module_norm(self, x, spec.layer, eps)
+    # Gemma's y = rms_norm(x) * (1 + w): resnorm's zero-centred weight, 1 + w in w's dtype
+    return module_norm(self, x, spec.layer, eps, spec.normalized_shape,
+                       spec.kind == "rms_1p")
 
 
 def _unpickle(original):
@@ -76,6 +77,11 @@ def _subclass(original):
 
 def _is_patched(module):
     return type(module) in _TORCH_CLASS or isinstance(module, _Patched)
+
+
+def _on_resnorm(module):
+    """Patched already, or one of resnorm.torch's own modules (left as they are)."""
+    return _is_patched(module) or type(module) in OWN_MODULES
 
 
 def _original(module):
@@ -143,7 +149,8 @@ def patch(model):
     model : torch.nn.Module
         Patched in place.  Its norm-like modules (leaf modules whose class name contains
         "norm", and torch's norms) are run on a probe input and compared with resnorm's
-        RMSNorm, (1 + w) RMSNorm and LayerNorm; those that match are switched to resnorm.
+        RMSNorm, (1 + w) RMSNorm and LayerNorm, over their normalised axes (one or
+        several); those that match are switched to resnorm.
 
     Returns
     -------
@@ -173,7 +180,7 @@ def patch(model):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     swapped, skipped = [], []
     for name, module in model.named_modules():
-        if _is_patched(module) or not norm_like(module):
+        if _on_resnorm(module) or not norm_like(module):
             continue
         spec, reason = recognise(module)
         if spec is None:

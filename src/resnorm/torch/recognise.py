@@ -3,8 +3,9 @@
 patch() hands every norm-like module of a model (a leaf module whose class name contains
 "norm", or any torch norm) to recognise(), which
 
-1. reads what resnorm would need: a weight and/or bias of shape (D,), no buffers, an eps
-   attribute (``eps``, ``variance_epsilon`` or ``epsilon``), float32/float64 on the CPU;
+1. reads what resnorm would need: a weight and/or bias of one shape (the normalised
+   axes: (D,), or several, e.g. (5, 64)), no buffers, an eps attribute (``eps``,
+   ``variance_epsilon`` or ``epsilon``), float32/float64 on the CPU;
 2. runs the module on a probe input (with random parameters, through
    torch.func.functional_call, so the module's own tensors are not touched) in training
    and in eval mode, and compares the outputs with each formula resnorm computes:
@@ -37,11 +38,13 @@ _ROWS = 8
 
 @dataclass(frozen=True)
 class NormSpec:
-    """How resnorm computes a recognised module: the formula, where its eps is, and the
-    dtypes the probe checked (inputs of other dtypes are refused at call time)."""
+    """How resnorm computes a recognised module: the formula, where its eps is, the dtypes
+    the probe checked (inputs of other dtypes are refused at call time) and the normalised
+    axes."""
     kind: str                 # 'rms', 'rms_1p' or 'layer'
     eps_attr: str             # the module attribute holding eps
     dtypes: tuple             # torch dtypes checked by the probe
+    normalized_shape: tuple = None   # several normalised axes; None: the last one
 
     @property
     def layer(self):
@@ -56,22 +59,21 @@ def norm_like(module):
     return isinstance(module, TORCH_NORMS) or "norm" in type(module).__name__.lower()
 
 
-def _size(module, params):
-    """D, the normalised size: from the parameters, else normalized_shape; or a reason."""
-    sizes = {tuple(p.shape) for p in params.values()}
-    if len(sizes) > 1 or any(len(s) != 1 for s in sizes):
-        shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
-        return None, f"its parameters ({shapes}) are not (D,) vectors of one size"
-    if sizes:
-        return sizes.pop()[0], None
+def _row(module, params):
+    """The normalised axes' shape (a tuple): the parameters', else normalized_shape's; or
+    a reason."""
+    shapes = {tuple(p.shape) for p in params.values()}
+    if len(shapes) > 1 or any(len(s) == 0 or 0 in s for s in shapes):
+        listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+        return None, f"its parameters ({listed}) do not have one shape, that of a row"
+    if shapes:
+        return shapes.pop(), None
     shape = getattr(module, "normalized_shape", None)
-    if isinstance(shape, int):
-        return shape, None
-    if isinstance(shape, (tuple, list)) and len(shape) == 1:
-        return shape[0], None
-    if isinstance(shape, (tuple, list)):
-        return None, (f"normalized_shape={tuple(shape)} spans {len(shape)} axes; resnorm "
-                      f"normalises over the last axis only")
+    if isinstance(shape, int) and not isinstance(shape, bool) and shape > 0:
+        return (shape,), None
+    if (isinstance(shape, (tuple, list)) and shape
+            and all(isinstance(s, int) and s > 0 for s in shape)):
+        return tuple(shape), None
     return None, "it has no weight, bias or normalized_shape to tell the normalised size"
 
 
@@ -83,14 +85,15 @@ def _eps_attribute(module):
     return None
 
 
-def _probe_input(d, dtype, eps, generator):
-    """(rows, D) probe rows: unit scale, large with an offset (LayerNorm vs RMSNorm), and
+def _probe_input(row, dtype, eps, generator):
+    """(rows, *row) probe rows: unit scale, large with an offset (LayerNorm vs RMSNorm), and
     rows whose mean square is about eps (where the eps term decides the output)."""
-    x = torch.randn(_ROWS, d, generator=generator, dtype=torch.float64)
+    x = torch.randn((_ROWS,) + row, generator=generator, dtype=torch.float64)
     x[1] = x[1] * 1e3 + 50.0
     x[2] = x[2] + 3.0
     small = max(eps, float(torch.finfo(dtype).tiny) * 1e6) ** 0.5
-    x[3:6] *= small * torch.tensor([[0.5], [1.0], [2.0]], dtype=torch.float64)
+    x[3:6] *= small * torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).reshape(
+        (3,) + (1,) * len(row))
     return x.to(dtype)
 
 
@@ -100,12 +103,10 @@ def _candidates(params):
     return ("rms", "rms_1p", "layer") if "weight" in params else ("rms", "layer")
 
 
-def _resnorm_output(kind, x, params, eps):
-    weight, bias = params.get("weight"), params.get("bias")
-    if kind == "rms_1p":
-        weight = 1 + weight
+def _resnorm_output(kind, x, params, eps, row):
     with torch.no_grad():
-        return functions.norm(kind == "layer", x, weight, bias, eps)
+        return functions.norm(kind == "layer", x, params.get("weight"), params.get("bias"),
+                              eps, None, row, kind == "rms_1p")
 
 
 def _mismatch(y, ref, dtype):
@@ -148,7 +149,7 @@ def recognise(module):
         problem = T.dtype_problem(p.dtype)
         if problem is not None:
             return None, f"its {name} is {p.dtype}: {problem}"
-    d, reason = _size(module, params)
+    row, reason = _row(module, params)
     if reason is not None:
         return None, reason
     eps_attr = _eps_attribute(module)
@@ -158,10 +159,10 @@ def recognise(module):
     dtypes = tuple({p.dtype for p in params.values()}) or tuple(T.NUMPY_DTYPES)
     if len(dtypes) > 1 and params:
         return None, "its weight and bias have different dtypes"
-    return _probe(module, params, d, eps_attr, dtypes)
+    return _probe(module, params, row, eps_attr, dtypes)
 
 
-def _probe(module, params, d, eps_attr, dtypes):
+def _probe(module, params, row, eps_attr, dtypes):
     generator = torch.Generator().manual_seed(20240611)   # never torch's global generator
     closest = None   # (ratio, difference, tolerance, kind, dtype) of the nearest formula
     for kind in _candidates(params):
@@ -169,23 +170,23 @@ def _probe(module, params, d, eps_attr, dtypes):
         for dtype in dtypes:
             eps = getattr(module, eps_attr)
             eps = torch.finfo(dtype).eps if eps is None else eps
-            x = _probe_input(d, dtype, eps, generator)
-            random = {n: (1 + 0.5 * torch.randn(d, generator=generator, dtype=torch.float64)
+            x = _probe_input(row, dtype, eps, generator)
+            random = {n: (1 + 0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
                           if n == "weight" else
-                          0.5 * torch.randn(d, generator=generator, dtype=torch.float64)
+                          0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
                           ).to(dtype) for n in params}
             try:
                 outputs = _run(module, random, x)
             except Exception as e:   # noqa: BLE001 - any failure means "not recognised"
                 return None, (f"calling it on a probe input of shape {tuple(x.shape)} failed "
                               f"({type(e).__name__}: {e})")
-            ref = _resnorm_output(kind, x, random, eps)
+            ref = _resnorm_output(kind, x, random, eps, row)
             for y in outputs:
                 diff, tol = _mismatch(y, ref, dtype)
                 if diff / tol > worst[0]:
                     worst = (diff / tol, diff, tol, kind, dtype)
         if worst[0] <= 1.0:
-            return NormSpec(kind, eps_attr, dtypes), None
+            return NormSpec(kind, eps_attr, dtypes, row if len(row) > 1 else None), None
         if closest is None or worst[0] < closest[0]:
             closest = worst
     _, diff, tol, kind, dtype = closest

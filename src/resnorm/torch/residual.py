@@ -1,17 +1,21 @@
-"""torch.autograd.Functions for resnorm's fused residual kernels: Pre-Norm add + norm with
-dropout, and inverted dropout.
+"""torch.autograd.Functions for resnorm's fused residual kernels: add + norm with dropout
+(Pre-Norm and Post-Norm), and inverted dropout.
 
 Pre-Norm (resnorm.add_rms_norm / add_layer_norm):  h = residual + alpha * dropout(x, p, seed),
 y = norm(h); apply returns (y, h): y feeds the next sublayer, h is the new residual stream.
 One pass over memory: x and residual are read once, y and h written once.  Backward takes
 the gradients of both outputs (that of h may be absent) and never stores the dropout mask:
-the kernel regenerates it from (seed, index).
+the kernel regenerates it from (seed, index).  Post-Norm (resnorm.add_rms_norm_post /
+add_layer_norm_post): y = norm(residual + alpha * dropout(x)) alone; h is not written, and
+backward recomputes it.
 
-alpha: a real number (fixed, no gradient), or a tensor of shape () or (D,) of x's dtype
-(a learnable scalar / LayerScale vector: it gets a gradient when it requires grad).
-ctx keeps resnorm's cache (h by reference, the float64 row statistics, x only for a tensor
-alpha) and saves h, the weight and (when alpha requires grad) x, so that autograd catches
-an in-place change of any of them before backward.
+alpha: a real number (fixed, no gradient), or a tensor of shape () or of a row's (D,) of
+x's dtype (a learnable scalar / LayerScale vector: it gets a gradient when it requires
+grad).  The norms' options: normalized_shape (a row spans those trailing axes; weight,
+bias and a per-channel alpha have their shape) and zero_centered_weight (the gain 1 + w).
+ctx keeps resnorm's cache (by reference: Pre-Norm h, Post-Norm x and residual; the float64
+row statistics; x for a tensor alpha) and saves those tensors and the weight, so that
+autograd catches an in-place change of any of them before backward.
 
 Second derivatives: a backward asked to build a graph (create_graph=True) returns
 differentiable torch expressions of the same formulas (resnorm.torch.composite).
@@ -34,12 +38,18 @@ _NO_TRANSFORMS = ("{name} does not support torch.func transforms (vmap, grad, ja
                   "which supports them.")
 
 
+def _resnorm_name(layer, prenorm):
+    """The name of resnorm's fused function (its _forward and _backward forms) for (layer,
+    prenorm), looked up at call time."""
+    return ("add_layer_norm" if layer else "add_rms_norm") + ("" if prenorm else "_post")
+
+
 def _refuse_transforms(name, norm_name):
     if T.functorch_active():
         raise RuntimeError(_NO_TRANSFORMS.format(name=f"resnorm.torch.{name}", norm=norm_name))
 
 
-def _alpha_arg(alpha, x, wanted):
+def alpha_arg(alpha, x, wanted):
     """alpha as resnorm takes it: a number as is, a tensor as a NumPy view, except that a
     0-d tensor whose gradient is not wanted is passed as its (exact) value, so that
     resnorm neither keeps x nor computes dalpha for it."""
@@ -51,97 +61,133 @@ def _alpha_arg(alpha, x, wanted):
     return T.view(alpha)
 
 
-def _forward(ctx, layer, x, residual, weight, bias, alpha, eps, p, seed, training):
-    """Checks, runs resnorm's fused forward; keeps its cache on ctx; returns (y, h)."""
+def _forward(ctx, layer, prenorm, x, residual, weight, bias, alpha, eps, p, seed, training,
+             normalized_shape, zero_centered):
+    """Checks, runs resnorm's fused forward; keeps its cache on ctx; returns (y, h)
+    (Pre-Norm) or y (Post-Norm)."""
     x = T.input_tensor(x)
     residual = T.partner(residual, "residual", x)
-    T.param_tensor(weight, "weight", x)
-    T.param_tensor(bias, "bias", x)
+    row = T.row_shape(normalized_shape, x)
+    if normalized_shape is not None:
+        T.trailing_axes(x, row, "x")
+    T.param_tensor(weight, "weight", x, row)
+    T.param_tensor(bias, "bias", x, row)
     eps = T.eps_for(eps, x)
-    options = dict(alpha=_alpha_arg(alpha, x, ctx.needs_input_grad[3]), p=p, seed=seed,
-                   training=training, n_threads=T.threads())
-    if layer:
-        (y, h), ctx.cache = resnorm.add_layer_norm_forward(
-            T.view(x), T.view(residual), T.view(weight), T.view(bias), eps, **options)
-    else:
-        (y, h), ctx.cache = resnorm.add_rms_norm_forward(
-            T.view(x), T.view(residual), T.view(weight), eps, **options)
-    y, h = T.tensor(y), T.tensor(h)
+    wants_alpha = ctx.needs_input_grad[3]
+    options = dict(alpha=alpha_arg(alpha, x, wants_alpha), p=p, seed=seed, training=training,
+                   normalized_shape=T.normalized_arg(row), zero_centered_weight=zero_centered,
+                   n_threads=T.threads())
+    params = (T.view(weight),) + ((T.view(bias),) if layer else ())
+    forward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_forward")
+    out, ctx.cache = forward(T.view(x), T.view(residual), *params, eps, **options)
     ctx.alpha, ctx.eps, ctx.p, ctx.seed, ctx.training = alpha, eps, p, seed, training
-    ctx.has_bias = bias is not None
+    ctx.has_bias, ctx.axes, ctx.zero_centered = bias is not None, len(row), zero_centered
     ctx.set_materialize_grads(False)   # an unused h must not cost a tensor of zeros
-    ctx.save_for_backward(h, weight, x if ctx.needs_input_grad[3] else None)
-    return y, h
+    if prenorm:
+        y, h = T.tensor(out[0]), T.tensor(out[1])
+        ctx.save_for_backward(h, weight, x if wants_alpha else None)
+        return y, h
+    ctx.save_for_backward(residual, weight, x)
+    return T.tensor(out)
 
 
-def _backward(ctx, layer, dy, dh):
-    """(dx, dresidual, dweight, dalpha, dbias), None where autograd wants none: resnorm's
-    fused backward, or differentiable torch expressions when a graph is to be built."""
-    h, weight, x = ctx.saved_tensors   # also autograd's in-place check of h, weight, x
+def _backward(ctx, layer, prenorm, dy, dh):
+    """The gradients of the Function's inputs (x, residual, weight, alpha, [bias,] then
+    None for the rest), None where autograd wants none: resnorm's fused backward, or
+    differentiable torch expressions when a graph is to be built."""
+    saved = ctx.saved_tensors   # also autograd's in-place check of what backward reads
     want = ctx.needs_input_grad
+    drop = lambda t: dropout(t, ctx.p, seed=ctx.seed, training=ctx.training)  # noqa: E731
     if torch.is_grad_enabled():
+        if prenorm:
+            h, weight, x = saved
+        else:   # h recomputed in torch operations, differentiable in x, residual, alpha
+            residual, weight, x = saved
+            h = residual + ctx.alpha * drop(x)
         grads = composite.add_norm_backward(
-            dy, dh, h, x, weight, ctx.has_bias, ctx.alpha, ctx.eps, layer,
-            lambda t: dropout(t, ctx.p, seed=ctx.seed, training=ctx.training))
+            dy, dh, h, x if want[3] else None, weight, ctx.has_bias, ctx.alpha, ctx.eps,
+            layer, drop, ctx.axes, ctx.zero_centered)
     else:
-        dy = torch.zeros_like(h) if dy is None else dy
-        if layer:
-            dx, dres, dw, db, dalpha = resnorm.add_layer_norm_backward(
-                T.view(dy), T.view(dh), ctx.cache, n_threads=T.threads())
-        else:
-            (dx, dres, dw, dalpha), db = resnorm.add_rms_norm_backward(
-                T.view(dy), T.view(dh), ctx.cache, n_threads=T.threads()), None
+        dy = torch.zeros_like(saved[0]) if dy is None else dy
+        args = (T.view(dy), T.view(dh)) if prenorm else (T.view(dy),)
+        backward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_backward")
+        result = backward(*args, ctx.cache, n_threads=T.threads())
+        dx, dres, dw, *rest = result
+        db, dalpha = (rest[0], rest[1]) if layer else (None, rest[0])
         grads = tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
     wanted = (*want[:4], layer and want[4])
-    return tuple(g if w else None for g, w in zip(grads, wanted))
+    grads = tuple(g if w else None for g, w in zip(grads, wanted))
+    return (grads if layer else grads[:4]) + (None,) * (len(want) - (5 if layer else 4))
 
 
-class AddRMSNormFunction(torch.autograd.Function):
-    """h = residual + alpha * dropout(x);  y = h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
+def _fused_function(name, layer, prenorm, doc):
+    """The torch.autograd.Function of one fused kernel: apply(x, residual, weight, alpha,
+    [bias,] eps, p, seed, training, normalized_shape=None, zero_centered=False) returns
+    (y, h) (Pre-Norm) or y (Post-Norm); bias follows alpha, so that every one of them has
+    x, residual, weight, alpha first."""
+    if layer:
+        def forward(ctx, x, residual, weight, alpha, bias, eps, p, seed, training,
+                    normalized_shape=None, zero_centered=False):
+            return _forward(ctx, True, prenorm, x, residual, weight, bias, alpha, eps, p, seed,
+                            training, normalized_shape, zero_centered)
+    else:
+        def forward(ctx, x, residual, weight, alpha, eps, p, seed, training,
+                    normalized_shape=None, zero_centered=False):
+            return _forward(ctx, False, prenorm, x, residual, weight, None, alpha, eps, p, seed,
+                            training, normalized_shape, zero_centered)
+    if prenorm:
+        def backward(ctx, dy, dh):
+            return _backward(ctx, layer, True, dy, dh)
+    else:
+        def backward(ctx, dy):
+            return _backward(ctx, layer, False, dy, None)
 
-    Backward: gh = dh + rstd*(g - hn*mean(g*hn)), g = dy*w, hn = h*rstd; dresidual = gh;
-    dx = gh * alpha * keep/(1-p); dweight = sum dy*hn; dalpha = sum gh * dropout(x).
-    NumPy reference: resnorm.reference.add_rms_norm_forward / add_rms_norm_backward.
-    apply(x, residual, weight or None, alpha, eps, p, seed, training) -> (y, h).
-    """
-
-    @staticmethod
-    def forward(ctx, x, residual, weight, alpha, eps, p, seed, training):
-        return _forward(ctx, False, x, residual, weight, None, alpha, eps, p, seed, training)
-
-    @staticmethod
-    def backward(ctx, dy, dh):
-        return _backward(ctx, False, dy, dh)[:4] + (None,) * 4
-
-    @staticmethod
     def jvp(ctx, *tangents):
-        raise RuntimeError(_NO_TRANSFORMS.format(name="resnorm.torch.add_rms_norm",
-                                                 norm="rms_norm"))
+        raise RuntimeError(_NO_TRANSFORMS.format(
+            name=f"resnorm.torch.{_resnorm_name(layer, prenorm)}",
+            norm="layer_norm" if layer else "rms_norm"))
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "__module__": __name__, "__qualname__": name,
+                 "forward": staticmethod(forward), "backward": staticmethod(backward),
+                 "jvp": staticmethod(jvp)})
 
 
-class AddLayerNormFunction(torch.autograd.Function):
-    """h = residual + alpha * dropout(x);  y = (h - mean) * rstd * w + b.
+AddRMSNormFunction = _fused_function("AddRMSNormFunction", False, True, """\
+h = residual + alpha * dropout(x);  y = h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
 
-    Backward: hhat = (h-mean)*rstd, g = dy*w, gh = dh + rstd*(g - mean(g) - hhat*mean(g*hhat));
-    dresidual = gh; dx = gh * alpha * keep/(1-p); dweight = sum dy*hhat; dbias = sum dy;
-    dalpha = sum gh * dropout(x).
-    NumPy reference: resnorm.reference.add_layer_norm_forward / add_layer_norm_backward.
-    apply(x, residual, weight or None, alpha, bias or None, eps, p, seed, training) -> (y, h)
-    (alpha before bias, so that both Functions have x, residual, weight, alpha first).
-    """
+Backward: gh = dh + rstd*(g - hn*mean(g*hn)), g = dy*w, hn = h*rstd; dresidual = gh;
+dx = gh * alpha * keep/(1-p); dweight = sum dy*hn; dalpha = sum gh * dropout(x).
+NumPy reference: resnorm.reference.add_rms_norm_forward / add_rms_norm_backward.
+apply(x, residual, weight or None, alpha, eps, p, seed, training, normalized_shape=None,
+zero_centered=False) -> (y, h).
+""")
 
-    @staticmethod
-    def forward(ctx, x, residual, weight, alpha, bias, eps, p, seed, training):
-        return _forward(ctx, True, x, residual, weight, bias, alpha, eps, p, seed, training)
+AddLayerNormFunction = _fused_function("AddLayerNormFunction", True, True, """\
+h = residual + alpha * dropout(x);  y = (h - mean) * rstd * w + b.
 
-    @staticmethod
-    def backward(ctx, dy, dh):
-        return _backward(ctx, True, dy, dh) + (None,) * 4
+Backward: hhat = (h-mean)*rstd, g = dy*w, gh = dh + rstd*(g - mean(g) - hhat*mean(g*hhat));
+dresidual = gh; dx = gh * alpha * keep/(1-p); dweight = sum dy*hhat; dbias = sum dy;
+dalpha = sum gh * dropout(x).
+NumPy reference: resnorm.reference.add_layer_norm_forward / add_layer_norm_backward.
+apply(x, residual, weight or None, alpha, bias or None, eps, p, seed, training,
+normalized_shape=None, zero_centered=False) -> (y, h).
+""")
 
-    @staticmethod
-    def jvp(ctx, *tangents):
-        raise RuntimeError(_NO_TRANSFORMS.format(name="resnorm.torch.add_layer_norm",
-                                                 norm="layer_norm"))
+AddRMSNormPostFunction = _fused_function("AddRMSNormPostFunction", False, False, """\
+Post-Norm: y = rms_norm(residual + alpha * dropout(x)), h not written.
+
+Backward: AddRMSNormFunction's with dh = 0, h recomputed from x and residual.
+NumPy reference: resnorm.reference.add_rms_norm_post_forward / add_rms_norm_post_backward.
+apply: as AddRMSNormFunction's, -> y.
+""")
+
+AddLayerNormPostFunction = _fused_function("AddLayerNormPostFunction", True, False, """\
+Post-Norm: y = layer_norm(residual + alpha * dropout(x)), h not written.
+
+Backward: AddLayerNormFunction's with dh = 0, h recomputed from x and residual.
+NumPy reference: resnorm.reference.add_layer_norm_post_forward /
+add_layer_norm_post_backward.  apply: as AddLayerNormFunction's, -> y.
+""")
 
 
 class DropoutFunction(torch.autograd.Function):
@@ -170,18 +216,26 @@ class DropoutFunction(torch.autograd.Function):
         return DropoutFunction.apply(dx, ctx.p, ctx.seed)
 
 
-def _fused(fn, name, norm_name, layer, x, residual, weight, bias, alpha, eps, p, seed,
-           training):
-    _refuse_transforms(name, norm_name)
+_FUNCTIONS = {(False, True): AddRMSNormFunction, (True, True): AddLayerNormFunction,
+              (False, False): AddRMSNormPostFunction, (True, False): AddLayerNormPostFunction}
+
+
+def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero_centered,
+          alpha, p, seed, training):
+    """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
+    function and module of resnorm.torch runs)."""
+    _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
     if T.graph_capture():
         h = residual + alpha * dropout(x, p, seed=seed, training=training)
-        return norm(layer, h, weight, bias, eps), h
+        y = norm(layer, h, weight, bias, eps, None, normalized_shape, zero_centered)
+        return (y, h) if prenorm else y
     args = (x, residual, weight, alpha) + ((bias,) if layer else ())
-    return fn.apply(*args, eps, p, seed, training)
+    return _FUNCTIONS[layer, prenorm].apply(*args, eps, p, seed, training, normalized_shape,
+                                            zero_centered)
 
 
-def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                 training=True):
+def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = rms_norm(h, weight, eps).
 
     Differentiable (AddRMSNormFunction), also twice.
@@ -192,9 +246,14 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
         float32/float64 CPU tensors of one shape (..., D) and dtype: the sublayer's output
         and the residual stream.
     weight : torch.Tensor or None
-        (D,) of x's dtype.
+        (D,) (or normalized_shape) of x's dtype.
     eps : float or None
         None: torch.finfo(x.dtype).eps.
+    normalized_shape : int or sequence of int, optional
+        The normalised trailing axes, as in torch (None: the last axis); weight and a
+        per-channel alpha then have this shape.
+    zero_centered_weight : bool
+        The gain is 1 + weight (Gemma).
     alpha : float or torch.Tensor
         A number (fixed), or a tensor of shape () or (D,) of x's dtype (learnable).
     p, seed, training
@@ -220,16 +279,16 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0
 
     NumPy reference: resnorm.reference.add_rms_norm_forward.
     """
-    return _fused(AddRMSNormFunction, "add_rms_norm", "rms_norm", False, x, residual, weight,
-                  None, alpha, eps, p, seed, training)
+    return fused(False, True, x, residual, weight, None, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0, seed=0,
-                   training=True):
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = layer_norm(h, weight, bias, eps).
 
     Differentiable (AddLayerNormFunction), also twice.  Arguments as add_rms_norm, plus
-    bias (D,) or None.
+    bias (D,) (or normalized_shape) or None.
 
     Returns
     -------
@@ -250,8 +309,65 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, 
 
     NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
-    return _fused(AddLayerNormFunction, "add_layer_norm", "layer_norm", True, x, residual,
-                  weight, bias, alpha, eps, p, seed, training)
+    return fused(True, True, x, residual, weight, bias, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
+
+
+def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
+    """Post-Norm:  y = rms_norm(residual + alpha * dropout(x), weight, eps).
+
+    Differentiable (AddRMSNormPostFunction), also twice.  Arguments as add_rms_norm.
+
+    Returns
+    -------
+    torch.Tensor
+        y (the sum is not written: backward recomputes it).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> rt.add_rms_norm_post(torch.ones(1, 2), torch.tensor([[2.0, 3.0]]), eps=1e-12)
+    tensor([[0.8485, 1.1314]])
+
+    NumPy reference: resnorm.reference.add_rms_norm_post_forward.
+    """
+    return fused(False, False, x, residual, weight, None, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
+
+
+def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *,
+                        normalized_shape=None, zero_centered_weight=False, alpha=1.0, p=0.0,
+                        seed=0, training=True):
+    """Post-Norm:  y = layer_norm(residual + alpha * dropout(x), weight, bias, eps).
+
+    Differentiable (AddLayerNormPostFunction), also twice.  Arguments as add_layer_norm.
+
+    Returns
+    -------
+    torch.Tensor
+        y.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> rt.add_layer_norm_post(torch.ones(1, 2), torch.tensor([[0.0, 2.0]]), eps=1e-12)
+    tensor([[-1.,  1.]])
+
+    NumPy reference: resnorm.reference.add_layer_norm_post_forward.
+    """
+    return fused(True, False, x, residual, weight, bias, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
 
 
 def dropout(x, p, *, seed, training=True):
