@@ -1,85 +1,97 @@
-"""Writes benchmarks/RESULTS.md from the JSON of a `resnorm bench` run.
+"""Writes a RESULTS.md from the JSON of a `resnorm bench` run.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m resnorm bench \\
-        --json bench-results/bench.json --png docs/img/bench.png
-    python benchmarks/make_results.py bench-results/bench.json --png ../docs/img/bench.png \\
-        > benchmarks/RESULTS.md
+Into the untracked bench-results/ folder:
 
-The tables are the run's rows, unchanged; the targets are re-evaluated from them by
-resnorm.bench (the same code the CLI uses).  --note adds a line under the title (e.g.
-"provisional: measured while the machine was busy").
+    python -m resnorm bench --json bench-results/bench.json --png bench-results/bench.png
+    python benchmarks/make_results.py bench-results/bench.json --png bench-results/bench.png \\
+        --out bench-results/RESULTS.md
+
+(benchmarks/RESULTS.md and docs/img/bench.png are the same with --png docs/img/bench.png
+and --out benchmarks/RESULTS.md.)  The tables are the run's rows, unchanged; --goals adds
+the goal check, re-evaluated from them by resnorm.bench (the same code as the CLI's
+--goals).  --note adds a line under the title (e.g. "provisional: measured while the
+machine was busy").
 """
 import argparse
+import os
 import sys
 
 from resnorm import bench
+from resnorm.bench import _goals
 from resnorm.bench import _report as report
-from resnorm.bench._run import LARGE
-from resnorm.bench._targets import DTYPE as TARGET_DTYPE
+from resnorm.bench._check import TOLERANCE
 
 METHOD = """\
+* Every output (resnorm's and each peer's) is compared with the float64 reference
+  (`resnorm.reference`) before it is timed; one that is off by more than
+  {tolerance:g} of the output's scale (float32) is reported as wrong and not timed.
 * Every case is timed in interleaved rounds: resnorm writing into preallocated outputs,
-  resnorm allocating its outputs, NumPy, `np.copyto` and PyTorch each run once per round,
-  so all see the same machine state.  Reported: medians after warm-up.  Rounds per case
-  come from a time budget ({seconds} s per case, at least {lo}, at most {hi}): big shapes
-  get few rounds.
+  resnorm allocating its outputs, each peer and `np.copyto` run once per round, so all see
+  the same machine state.  Reported: medians after warm-up.  Rounds per case come from a
+  time budget ({seconds} s per case, at least {lo}, at most {hi}): big shapes get few
+  rounds.  torch.compile runs in its own process per thread count (Inductor fixes its
+  team size when it compiles), timed there the same way but not in the same rounds.
 * GB/s counts the op's minimum traffic: every input read once, every output written once
   (parameter gradients and float64 row statistics included).  `x copy` = that GB/s divided
   by the GB/s of `np.copyto` moving the same number of bytes (reading half, writing half)
   on as many threads as the resnorm call uses (split over Python threads; NumPy releases
-  the GIL while copying), in the same rounds.  Where writes cost more than reads (they
-  do on the EPYC guest these were first measured on), an op that reads more than it
-  writes can exceed 1.0.
-* NumPy: the same computation as a NumPy user writes it, in the input dtype (one thread).
-  PyTorch: `torch.nn.functional` / autograd on CPU with `torch.set_num_threads(threads)`.
-  `vs X` = X's time / resnorm's time (above 1: resnorm is faster).
+  the GIL while copying), in the same rounds.  Where writes cost more than reads, an op
+  that reads more than it writes can exceed 1.0.
+* `vs best` = the fastest peer's time / resnorm's time (above 1: resnorm is faster).  The
+  numba loop and ONNX Runtime write into preallocated outputs; NumPy and torch allocate.
 * Thread scaling: resnorm on {scaling_threads} threads (more threads than cores is
   oversubscribed), interleaved with copies on the same thread counts.
-* Small-call latency: {calls} back-to-back calls per timing, median of {latency_repeats}
-  timings, default `n_threads`.
-* resnorm and PyTorch each bring an OpenMP runtime; after a parallel region their idle
+* Small-call latency: back-to-back calls (about {latency_ms:g} ms of them, at most {calls})
+  per timing, median of {latency_repeats} timings, default `n_threads`.
+* resnorm, PyTorch and numba bring OpenMP runtimes; after a parallel region their idle
   threads spin for a while, so on a machine with few cores they slow each other down in
-  multi-thread rows (`--no-torch` removes PyTorch from the run)."""
+  multi-thread rows (`--peers` chooses the peers of a run)."""
+
 
 def _machine_table(m):
     keys = ["cpu", "cores", "caches", "cpu_simd_flags", "simd_level", "openmp",
             "omp_max_threads", "build_flags", "compiler", "cython_build", "python", "numpy",
-            "scipy", "torch", "cython", "matplotlib", "threadpoolctl", "resnorm", "omp_env",
-            "platform"]
+            "scipy", "torch", "numba", "onnxruntime", "onnx", "cython", "matplotlib",
+            "threadpoolctl", "resnorm", "omp_env", "openblas_unset", "platform"]
     lines = ["| | |", "|---|---|"]
     lines += [f"| {k} | `{m.get(k)}` |" for k in keys if k in m]
     return "\n".join(lines) + "\n"
 
 
-def _large(rows):
-    return [r for r in rows if r.shape[0] * r.shape[1] >= LARGE and r.dtype == TARGET_DTYPE]
+def _main_rows(rows):
+    """float32 rows of the main norms and fused add + norms, forward and backward."""
+    return [r for r in rows if r.dtype == _goals.DTYPE and r.op in _goals.OPS]
 
 
-def render(results, note=None, png=None):
+def render(results, note=None, png=None, goals=False):
     meta, m = results.meta, results.machine
-    targets = bench.evaluate_targets(results)
     out = ["# resnorm benchmark results\n"]
     if note:
         out.append(f"**{note}**\n")
     out.append(f"Measured {meta['started_utc']} (UTC), {meta['duration_s']} s, on "
                f"{report.headline(m)}.\n")
+    main = _main_rows(results.rows)
+    if main:
+        out.append(report.kernels_section(
+            main, f"resnorm and its peers: the main norms, {_goals.DTYPE}"))
+    if results.latency:
+        out.append(report.latency_section(results.latency))
+    out.append(report.peers_section(results))
     out.append("## How these numbers were made\n")
-    out.append(f"```\nenv -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m {meta['command']}\n"
-               f"python benchmarks/make_results.py <that json> > benchmarks/RESULTS.md\n```\n")
+    out.append(f"```\npython -m {meta['command']}\n"
+               f"python benchmarks/make_results.py <that json> --out <RESULTS.md>\n```\n")
+    budget = meta["budget"]
     out.append(METHOD.format(scaling_threads=", ".join(map(str, meta["scaling_threads"])),
-                             **meta["budget"]) + "\n")
+                             tolerance=TOLERANCE["float32"],
+                             latency_ms=budget["latency_seconds"] * 1e3, **budget) + "\n")
     out.append(report.caveat(results))
     out.append("Machine and build:\n\n" + _machine_table(m))
     if png:
-        out.append(f"![achieved bandwidth vs copy, thread scaling]({png})\n")
-    out.append(report.targets_section(targets))
-    large = _large(results.rows)
-    if large:
-        out.append(report.kernels_section(large, f"Large shapes, {TARGET_DTYPE}"))
+        out.append(f"![achieved bandwidth of resnorm and its peers, thread scaling]({png})\n")
     if results.scaling:
         out.append(report.scaling_section(results.scaling))
-    if results.latency:
-        out.append(report.latency_section(results.latency))
+    if goals:
+        out.append(report.goals_section(bench.evaluate_goals(results)))
     for dtype in dict.fromkeys(r.dtype for r in results.rows):
         out.append(report.kernels_section([r for r in results.rows if r.dtype == dtype],
                                           f"All rows, {dtype}"))
@@ -93,13 +105,25 @@ def render(results, note=None, png=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="the --json file of a `resnorm bench` run")
+    parser.add_argument("--out", help="where to write the Markdown (default: stdout)")
+    parser.add_argument("--png", help="the run's --png chart, linked from the Markdown "
+                        "(a path from here, e.g. docs/img/bench.png)")
+    parser.add_argument("--goals", action="store_true", help="add the goal check")
     parser.add_argument("--note", help="a line under the title, e.g. 'provisional'")
-    parser.add_argument("--png", help="path of the run's --png chart, relative to "
-                        "benchmarks/ (e.g. ../docs/img/bench.png)")
     args = parser.parse_args(argv)
     with open(args.json) as f:
         results = bench.Results.from_json(f.read())
-    sys.stdout.write(render(results, args.note, args.png))
+    link = None
+    if args.png:   # the image link is relative to where the Markdown is
+        base = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
+        link = os.path.relpath(args.png, base)
+    text = render(results, args.note, link, args.goals)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
 
 
 if __name__ == "__main__":

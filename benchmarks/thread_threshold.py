@@ -1,7 +1,7 @@
 """Where does a second thread start to pay?  Times the RMSNorm and LayerNorm forward kernels
-on 1 and 2 threads over growing inputs (rows of 1024 float32), calling the compiled kernels
-directly so that resnorm's own small-input rule (_parallel.PARALLEL_MIN_ELEMENTS) does not
-decide for them, and prints the 2-thread / 1-thread time ratio per size.
+on 1 and 2 threads over growing inputs (rows of 1024 float32), with resnorm's own
+small-input rule (_parallel.PARALLEL_MIN_ELEMENTS) set to 0 so that it does not decide for
+them, and prints the 2-thread / 1-thread time ratio per size.
 
     python benchmarks/thread_threshold.py [--repeats N]
 
@@ -14,8 +14,8 @@ import argparse
 
 import numpy as np
 
-from resnorm import _norms
-from resnorm._parallel import PARALLEL_MIN_ELEMENTS
+import resnorm
+from resnorm import _parallel
 from resnorm.bench import time_interleaved
 
 D = 1024
@@ -26,20 +26,28 @@ def main():
     parser.add_argument("--repeats", type=int, default=301)
     args = parser.parse_args()
     rng = np.random.default_rng(0)
-    print(f"PARALLEL_MIN_ELEMENTS = {PARALLEL_MIN_ELEMENTS}\n")
+    print(f"PARALLEL_MIN_ELEMENTS = {_parallel.PARALLEL_MIN_ELEMENTS} (set to 0 while timing)\n")
+    saved, _parallel.PARALLEL_MIN_ELEMENTS = _parallel.PARALLEL_MIN_ELEMENTS, 0
+    try:
+        _table(rng, args.repeats)
+    finally:
+        _parallel.PARALLEL_MIN_ELEMENTS = saved
+
+
+def _table(rng, repeats):
     print("| elements | rows x 1024 | rms 1 thr us | rms 2 thr us | 2/1 | layer 1 thr us | layer 2 thr us | 2/1 |")
     print("|---|---|---|---|---|---|---|---|")
     for rows in (2, 4, 8, 16, 32, 64, 128, 256):
         x = rng.standard_normal((rows, D)).astype(np.float32)
         w, b = np.ones(D, np.float32), np.zeros(D, np.float32)
-        y, mean, rstd = np.empty_like(x), np.empty(rows), np.empty(rows)
+        y = np.empty_like(x)
         calls = [
-            lambda: _norms.rms_norm_forward(y, rstd, x, w, 1e-6, 1, False),
-            lambda: _norms.rms_norm_forward(y, rstd, x, w, 1e-6, 2, False),
-            lambda: _norms.layer_norm_forward(y, mean, rstd, x, w, b, 1e-5, 1, False),
-            lambda: _norms.layer_norm_forward(y, mean, rstd, x, w, b, 1e-5, 2, False),
+            lambda: resnorm.rms_norm(x, w, out=y, n_threads=1),
+            lambda: resnorm.rms_norm(x, w, out=y, n_threads=2),
+            lambda: resnorm.layer_norm(x, w, b, out=y, n_threads=1),
+            lambda: resnorm.layer_norm(x, w, b, out=y, n_threads=2),
         ]
-        r1, r2, l1, l2 = (t * 1e6 for t in time_interleaved(calls, args.repeats))
+        r1, r2, l1, l2 = (t * 1e6 for t in time_interleaved(calls, repeats))
         print(f"| {rows * D} | {rows} | {r1:.2f} | {r2:.2f} | {r2 / r1:.2f} | "
               f"{l1:.2f} | {l2:.2f} | {l2 / l1:.2f} |")
 

@@ -41,7 +41,7 @@ from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport rn_import_core, rn_philox_uniforms
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward, gated_forward,
-                               row_scratch_elements, scaled_backward, scaled_forward, sigmoid)
+                               scaled_backward, scaled_forward, sigmoid)
 
 rn_import_core()
 cnp.import_array()
@@ -70,9 +70,41 @@ cdef inline Py_ssize_t row_length(cnp.ndarray a) noexcept:
     return cnp.PyArray_DIM(a, cnp.PyArray_NDIM(a) - 1)
 
 
+cdef inline Py_ssize_t row_size(cnp.ndarray a, int k) noexcept:
+    """The elements of one row of a whose rows span its last k axes."""
+    cdef Py_ssize_t d = 1
+    cdef int j, ndim = cnp.PyArray_NDIM(a)
+    for j in range(ndim - k, ndim):
+        d *= cnp.PyArray_DIM(a, j)
+    return d
+
+
 cdef inline object vector_of(p):
-    """An optional parameter vector in the kernels' layout (a copy when it is not)."""
-    return None if p is None else contiguous(<cnp.ndarray>p)
+    """An optional parameter (weight, bias, alpha) as the kernels take it: a (D,) vector in
+    their layout (a copy when p is not in it; a view of p's elements when p spans several
+    normalised axes)."""
+    if p is None:
+        return None
+    cdef cnp.ndarray a = contiguous(<cnp.ndarray>p)
+    return a if cnp.PyArray_NDIM(a) == 1 else cnp.PyArray_Ravel(a, cnp.NPY_CORDER)
+
+
+cdef inline object gain_of(w, bint zero_centered):
+    """The weight as the kernels apply it: w, or 1 + w (rounded once in w's dtype, as
+    Gemma's module computes it in float32) for a zero-centred weight."""
+    if w is None or not zero_centered:
+        return w
+    return np.add(w, 1, dtype=w.dtype)
+
+
+cdef inline bint zero_centered_of(value) except -1:
+    """flag(value, "zero_centered_weight"), deciding the default at once."""
+    return False if value is False else flag(value, "zero_centered_weight")
+
+
+cdef inline int axes_of(normalized_shape, cnp.ndarray x) except -1:
+    """norm_axes(normalized_shape, x.shape), deciding None at once."""
+    return 1 if normalized_shape is None else norm_axes(normalized_shape, shape_of(x))
 
 
 cdef inline not_shared(out, str out_name, tuple names, tuple kept, str why):
@@ -95,23 +127,28 @@ cdef str CACHE_OUT = ("{out} must not share memory with the cache's {name}: "
                       "pass out=dy or a separate buffer")
 
 
-cdef object norm_forward(bint layer, x, weight, bias, eps, out, n_threads, bint training):
+cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
+                         out, n_threads, bint training):
     """rms_norm / layer_norm, and with training their _forward forms (returning a cache)."""
     cdef cnp.ndarray xa = float_array(x, "x")
-    w = vector_of(param_of(weight, xa, "weight"))
-    b = vector_of(param_of(bias, xa, "bias")) if layer else None
+    cdef int k = axes_of(normalized_shape, xa)
+    wp = param_of(weight, xa, "weight", k)
+    bp = param_of(bias, xa, "bias", k) if layer else None
     cdef double e = eps_of(eps, xa)
+    cdef bint zc = zero_centered_of(zero_centered)
     cdef int nt = threads_of(n_threads)
-    cdef tuple inputs = (xa, w, b) if layer else (xa, w)
+    cdef tuple inputs = (xa, wp, bp) if layer else (xa, wp)
     cdef tuple names = LAYER_INPUTS if layer else RMS_INPUTS
     if training:
         not_shared(out, "out", names, inputs, TRAINING_OUT)
+    w = gain_of(vector_of(wp), zc)
+    b = vector_of(bp)
     cdef cnp.ndarray rows = contiguous(xa)
     cdef cnp.ndarray y = new_like(xa) if out is None else None
     if y is None:
         check_out(out, xa, names, inputs, "out")
         y = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
-    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_length(rows), n = size // d
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_size(rows, k), n = size // d
     nt = team(nt, size)
     cdef bint stream = streams(cnp.PyArray_NBYTES(y))
     cdef Scratch scratch = None
@@ -152,8 +189,9 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, out, n_threads, bint 
     if not training:
         return result
     if layer:
-        return result, LayerNormCache(as_rows(rows), w, b is not None, mean, rstd, shape_of(xa))
-    return result, RMSNormCache(as_rows(rows), w, rstd, shape_of(xa))
+        return result, LayerNormCache(as_rows(rows, d), w, b is not None, mean, rstd,
+                                      shape_of(xa), k)
+    return result, RMSNormCache(as_rows(rows, d), w, rstd, shape_of(xa), k)
 
 
 cdef inline bint is_stat(a, Py_ssize_t n) noexcept:
@@ -189,10 +227,10 @@ cdef inline bint is_param_of(p, cnp.ndarray rows) noexcept:
                          and kernel_layout(<cnp.ndarray>p))
 
 
-cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, bint layer) noexcept:
+cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, axes, bint layer) noexcept:
     """The fields of a norm cache as its forward function made them (decided in C; False
     sends the cache through training_cache, which says what is wrong)."""
-    cdef Py_ssize_t n, prod = 1
+    cdef Py_ssize_t n, prod = 1, row = 1, j = 0
     if not (type(x) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
             and is_float_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
             and kernel_layout(<cnp.ndarray>x)):
@@ -200,11 +238,16 @@ cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, bint layer) noexcep
     n = cnp.PyArray_DIM(<cnp.ndarray>x, 0)
     if type(shape) is not tuple or len(<tuple>shape) < 1:
         return False
+    if type(axes) is not int or not 1 <= axes <= len(<tuple>shape):
+        return False
     for s in <tuple>shape:
-        if type(s) is not int or s < 0:
+        if type(s) is not int or s < 0 or s > (1 << 40):
             return False
         prod *= <Py_ssize_t>s
-    return ((<tuple>shape)[-1] == cnp.PyArray_DIM(<cnp.ndarray>x, 1)
+        if j >= len(<tuple>shape) - <Py_ssize_t>axes:
+            row *= <Py_ssize_t>s
+        j += 1
+    return (row == cnp.PyArray_DIM(<cnp.ndarray>x, 1)
             and prod == cnp.PyArray_SIZE(<cnp.ndarray>x)
             and is_stat(rstd, n) and (not layer or is_stat(mean, n))
             and is_param_of(weight, <cnp.ndarray>x))
@@ -216,10 +259,10 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     if type(cache) is not kind and not isinstance(cache, kind):
         raise TypeError(f"cache must be the {kind.__name__} returned by the forward "
                         f"function, got {type(cache).__name__}")
-    x, weight, shape = cache.x, cache.weight, cache.shape
+    x, weight, shape, axes = cache.x, cache.weight, cache.shape, cache.axes
     mean = cache.mean if layer else None
     rstd = cache.rstd
-    if not norm_cache_ok(x, weight, mean, rstd, shape, layer):
+    if not norm_cache_ok(x, weight, mean, rstd, shape, axes, layer):
         training_cache(cache, ("mean", "rstd") if layer else ("rstd",))
     cdef cnp.ndarray xr = <cnp.ndarray>x
     cdef cnp.ndarray dya
@@ -276,29 +319,37 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
             rms_backward(<double *>pdx, <double *>pdw, red, wpart, <const double *>pdy,
                          <const double *>px, <const double *>pw, prstd, n, d, nt, stream)
     scratch.give_back()
+    if axes != 1:   # the parameters' gradients in the normalised axes' shape
+        dw = None if dw is None else dw.reshape(cache.normalized_shape)
+        db = None if db is None else db.reshape(cache.normalized_shape)
     if layer:
         return finish(out, dx), dw, db
     return finish(out, dx), dw
 
 
-def rms_norm(x, weight, eps, out, n_threads):
-    return norm_forward(False, x, weight, None, eps, out, n_threads, False)
+def rms_norm(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads):
+    return norm_forward(False, x, weight, None, eps, normalized_shape, zero_centered_weight,
+                        out, n_threads, False)
 
 
-def rms_norm_forward(x, weight, eps, out, n_threads):
-    return norm_forward(False, x, weight, None, eps, out, n_threads, True)
+def rms_norm_forward(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads):
+    return norm_forward(False, x, weight, None, eps, normalized_shape, zero_centered_weight,
+                        out, n_threads, True)
 
 
 def rms_norm_backward(dy, cache, out, n_threads):
     return norm_backward(False, dy, cache, out, n_threads)
 
 
-def layer_norm(x, weight, bias, eps, out, n_threads):
-    return norm_forward(True, x, weight, bias, eps, out, n_threads, False)
+def layer_norm(x, weight, bias, eps, normalized_shape, zero_centered_weight, out, n_threads):
+    return norm_forward(True, x, weight, bias, eps, normalized_shape, zero_centered_weight,
+                        out, n_threads, False)
 
 
-def layer_norm_forward(x, weight, bias, eps, out, n_threads):
-    return norm_forward(True, x, weight, bias, eps, out, n_threads, True)
+def layer_norm_forward(x, weight, bias, eps, normalized_shape, zero_centered_weight, out,
+                       n_threads):
+    return norm_forward(True, x, weight, bias, eps, normalized_shape, zero_centered_weight,
+                        out, n_threads, True)
 
 
 def layer_norm_backward(dy, cache, out, n_threads):

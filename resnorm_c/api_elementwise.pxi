@@ -78,6 +78,36 @@ cdef inline object backward_rows(cnp.ndarray dha, n_threads, int *nt, Py_ssize_t
     return rows
 
 
+cdef inline cnp.ndarray elementwise_gradient(buffer, str name, cnp.ndarray like,
+                                             cnp.ndarray dha, tuple kept_names, tuple kept):
+    """Where an elementwise backward writes one gradient of like's shape: a new array (buffer
+    None), buffer itself, or a fresh array that finish copies into it.  buffer may be dh
+    itself (the kernels read each element of dh before they write it), never an array the
+    cache holds."""
+    if buffer is None:
+        return new_like(like)
+    check_out(buffer, like, ("dh",), (dha,), name)
+    not_shared(buffer, name, kept_names, kept, CACHE_GRADIENT)
+    return <cnp.ndarray>buffer if kernel_layout(<cnp.ndarray>buffer) else new_like(like)
+
+
+cdef inline apart(tuple buffers, tuple names):
+    """The output buffers given (None: not given) must not share memory with each other."""
+    cdef Py_ssize_t i, j
+    for i in range(len(buffers)):
+        for j in range(i + 1, len(buffers)):
+            if (buffers[i] is not None and buffers[j] is not None
+                    and overlap(buffers[i], buffers[j])):
+                raise ValueError(f"{names[i]} and {names[j]} must not share memory: they "
+                                 f"receive different gradients")
+
+
+cdef tuple SCALED_CACHE_FIELDS = ("F", "alpha")
+cdef tuple GATED_CACHE_FIELDS = ("F", "g", "s", "ds")
+cdef tuple SCALED_BUFFERS = ("out", "dbranch_out")
+cdef tuple GATED_BUFFERS = ("out", "dbranch_out", "dgate_out")
+
+
 def scaled_residual(x, F, alpha, out, n_threads):
     return scaled_residual_call(x, F, alpha, out, n_threads, False)
 
@@ -86,7 +116,7 @@ def scaled_residual_forward(x, F, alpha, out, n_threads):
     return scaled_residual_call(x, F, alpha, out, n_threads, True)
 
 
-def scaled_residual_backward(dh, cache, n_threads):
+def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
     """Returns (dx, dF, dalpha)."""
     elementwise_cache_type(cache, ScaledResidualCache, "scaled_residual_forward")
     cdef ScaledResidualCache c = <ScaledResidualCache>cache
@@ -100,9 +130,13 @@ def scaled_residual_backward(dh, cache, n_threads):
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
     cdef ResidualScale scale = <ResidualScale>c.alpha
-    cdef cnp.ndarray dx = new_like(dha), dF = new_like(dha)
+    cdef tuple kept = (c.branch, scale.vector)
+    cdef cnp.ndarray dx = elementwise_gradient(out, "out", dha, dha, SCALED_CACHE_FIELDS, kept)
+    cdef cnp.ndarray dF = elementwise_gradient(dbranch_out, "dbranch_out", dha, dha,
+                                               SCALED_CACHE_FIELDS, kept)
+    apart((out, dbranch_out), SCALED_BUFFERS)
+    cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
     dalpha = new_vector(d, cnp.NPY_DOUBLE) if scale.learnable else None
     cdef Py_ssize_t nb = row_blocks(n)
     cdef Scratch scratch = lend(nb * d * sizeof(double) if dalpha is not None else 0)
@@ -117,13 +151,12 @@ def scaled_residual_backward(dh, cache, n_threads):
     with nogil:
         if f32:
             scaled_backward(<float *>pdx, <float *>pdf, pda, parts, <const float *>pdh,
-                                     <const float *>pf, <const float *>pa, n, d, nt, stream)
+                            <const float *>pf, <const float *>pa, n, d, nt, stream)
         else:
-            scaled_backward(<double *>pdx, <double *>pdf, pda, parts,
-                                     <const double *>pdh, <const double *>pf,
-                                     <const double *>pa, n, d, nt, stream)
+            scaled_backward(<double *>pdx, <double *>pdf, pda, parts, <const double *>pdh,
+                            <const double *>pf, <const double *>pa, n, d, nt, stream)
     scratch.give_back()
-    return dx, dF, scale.grad(dalpha, c.dtype)
+    return finish(out, dx), finish(dbranch_out, dF), scale.grad(dalpha, c.dtype)
 
 
 # --------------------------------------------------------------------------- gated residual
@@ -145,44 +178,42 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     nt = team(nt, size)
     cdef bint stream = streams(cnp.PyArray_NBYTES(h))
     cdef cnp.ndarray gate = None, s = None, ds = None, g64
-    cdef Scratch scratch = None
     cdef void *ph = cnp.PyArray_DATA(h)
     cdef void *px = cnp.PyArray_DATA(rows_x)
     cdef void *pf = cnp.PyArray_DATA(rows_f)
     cdef void *pg
-    cdef double *rows_scratch
-    cdef bint f32
+    cdef bint f32 = is_f32(rows_x)
     if same_shape(ga, xa):
         gate = contiguous(ga)
         pg = cnp.PyArray_DATA(gate)
-        scratch = lend(max(1, nt) * row_scratch_elements(d) * sizeof(double))
-        rows_scratch = <double *>scratch.data
-        f32 = is_f32(rows_x)
         with nogil:
             if f32:
                 gated_forward(<float *>ph, <const float *>px, <const float *>pf,
-                                       <const float *>pg, rows_scratch, n, d, nt, stream)
+                              <const float *>pg, n, d, nt, stream)
             else:
                 gated_forward(<double *>ph, <const double *>px, <const double *>pf,
-                                       <const double *>pg, rows_scratch, n, d, nt, stream)
-        scratch.give_back()
+                              <const double *>pg, n, d, nt, stream)
     else:
-        # per channel: the gate is a LayerScale vector sigmoid(g), evaluated once, in double
+        # per channel: the gate is a LayerScale vector s = sigmoid(g), formed once by the
+        # sigmoid of the full gate (the same bits); ds in double, for dg = ds * sum_rows dh F
+        s = cnp.PyArray_NewCopy(ga, cnp.NPY_CORDER)
         g64 = np.ascontiguousarray(ga, dtype=np.float64)
-        s64, ds = new_like(g64), new_like(g64)
-        with nogil:
-            sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
-                    <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
-        s = s64.astype(xa.dtype)
+        ds = new_like(g64)
+        s64 = new_like(g64)   # (the double sigmoid's s, not kept)
         pg = cnp.PyArray_DATA(s)
-        f32 = is_f32(rows_x)
         with nogil:
             if f32:
+                sigmoid(<float *>pg, <float *>NULL, <const float *>pg, 1, d, 1)
+            else:
+                sigmoid(<double *>pg, <double *>NULL, <const double *>pg, 1, d, 1)
+            sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
+                    <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
+            if f32:
                 scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
-                                        <const float *>pg, n, d, nt, stream)
+                               <const float *>pg, n, d, nt, stream)
             else:
                 scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
-                                        <const double *>pg, n, d, nt, stream)
+                               <const double *>pg, n, d, nt, stream)
     result = finish(out, h)
     if not keep_cache:
         return result
@@ -198,7 +229,7 @@ def gated_residual_forward(x, F, g, out, n_threads):
     return gated_residual_call(x, F, g, out, n_threads, True)
 
 
-def gated_residual_backward(dh, cache, n_threads):
+def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     """Returns (dx, dF, dg)."""
     elementwise_cache_type(cache, GatedResidualCache, "gated_residual_forward")
     cdef GatedResidualCache c = <GatedResidualCache>cache
@@ -213,34 +244,37 @@ def gated_residual_backward(dh, cache, n_threads):
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
+    cdef tuple kept = (c.branch, c.gate, c.s, c.ds)
+    cdef bint full = c.gate is not None
+    cdef cnp.ndarray dx = elementwise_gradient(out, "out", dha, dha, GATED_CACHE_FIELDS, kept)
+    cdef cnp.ndarray dF = elementwise_gradient(dbranch_out, "dbranch_out", dha, dha,
+                                               GATED_CACHE_FIELDS, kept)
+    # dg has g's shape: F's, or (D,) per channel (then summed over rows, written at the end)
+    cdef cnp.ndarray dg = elementwise_gradient(dgate_out, "dgate_out",
+                                               dha if full else <cnp.ndarray>c.s, dha,
+                                               GATED_CACHE_FIELDS, kept)
+    apart((out, dbranch_out, dgate_out), GATED_BUFFERS)
     cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
-    cdef cnp.ndarray dx = new_like(dha), dF = new_like(dha), dg
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdf = cnp.PyArray_DATA(dF)
     cdef void *pdh = cnp.PyArray_DATA(rows)
     cdef void *pf = cnp.PyArray_DATA(<cnp.ndarray>c.branch)
     cdef void *pg
-    cdef void *pdg
+    cdef void *pdg = cnp.PyArray_DATA(dg)
     cdef Scratch scratch
     cdef double *work
     cdef bint f32 = is_f32(rows)
-    if c.gate is not None:
-        dg = new_like(dha)
-        pdg = cnp.PyArray_DATA(dg)
+    if full:
         pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
-        scratch = lend(max(1, nt) * row_scratch_elements(3 * d) * sizeof(double))
-        work = <double *>scratch.data
         with nogil:
             if f32:
-                gated_backward(<float *>pdx, <float *>pdf, <float *>pdg,
-                                        <const float *>pdh, <const float *>pf, <const float *>pg,
-                                        work, n, d, nt, stream)
+                gated_backward(<float *>pdx, <float *>pdf, <float *>pdg, <const float *>pdh,
+                               <const float *>pf, <const float *>pg, n, d, nt, stream)
             else:
                 gated_backward(<double *>pdx, <double *>pdf, <double *>pdg,
-                                        <const double *>pdh, <const double *>pf,
-                                        <const double *>pg, work, n, d, nt, stream)
-        scratch.give_back()
-        return dx, dF, dg
+                               <const double *>pdh, <const double *>pf, <const double *>pg,
+                               n, d, nt, stream)
+        return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
     # per channel: the scaled residual's backward with alpha = s, then dg = dalpha * ds
     dsum = new_vector(d, cnp.NPY_DOUBLE)
     cdef double *pdsum = <double *>cnp.PyArray_DATA(dsum)
@@ -250,13 +284,14 @@ def gated_residual_backward(dh, cache, n_threads):
     with nogil:
         if f32:
             scaled_backward(<float *>pdx, <float *>pdf, pdsum, work, <const float *>pdh,
-                                     <const float *>pf, <const float *>pg, n, d, nt, stream)
+                            <const float *>pf, <const float *>pg, n, d, nt, stream)
         else:
-            scaled_backward(<double *>pdx, <double *>pdf, pdsum, work,
-                                     <const double *>pdh, <const double *>pf,
-                                     <const double *>pg, n, d, nt, stream)
+            scaled_backward(<double *>pdx, <double *>pdf, pdsum, work, <const double *>pdh,
+                            <const double *>pf, <const double *>pg, n, d, nt, stream)
     scratch.give_back()
-    return dx, dF, (dsum * c.ds).astype(c.dtype)
+    np.multiply(dsum, c.ds, out=dsum)
+    dg[...] = dsum
+    return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -45,16 +45,19 @@ cdef inline cnp.ndarray buffer_for(out, cnp.ndarray like, tuple inputs, str name
     return <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(like)
 
 
-cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, eps, alpha, p,
-                          seed, training, out, residual_out, n_threads, bint keep_cache):
+cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, eps,
+                          normalized_shape, zero_centered, alpha, p, seed, training, out,
+                          residual_out, n_threads, bint keep_cache):
     """Every fused forward: checks, the kernel, and (keep_cache) the cache.  Returns
     (y, h) (Pre-Norm) or y (Post-Norm), with the cache when keep_cache."""
     cdef cnp.ndarray xa = float_array(x, "x")
     cdef cnp.ndarray ra = partner_of(residual, xa, "residual")
-    w = vector_of(param_of(weight, xa, "weight"))
-    b = vector_of(param_of(bias, xa, "bias")) if layer else None
+    cdef int k = axes_of(normalized_shape, xa)
+    wp = param_of(weight, xa, "weight", k)
+    bp = param_of(bias, xa, "bias", k) if layer else None
     cdef double e = eps_of(eps, xa)
-    cdef ResidualScale scale = residual_scale_of(alpha, xa)
+    cdef bint zc = zero_centered_of(zero_centered)
+    cdef ResidualScale scale = residual_scale_of(alpha, xa, k)
     cdef DropoutSpec spec = None
     cdef rn_dropout site
     if keep_cache:
@@ -67,10 +70,14 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef bint keeps_x = not prenorm or learnable
     cdef cnp.ndarray rows_x = contiguous(xa)
     cdef cnp.ndarray rows_r = contiguous(ra)
-    cdef tuple inputs = (xa, ra, w, b, scale.vector)
+    # the arguments as given, for the overlap rules; the kernel reads w, b, scale.vector
+    alpha_arg = alpha if scale.kind == "channel" else scale.vector
+    cdef tuple inputs = (xa, ra, wp, bp, alpha_arg)
+    w = gain_of(vector_of(wp), zc)
+    b = vector_of(bp)
     if keep_cache:
-        kept = (xa if keeps_x else None, None if prenorm else ra, w,
-                scale.vector if learnable else None)
+        kept = (xa if keeps_x else None, None if prenorm else ra, wp,
+                alpha_arg if learnable else None)
         not_shared(out, "out", ADD_NORM_KEPT, kept, KEPT_OUT)
         not_shared(residual_out, "residual_out", ADD_NORM_KEPT, kept, KEPT_OUT)
     if out is not None and residual_out is not None and overlap(out, residual_out):
@@ -81,7 +88,7 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
         h = apart_from(h, w, b, xa)
     else:
         y = apart_from(y, w, b, xa)
-    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_size(rows_x, k), n = size // d
     nt = team(nt, size)
     cdef bint stream = streams(cnp.PyArray_NBYTES(y))
     cdef cnp.ndarray mean = None, rstd = None
@@ -124,9 +131,9 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     if not keep_cache:
         return result
     cache = AddNormCache(
-        ADD_NORM_OPS[layer, prenorm], as_rows(h) if prenorm else None,
-        as_rows(rows_x) if keeps_x else None, None if prenorm else as_rows(rows_r), w,
-        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.dtype)
+        ADD_NORM_OPS[layer, prenorm], as_rows(h, d) if prenorm else None,
+        as_rows(rows_x, d) if keeps_x else None, None if prenorm else as_rows(rows_r, d), w,
+        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.dtype, k)
     return result, cache
 
 
@@ -152,17 +159,23 @@ cdef inline bint spec_ok(spec) noexcept:
             and 0 <= s.seed < (1 << 64) and (s.training is True or s.training is False))
 
 
-cdef inline bint shape_ok(shape, Py_ssize_t *n, Py_ssize_t *d) noexcept:
-    """shape is a tuple of ints >= 0 with at least one axis; n, d: its rows and row length."""
-    cdef Py_ssize_t prod = 1
+cdef inline bint shape_ok(shape, axes, Py_ssize_t *n, Py_ssize_t *d) noexcept:
+    """shape is a tuple of ints >= 0 with at least one axis, and axes an int in [1,
+    len(shape)]; n, d: its rows and row length (a row spans the last `axes` axes)."""
+    cdef Py_ssize_t prod = 1, row = 1, j = 0
     if type(shape) is not tuple or len(<tuple>shape) < 1:
+        return False
+    if type(axes) is not int or not 1 <= axes <= len(<tuple>shape):
         return False
     for s in <tuple>shape:
         if type(s) is not int or s < 0 or s > (1 << 40):
             return False
         prod *= <Py_ssize_t>s
-    d[0] = <Py_ssize_t>(<tuple>shape)[-1]
-    n[0] = prod // d[0] if d[0] > 0 else 0
+        if j >= len(<tuple>shape) - <Py_ssize_t>axes:
+            row *= <Py_ssize_t>s
+        j += 1
+    d[0] = row
+    n[0] = prod // row if row > 0 else 0
     return True
 
 
@@ -173,7 +186,7 @@ cdef bint add_norm_cache_ok(AddNormCache cache, bint layer, bint prenorm) noexce
     cdef int typenum
     if not (spec_ok(cache.dropout) and type(cache.alpha) is ResidualScale
             and (cache.has_bias is True or cache.has_bias is False)
-            and shape_ok(cache.shape, &n, &d) and type(cache.dtype) is np.dtype
+            and shape_ok(cache.shape, cache.axes, &n, &d) and type(cache.dtype) is np.dtype
             and cache.dtype in FLOAT_DTYPES):
         return False
     typenum = cache.dtype.num
@@ -213,7 +226,7 @@ cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
 
     # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
     valid = valid and (prenorm or cache.h is None) and (layer or cache.mean is None)
-    cache_arrays(cache, expected, valid)
+    cache_arrays(cache, expected, valid, cache.axes)
 
 
 cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tuple inputs,
@@ -266,7 +279,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     if out is not None and dresidual_out is not None and overlap(out, dresidual_out):
         raise ValueError("out and dresidual_out must not share memory: they receive "
                          "different gradients")
-    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_length(rows), n = size // d
+    cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_size(rows, c.axes), n = size // d
     cdef Py_ssize_t nb = row_blocks(n)
     cdef int typenum = cnp.PyArray_TYPE(rows)
     dweight = None if c.weight is None else new_vector(d, typenum)
@@ -309,67 +322,82 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
                               <const double *>pw, <const double *>pa, pmean, prstd, &site, n,
                               d, nt, stream)
     scratch.give_back()
+    row = None
+    if c.axes != 1:   # the parameters' gradients in the normalised axes' shape
+        row = c.normalized_shape
+        dweight = None if dweight is None else dweight.reshape(row)
+        dbias = None if dbias is None else dbias.reshape(row)
     return (finish(out, dx), finish(dresidual_out, dres), dweight, dbias,
-            alpha.grad(dalpha, dtype) if alpha.learnable else None)
+            alpha.grad(dalpha, dtype, row) if alpha.learnable else None)
 
 
-def add_rms_norm(x, residual, weight, eps, alpha, p, seed, training, out, residual_out,
-                 n_threads):
-    return add_norm_call(False, True, x, residual, weight, None, eps, alpha, p, seed, training,
-                         out, residual_out, n_threads, False)
+def add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight, alpha, p,
+                 seed, training, out, residual_out, n_threads):
+    return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                         n_threads, False)
 
 
-def add_rms_norm_forward(x, residual, weight, eps, alpha, p, seed, training, out, residual_out,
-                         n_threads):
-    return add_norm_call(False, True, x, residual, weight, None, eps, alpha, p, seed, training,
-                         out, residual_out, n_threads, True)
+def add_rms_norm_forward(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                         alpha, p, seed, training, out, residual_out, n_threads):
+    return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                         n_threads, True)
 
 
 def add_rms_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
     return add_norm_backward_call(False, True, dy, dh, cache, out, dresidual_out, n_threads)
 
 
-def add_layer_norm(x, residual, weight, bias, eps, alpha, p, seed, training, out, residual_out,
-                   n_threads):
-    return add_norm_call(True, True, x, residual, weight, bias, eps, alpha, p, seed, training,
-                         out, residual_out, n_threads, False)
+def add_layer_norm(x, residual, weight, bias, eps, normalized_shape, zero_centered_weight, alpha,
+                   p, seed, training, out, residual_out, n_threads):
+    return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                         n_threads, False)
 
 
-def add_layer_norm_forward(x, residual, weight, bias, eps, alpha, p, seed, training, out,
-                           residual_out, n_threads):
-    return add_norm_call(True, True, x, residual, weight, bias, eps, alpha, p, seed, training,
-                         out, residual_out, n_threads, True)
+def add_layer_norm_forward(x, residual, weight, bias, eps, normalized_shape,
+                           zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                           n_threads):
+    return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, residual_out,
+                         n_threads, True)
 
 
 def add_layer_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
     return add_norm_backward_call(True, True, dy, dh, cache, out, dresidual_out, n_threads)
 
 
-def add_rms_norm_post(x, residual, weight, eps, alpha, p, seed, training, out, n_threads):
-    return add_norm_call(False, False, x, residual, weight, None, eps, alpha, p, seed, training,
-                         out, None, n_threads, False)
+def add_rms_norm_post(x, residual, weight, eps, normalized_shape, zero_centered_weight, alpha,
+                      p, seed, training, out, n_threads):
+    return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
+                         False)
 
 
-def add_rms_norm_post_forward(x, residual, weight, eps, alpha, p, seed, training, out,
-                              n_threads):
-    return add_norm_call(False, False, x, residual, weight, None, eps, alpha, p, seed, training,
-                         out, None, n_threads, True)
+def add_rms_norm_post_forward(x, residual, weight, eps, normalized_shape, zero_centered_weight,
+                              alpha, p, seed, training, out, n_threads):
+    return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
+                         True)
 
 
 def add_rms_norm_post_backward(dy, cache, out, dresidual_out, n_threads):
     return add_norm_backward_call(False, False, dy, None, cache, out, dresidual_out, n_threads)
 
 
-def add_layer_norm_post(x, residual, weight, bias, eps, alpha, p, seed, training, out,
-                        n_threads):
-    return add_norm_call(True, False, x, residual, weight, bias, eps, alpha, p, seed, training,
-                         out, None, n_threads, False)
+def add_layer_norm_post(x, residual, weight, bias, eps, normalized_shape, zero_centered_weight,
+                        alpha, p, seed, training, out, n_threads):
+    return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
+                         False)
 
 
-def add_layer_norm_post_forward(x, residual, weight, bias, eps, alpha, p, seed, training, out,
-                                n_threads):
-    return add_norm_call(True, False, x, residual, weight, bias, eps, alpha, p, seed, training,
-                         out, None, n_threads, True)
+def add_layer_norm_post_forward(x, residual, weight, bias, eps, normalized_shape,
+                                zero_centered_weight, alpha, p, seed, training, out, n_threads):
+    return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
+                         zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
+                         True)
 
 
 def add_layer_norm_post_backward(dy, cache, out, dresidual_out, n_threads):

@@ -50,15 +50,18 @@ cdef inline cnp.ndarray contiguous(cnp.ndarray a):
     return cnp.PyArray_NewCopy(a, cnp.NPY_CORDER)
 
 
-cdef inline cnp.ndarray as_rows(cnp.ndarray a):
-    """a (C-contiguous and aligned) as its (N, D) rows: a itself when it has two axes."""
+cdef inline cnp.ndarray as_rows(cnp.ndarray a, Py_ssize_t d=0):
+    """a (C-contiguous and aligned) as its (N, D) rows, D = d (0: the last axis): a itself
+    when it already is."""
     cdef cnp.npy_intp dims[2]
     cdef cnp.PyArray_Dims shape
     cdef int ndim = cnp.PyArray_NDIM(a)
-    if ndim == 2:
+    if d == 0:
+        d = cnp.PyArray_DIM(a, ndim - 1)
+    if ndim == 2 and cnp.PyArray_DIM(a, 1) == d:
         return a
-    dims[1] = cnp.PyArray_DIM(a, ndim - 1)
-    dims[0] = cnp.PyArray_SIZE(a) // dims[1]
+    dims[1] = d
+    dims[0] = cnp.PyArray_SIZE(a) // d
     shape.ptr = dims
     shape.len = 2
     return cnp.PyArray_Newshape(a, &shape, cnp.NPY_CORDER)

@@ -4,24 +4,41 @@
 # arrays they hold between forward and backward.
 
 
+# The norms' caches hold rows of D elements: D is the size of the last axis, or of the last
+# `axes` axes together (normalized_shape = shape[-axes:]).  `weight` is the gain the kernel
+# applied, as a (D,) vector: the weight itself, or 1 + weight for a zero-centred weight
+# (whose gradient is the same sum, dy * xhat over rows).
+
 @cython.dataclasses.dataclass(frozen=True)
 cdef class RMSNormCache:
     """What rms_norm_backward needs: the input rows and their rstd."""
     x: object       # (N, D) the rows the kernel read
-    weight: object  # (D,) or None
+    weight: object  # (D,) the gain applied, or None
     rstd: object    # (N,) float64, 1/sqrt(mean(x^2) + eps)
     shape: object   # shape of the original input, given back to dx
+    axes: object = 1  # how many trailing axes of shape a row spans
+
+    @property
+    def normalized_shape(self):
+        """The normalised axes' sizes: dweight's shape."""
+        return tuple(self.shape[len(self.shape) - self.axes:])
 
 
 @cython.dataclasses.dataclass(frozen=True)
 cdef class LayerNormCache:
     """What layer_norm_backward needs: the input rows, their mean and rstd."""
     x: object         # (N, D)
-    weight: object    # (D,) or None
+    weight: object    # (D,) the gain applied, or None
     has_bias: object  # whether a dbias is wanted
     mean: object      # (N,) float64
     rstd: object      # (N,) float64, 1/sqrt(var + eps)
     shape: object
+    axes: object = 1
+
+    @property
+    def normalized_shape(self):
+        """The normalised axes' sizes: dweight's and dbias's shape."""
+        return tuple(self.shape[len(self.shape) - self.axes:])
 
 
 @cython.dataclasses.dataclass(frozen=True)
@@ -46,6 +63,11 @@ cdef class DropoutSpec:
     def scale(self):
         """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
         return 0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p)
+
+    def kernel_arg(self):
+        """The site as the kernels of resnorm._layers take it: the fields of rn_dropout
+        (on, seed, threshold, scale) as a dict; off when the spec is inactive."""
+        return kernel_dropout(self)
 
     def mask(self, shape, n_threads=None):
         """The boolean keep-mask of an array of this shape (what the kernels apply)."""
@@ -109,31 +131,35 @@ cdef class ResidualScale:
     def learnable(self):
         return self.kind != "fixed"
 
-    def grad(self, per_channel, dtype):
-        """dalpha from the kernels' float64 per-channel sums: None, a 0-d array or (D,)."""
+    def grad(self, per_channel, dtype, shape=None):
+        """dalpha from the kernels' float64 per-channel sums: None, a 0-d array, or (D,)
+        (of `shape`, a normalised row's, when given)."""
         if self.kind == "fixed":
             return None
         if self.kind == "scalar":
             return np.asarray(per_channel.sum(), dtype=dtype)
-        return per_channel.astype(dtype)
+        grad = per_channel.astype(dtype)
+        return grad if shape is None else grad.reshape(shape)
 
 
 cdef ResidualScale UNIT_SCALE = ResidualScale("fixed", None)
 
 
-cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x):
+cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x, int k=1):
     """alpha checked (residual_scale) and as the kernels take it: a (D,) vector of x's
-    dtype, or None for a fixed 1."""
+    dtype, or None for a fixed 1.  k: the rows span x's last k axes (a vector has their
+    shape)."""
     if type(alpha) is float and <double>alpha == 1.0:
         return UNIT_SCALE
-    cdef Py_ssize_t d = x.shape[x.ndim - 1]
-    kind, value = residual_scale(alpha, d, x.dtype)
+    cdef tuple row = shape_of(x)[x.ndim - k:]
+    cdef Py_ssize_t d = math.prod(row)
+    kind, value = residual_scale(alpha, row if k > 1 else d, x.dtype)
     if kind == "fixed":
         vector = None if value == 1.0 else np.full(d, value, dtype=x.dtype)
     elif kind == "scalar":
         vector = np.full(d, value[()], dtype=x.dtype)
     else:
-        vector = contiguous(value)
+        vector = vector_of(value)
     return ResidualScale(kind, vector)
 
 
@@ -155,7 +181,7 @@ cdef class AddNormCache:
     h: object         # (N, D) Pre-Norm only
     x: object         # (N, D) Post-Norm, or a learnable alpha
     residual: object  # (N, D) Post-Norm only
-    weight: object    # (D,)
+    weight: object    # (D,) the gain applied (1 + weight for a zero-centred one)
     has_bias: object
     alpha: object     # ResidualScale
     dropout: object   # DropoutSpec
@@ -163,6 +189,12 @@ cdef class AddNormCache:
     rstd: object      # (N,) float64
     shape: object
     dtype: object
+    axes: object = 1  # how many trailing axes of shape a row spans
+
+    @property
+    def normalized_shape(self):
+        """The normalised axes' sizes: the parameters' gradients' shape."""
+        return tuple(self.shape[len(self.shape) - self.axes:])
 
 
 @cython.dataclasses.dataclass(frozen=True)

@@ -94,16 +94,48 @@ cpdef cnp.ndarray like_array(a, str name, shape, dtype):
     return a
 
 
-cdef inline object param_of(p, cnp.ndarray x, str name):
-    """None, or a (D,) vector of x's dtype (weight, bias), as optional_param checks it."""
-    cdef int ndim = cnp.PyArray_NDIM(x)
+cpdef int norm_axes(normalized_shape, tuple shape) except -1:
+    """How many trailing axes of an input of this shape a norm normalises together: 1 for
+    None (the last axis), else len(normalized_shape), torch's argument: an int or a tuple
+    or list of ints, which must be the input's trailing axes ((5, 64) for x of shape
+    (..., 5, 64): each row is then the 320 elements of those axes)."""
+    if normalized_shape is None:
+        return 1
+    sizes = normalized_shape
+    if not isinstance(sizes, (tuple, list)):
+        sizes = (sizes,)
+    cdef list ns = []
+    for s in sizes:
+        if not isinstance(s, numbers.Integral) or isinstance(s, (bool, np.bool_)):
+            raise TypeError(f"normalized_shape must be None, an int or a tuple of ints, got "
+                            f"{normalized_shape!r}")
+        ns.append(int(s))
+    if not ns:
+        raise ValueError("normalized_shape must name at least one axis, got ()")
+    for s in ns:
+        if s < 1:
+            raise ValueError(f"normalized_shape must have sizes >= 1, got {tuple(ns)}")
+    if len(ns) > len(shape) or tuple(shape[len(shape) - len(ns):]) != tuple(ns):
+        raise ValueError(f"normalized_shape={tuple(ns)} must be the trailing axes of x, got x "
+                         f"of shape {tuple(shape)}")
+    return len(ns)
+
+
+cdef inline object param_of(p, cnp.ndarray x, str name, int k=1):
+    """None, or a parameter (weight, bias) of x's dtype whose shape is x's last k axes (the
+    normalised ones), as like_array checks it."""
+    cdef int j, ndim = cnp.PyArray_NDIM(x)
     if p is None:
         return None
-    if (type(p) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.PyArray_TYPE(x)
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>p) and cnp.PyArray_NDIM(<cnp.ndarray>p) == 1
-            and cnp.PyArray_DIM(<cnp.ndarray>p, 0) == cnp.PyArray_DIM(x, ndim - 1)):
+    cdef bint ok = (type(p) is cnp.ndarray
+                    and cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.PyArray_TYPE(x)
+                    and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>p)
+                    and cnp.PyArray_NDIM(<cnp.ndarray>p) == k)
+    for j in range(k):
+        ok = ok and cnp.PyArray_DIM(<cnp.ndarray>p, j) == cnp.PyArray_DIM(x, ndim - k + j)
+    if ok:
         return p
-    return optional_param(p, name, cnp.PyArray_DIM(x, ndim - 1), x.dtype)
+    return like_array(p, name, shape_of(x)[ndim - k:], x.dtype)
 
 
 cpdef optional_param(p, str name, d, dtype):
@@ -140,23 +172,29 @@ cdef inline double eps_of(eps, cnp.ndarray x) except -1.0:
 
 
 cpdef n_threads_value(n_threads):
-    """None (OpenMP default) or an int in [1, MAX_THREADS]."""
+    """None (the OpenMP default), -1 (every core) or an int in [1, MAX_THREADS] (a count
+    above OVERSUBSCRIBE per core runs on that many: launch.pxi's team)."""
     if n_threads is None:
         return None
     if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, numbers.Integral):
-        raise TypeError(f"n_threads must be None or an int >= 1, got {type(n_threads).__name__}")
-    if not 1 <= n_threads <= MAX_THREADS:
-        raise ValueError(f"n_threads must be None or an int >= 1 and <= {MAX_THREADS}, "
+        raise TypeError(f"n_threads must be None, -1 or an int >= 1, got "
+                        f"{type(n_threads).__name__}")
+    if not (n_threads == -1 or 1 <= n_threads <= MAX_THREADS):
+        cores = rn_cores()
+        raise ValueError(f"n_threads must be None (the default), -1 (all {cores} cores of "
+                         f"this machine) or an int from 1 to {MAX_THREADS} (more than "
+                         f"{OVERSUBSCRIBE * cores} run on {OVERSUBSCRIBE * cores} threads), "
                          f"got {n_threads}")
     return int(n_threads)
 
 
-cdef inline int threads_of(n_threads) except -1:
-    """n_threads_value(n_threads) as a C int, 0 for None (the OpenMP default)."""
+cdef inline int threads_of(n_threads) except -2:
+    """n_threads_value(n_threads) as a C int: 0 for None (the OpenMP default), -1 for every
+    core."""
     if n_threads is None:
         return 0
     # compared as Python ints: a C cast would overflow on 2**70
-    if type(n_threads) is int and 1 <= n_threads <= MAX_THREADS:
+    if type(n_threads) is int and -1 <= n_threads <= MAX_THREADS and n_threads != 0:
         return <int>n_threads
     return <int>n_threads_value(n_threads)
 
@@ -222,11 +260,14 @@ cdef inline check_out(out, cnp.ndarray like, tuple names, tuple inputs, str name
 cpdef training_cache(cache, tuple stat_names):
     """A training cache of the norms as its forward function made it.  The kernels trust its
     arrays' shapes, so a hand-built or edited cache with wrong ones would read out of bounds."""
-    x = cache.x
+    x, axes = cache.x, cache.axes
     ok = (isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype in FLOAT_DTYPES
           and x.flags.c_contiguous and x.flags.aligned
           and isinstance(cache.shape, tuple) and len(cache.shape) >= 1
-          and cache.shape[-1] == x.shape[1] and math.prod(cache.shape) == x.size)
+          and all([type(s) is int and s >= 0 for s in cache.shape])
+          and type(axes) is int and 1 <= axes <= len(cache.shape)
+          and math.prod(cache.shape[len(cache.shape) - axes:]) == x.shape[1]
+          and math.prod(cache.shape) == x.size)
     for name in stat_names:
         a = getattr(cache, name)
         ok = ok and (isinstance(a, np.ndarray) and a.dtype == np.float64
@@ -241,21 +282,24 @@ cpdef training_cache(cache, tuple stat_names):
                          f"must not be built or edited by hand)")
 
 
-def cache_arrays(cache, expected, valid=True):
+def cache_arrays(cache, expected, valid=True, axes=1):
     """A cache of the residual and dropout functions as its forward function made it.
 
     cache.shape / cache.dtype: the forward input's shape (a tuple of ints) and float dtype;
     expected(n, d, dtype): (array or None, shape, dtype, required) for every array the
-    backward kernel reads, n rows of d.  valid: the cache's other fields passed their own
-    checks.  The kernels trust these shapes, so an edited cache could read out of bounds.
+    backward kernel reads, n rows of d (a row spans the last `axes` axes of shape).  valid:
+    the cache's other fields passed their own checks.  The kernels trust these shapes, so
+    an edited cache could read out of bounds.
     """
     shape, dtype = cache.shape, cache.dtype
     ok = (valid and isinstance(shape, tuple) and len(shape) >= 1
           and all(type(s) is int and s >= 0 for s in shape)
+          and type(axes) is int and 1 <= axes <= len(shape)
           and isinstance(dtype, np.dtype) and dtype in FLOAT_DTYPES)
     if ok:
-        for a, want_shape, want_dtype, required in expected(math.prod(shape[:-1]), shape[-1],
-                                                            dtype):
+        lead = len(shape) - axes
+        for a, want_shape, want_dtype, required in expected(math.prod(shape[:lead]),
+                                                            math.prod(shape[lead:]), dtype):
             if a is None:
                 ok = ok and not required
             else:
@@ -306,7 +350,9 @@ cpdef object seed_value(seed):
 cpdef tuple residual_scale(alpha, d, dtype, str name="alpha"):
     """A residual scale: ('fixed', float) for a real number (not learnable), ('scalar', 0-d
     array) for a learnable scalar, ('channel', (D,) array) for a learnable per-channel
-    vector (LayerScale).  Arrays must have the input's dtype."""
+    vector (LayerScale).  Arrays must have the input's dtype.  d: D, or the shape of a
+    normalised row (a fused add + norm over several axes), which a vector must have."""
+    cdef tuple shape = d if type(d) is tuple else (d,)
     if type(alpha) is float or (isinstance(alpha, numbers.Real) and not isinstance(
             alpha, (bool, np.bool_, np.ndarray))):
         alpha = float(alpha)
@@ -315,15 +361,15 @@ cpdef tuple residual_scale(alpha, d, dtype, str name="alpha"):
         return "fixed", alpha
     if not isinstance(alpha, np.ndarray):
         raise TypeError(f"{name} must be a real number, or a {dtype} array of shape () or "
-                        f"({d},), got {type(alpha).__name__}")
+                        f"{shape}, got {type(alpha).__name__}")
     not_masked(alpha, name)
     if alpha.dtype != dtype or not alpha.dtype.isnative:
         raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
     if alpha.shape == ():
         return "scalar", alpha
-    if alpha.shape == (d,):
+    if alpha.shape == shape:
         return "channel", alpha
-    raise ValueError(f"{name} must have shape () (learnable scalar) or ({d},) (per channel), "
+    raise ValueError(f"{name} must have shape () (learnable scalar) or {shape} (per channel), "
                      f"got {alpha.shape}")
 
 

@@ -14,12 +14,35 @@ cdef Py_ssize_t parallel_min_elements = 1 << 14
 cdef Py_ssize_t stream_min_bytes = 8 << 20
 
 
-cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept nogil:
-    """The thread count of a call over n_elements: n_threads (0: the OpenMP default), but 1
-    when the work is too small to pay for a parallel region."""
+cdef extern from "cores.h":
+    int rn_cores() noexcept
+    int rn_free_cores() noexcept
+
+# A team larger than this many threads per core is never faster, and thousands of threads
+# cost milliseconds to start: n_threads above it runs on OVERSUBSCRIBE * cores threads.
+# (Oversubscribing a little is kept possible: results are the same on any team, and the
+# tests compare 1, 2 and 4 threads on 2 cores.)
+cdef enum:
+    OVERSUBSCRIBE = 4
+
+
+cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:
+    """The thread count of a call over n_elements, for n_threads as threads_of gives it:
+    1 when the work is too small to pay for a parallel region; else for 0 (None) the OpenMP
+    default, but no more threads than there are cores other processes leave free (cores.h);
+    for -1 every core; else n_threads, at most OVERSUBSCRIBE per core."""
+    cdef int cores, default
     if n_elements < parallel_min_elements:
         return 1
-    return omp_get_max_threads() if n_threads == 0 else n_threads
+    if n_threads == 0:
+        default = omp_get_max_threads()
+        if default <= 1:
+            return 1
+        return min(default, rn_free_cores())
+    cores = rn_cores()
+    if n_threads == -1:
+        return cores
+    return min(n_threads, OVERSUBSCRIBE * cores)
 
 
 cdef inline bint streams(Py_ssize_t nbytes) noexcept nogil:
@@ -28,8 +51,8 @@ cdef inline bint streams(Py_ssize_t nbytes) noexcept nogil:
 
 
 def threads_for(n_threads, n_elements):
-    """The thread count for a call over n_elements: n_threads (None: the OpenMP default),
-    but 1 when the work is too small to pay for a parallel region."""
+    """The thread count a call over n_elements runs on for this n_threads (None: the OpenMP
+    default, sized to the free cores; -1: every core), by the rule of team()."""
     return team(threads_of(n_threads), n_elements)
 
 

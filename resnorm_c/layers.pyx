@@ -19,13 +19,18 @@ threads.  With parallel_gemm=False each product is one gemm call made from one t
 Sums over rows that we do ourselves (the bias gradient) run in a fixed order, per column
 block, in float64: bitwise identical for any thread count too.
 """
-from cython.parallel cimport prange
+import numpy as np
+
+from cython.parallel cimport prange, threadid
 from libc.math cimport sqrt
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from blas cimport gemm
-from primitives cimport (element, rn_import_core, rn_gelu, rn_gelu_backward, rn_gelu_tanh,
-                         rn_gelu_tanh_backward, rn_exp_shifted)
+from dropout_masks cimport rn_dropout
+from primitives cimport (element, rn_import_core, rn_dropout_bits, rn_exp_shifted, rn_gelu,
+                         rn_gelu_backward, rn_gelu_tanh, rn_gelu_tanh_backward,
+                         rn_residual_add)
 
 rn_import_core()
 
@@ -279,78 +284,195 @@ def softmax_backward(element[:, ::1] ds, const element[:, ::1] dp, const element
 # qkv (B, T, 3D) holds q | k | v along the last axis (torch's in_proj layout); head h uses
 # columns h*dh .. (h+1)*dh of each, dh = D / H.  The per-head matrices are strided views of
 # qkv (row stride 3D), which gemm reads directly: no reshapes, no copies.  One task per
-# (batch, head): its T x T scores stay in cache between the two products.
+# (batch, head): its T x T scores stay in cache between the products.
+#
+# Causal heads skip the masked half.  The queries are taken in blocks of `block` rows:
+# block [i0, i1) sees keys 0 .. i1 only, so its scores, its P @ v and its dP and dq are
+# products over i1 keys instead of T.  dv and dk, sums over the queries i >= j that see key
+# j, are taken in the same blocks of keys: block [j0, j1) sums over queries j0 .. T.  The
+# products shrink to about (1 + block/T) / 2 of the full ones.  block = T is the full
+# computation (what a non-causal head does).  Blocks depend on T alone: the same bits for
+# any thread count.
+#
+# Dropout on the probabilities (rn_dropout on): element (b, h, i, j) of the (B, H, T, T)
+# probabilities is kept by the Philox uniform of its flat index, exactly the mask
+# resnorm.dropout gives an array of that shape and seed.  att keeps P itself (softmax
+# backward needs it); the dropped rows of a block go to a scratch row block, and backward
+# regenerates the mask of each row once, for dP and for the dropped P that dv needs.
 
-cdef void _attention_forward_head(element *out, element *att, const element *qkv, int t,
-                                  int d, int dh, bint causal, element scale) noexcept nogil:
-    """One (batch, head): att := softmax(q k^T * scale) (causal mask), out := att @ v.
-    Pointers are offset to this batch and head; rows of qkv have stride 3d, of out d."""
-    cdef int i
-    gemm(False, True, t, t, dh, <element>1, qkv, 3 * d, qkv + d, 3 * d, <element>0, att, t)
-    for i in range(t):
-        _softmax_row(att + i * t, att + i * t, i + 1 if causal else t, t, scale)
-    gemm(False, False, t, dh, t, <element>1, att, t, qkv + 2 * d, 3 * d, <element>0, out, d)
+cdef inline Py_ssize_t _row_bits(uint64_t *words, uint64_t start, Py_ssize_t n,
+                                 const rn_dropout *dp) noexcept nogil:
+    """words := the keep bits of flat elements start .. start + n - 1, the first at bit
+    start % 64 of words[0] (returned: the kpos of rn_residual_add)."""
+    cdef uint64_t g0 = start // 64
+    rn_dropout_bits(words, dp.seed, g0, <Py_ssize_t>((start + <uint64_t>n + 63) // 64 - g0),
+              dp.threshold)
+    return <Py_ssize_t>(start % 64)
+
+
+cdef inline void _drop(element *y, const element *x, const uint64_t *words, Py_ssize_t kpos,
+                       Py_ssize_t n, const rn_dropout *dp) noexcept nogil:
+    """y[:n] := x[:n] * m, m = scale where the bit (from kpos on) is set, else 0.  y may be x."""
+    rn_residual_add(y, NULL, x, NULL, <const uint8_t *>words, kpos, dp.scale, n, 0)
+
+
+cdef inline int _block_end(int i0, int t, int block, bint causal) noexcept nogil:
+    """End of the block of query rows (or key columns) starting at i0."""
+    return min(i0 + block, t) if causal else t
+
+
+cdef void _attention_forward_head(element *out, element *att, element *dropped,
+                                  uint64_t *words, const element *qkv, int t, int d, int dh,
+                                  bint causal, int block, element scale,
+                                  const rn_dropout *dp, uint64_t first) noexcept nogil:
+    """One (batch, head): att := softmax(q k^T * scale) (causal mask), out := dropout(att) @ v.
+    Pointers are offset to this batch and head; rows of qkv have stride 3d, of out d.
+    dp NULL: no dropout; else `dropped` (block x t) receives a row block's dropped
+    probabilities and `first` is the flat index of att[0, 0]."""
+    cdef int i, i0 = 0, i1, n
+    cdef const element *p
+    while i0 < t:
+        i1 = _block_end(i0, t, block, causal)
+        n = i1 if causal else t            # the keys this row block sees
+        gemm(False, True, i1 - i0, n, dh, <element>1, qkv + i0 * 3 * d, 3 * d, qkv + d,
+             3 * d, <element>0, att + i0 * t, t)
+        for i in range(i0, i1):
+            _softmax_row(att + i * t, att + i * t, i + 1 if causal else t, t, scale)
+            if dp != NULL:
+                _drop(dropped + (i - i0) * t, att + i * t, words,
+                      _row_bits(words, first + <uint64_t>i * t, n, dp), n, dp)
+        p = att + i0 * t if dp == NULL else dropped
+        gemm(False, False, i1 - i0, dh, n, <element>1, p, t, qkv + 2 * d, 3 * d,
+             <element>0, out + i0 * d, d)
+        i0 = i1
+
+
+cdef object _thread_scratch(Py_ssize_t n_threads, Py_ssize_t width, object dtype):
+    """One row of `width` elements per thread (at least one element)."""
+    return np.empty((max(1, n_threads), max(1, width)), dtype)
+
+
+cdef bint _dropout_on(object dropout, rn_dropout *dp) except -1:
+    """Fills dp from the dropout argument (None or an rn_dropout dict); True if it drops."""
+    if dropout is None:
+        return False
+    dp[0] = dropout
+    return dp.on
+
+
+cdef inline int _block_rows(int block, int t) noexcept nogil:
+    """The row block in use: block, or the whole head for block <= 0 or > t (and for every
+    non-causal head, which the callers pass as block 0)."""
+    return t if block <= 0 or block > t else block
 
 
 def attention_forward(element[:, :, ::1] out, element[:, :, :, ::1] att,
                       const element[:, :, ::1] qkv, bint causal, int n_threads,
-                      bint parallel_gemm):
+                      bint parallel_gemm, int block=0, dropout=None):
     """For each batch b and head h:  att[b, h] := softmax(q k^T / sqrt(dh)) (causal: mask
-    j > i), out[b, :, h*dh:(h+1)*dh] := att[b, h] @ v.
+    j > i), out[b, :, h*dh:(h+1)*dh] := dropout(att[b, h]) @ v.
 
-    out (B, T, D); att (B, H, T, T) keeps the probabilities for backward.
+    out (B, T, D); att (B, H, T, T) keeps the probabilities P (before dropout) for backward.
+    block: query rows per block of a causal head (<= 0: T, the full products; see above).
+    dropout: None or the rn_dropout dict {on, seed, threshold, scale} of resnorm's dropout
+    (the mask of element (b, h, i, j) is that of flat index ((b H + h) T + i) T + j).
     Backward: attention_backward.  NumPy reference: resnorm.nn.reference.attention_forward.
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>out.shape[2]
-    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
+    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h, tid
     cdef element scale = <element>(1.0 / sqrt(dh))
+    cdef rn_dropout dp
+    cdef const rn_dropout *dpp = NULL
+    cdef int threads = n_threads if parallel_gemm else 1
     if nb == 0 or t == 0:
         return
+    block = _block_rows(block if causal else 0, t)
+    if _dropout_on(dropout, &dp):
+        dpp = &dp
+    cdef element[:, ::1] dropped = _thread_scratch(
+        threads, block * t if dpp != NULL else 1,
+        np.float32 if element is float else np.float64)
+    cdef uint64_t[:, ::1] words = _thread_scratch(threads, (t + 63) // 64 + 2, np.uint64)
     with nogil:
-        for task in prange(nb * nh, schedule="static",
-                           num_threads=n_threads if parallel_gemm else 1):
+        for task in prange(nb * nh, schedule="static", num_threads=threads):
             b = task // nh
             h = task % nh
-            _attention_forward_head(&out[b, 0, h * dh], &att[b, h, 0, 0], &qkv[b, 0, h * dh],
-                                    t, d, dh, causal, scale)
+            tid = threadid()
+            _attention_forward_head(&out[b, 0, h * dh], &att[b, h, 0, 0], &dropped[tid, 0],
+                                    &words[tid, 0], &qkv[b, 0, h * dh], t, d, dh, causal,
+                                    block, scale, dpp, <uint64_t>task * t * t)
 
 
-cdef void _attention_backward_head(element *dqkv, element *ds, const element *dout,
-                                   const element *qkv, const element *att, int t, int d,
-                                   int dh, bint causal, element scale) noexcept nogil:
-    """One (batch, head) of attention_backward; ds is this head's T x T scratch."""
-    cdef int i
+cdef void _attention_backward_head(element *dqkv, element *ds, element *dropped,
+                                   uint64_t *words, const element *dout, const element *qkv,
+                                   const element *att, int t, int d, int dh, bint causal,
+                                   int block, element scale, const rn_dropout *dp,
+                                   uint64_t first) noexcept nogil:
+    """One (batch, head) of attention_backward; ds is this head's T x T scratch, dropped a
+    T x T scratch for the dropped probabilities (dp not NULL)."""
+    cdef int i, i0 = 0, i1, n, j0 = 0, j1
     cdef int ld = 3 * d
-    gemm(False, True, t, t, dh, <element>1, dout, d, qkv + 2 * d, ld, <element>0, ds, t)
-    gemm(True, False, t, dh, t, <element>1, att, t, dout, d, <element>0, dqkv + 2 * d, ld)
-    for i in range(t):
-        _softmax_backward_row(ds + i * t, ds + i * t, att + i * t, i + 1 if causal else t, t,
-                              scale)
-    gemm(False, False, t, dh, t, <element>1, ds, t, qkv + d, ld, <element>0, dqkv, ld)
-    gemm(True, False, t, dh, t, <element>1, ds, t, qkv, ld, <element>0, dqkv + d, ld)
+    cdef Py_ssize_t kpos
+    cdef const element *p = att if dp == NULL else dropped
+    # query blocks: dP = dO v^T (times the mask), dS = softmax'(dP), dq = dS k
+    while i0 < t:
+        i1 = _block_end(i0, t, block, causal)
+        n = i1 if causal else t
+        gemm(False, True, i1 - i0, n, dh, <element>1, dout + i0 * d, d, qkv + 2 * d, ld,
+             <element>0, ds + i0 * t, t)
+        for i in range(i0, i1):
+            if dp != NULL:
+                kpos = _row_bits(words, first + <uint64_t>i * t, n, dp)
+                _drop(ds + i * t, ds + i * t, words, kpos, n, dp)
+                _drop(dropped + i * t, att + i * t, words, kpos, n, dp)
+            _softmax_backward_row(ds + i * t, ds + i * t, att + i * t, i + 1 if causal else t,
+                                  t, scale)
+        gemm(False, False, i1 - i0, dh, n, <element>1, ds + i0 * t, t, qkv + d, ld,
+             <element>0, dqkv + i0 * ld, ld)
+        i0 = i1
+    # key blocks: dv = dropout(P)^T dO and dk = dS^T q, over the queries j0 .. T that see them
+    while j0 < t:
+        j1 = _block_end(j0, t, block, causal)
+        gemm(True, False, j1 - j0, dh, t - j0, <element>1, p + j0 * t + j0, t, dout + j0 * d,
+             d, <element>0, dqkv + 2 * d + j0 * ld, ld)
+        gemm(True, False, j1 - j0, dh, t - j0, <element>1, ds + j0 * t + j0, t, qkv + j0 * ld,
+             ld, <element>0, dqkv + d + j0 * ld, ld)
+        j0 = j1
 
 
 def attention_backward(element[:, :, ::1] dqkv, element[:, :, :, ::1] datt,
                        const element[:, :, ::1] dout, const element[:, :, ::1] qkv,
                        const element[:, :, :, ::1] att, bint causal, int n_threads,
-                       bint parallel_gemm):
-    """Gradients of attention_forward.  Per (b, h), with P = att[b, h], dO = dout[b, :, head]:
-        dP = dO v^T,   dv = P^T dO,
+                       bint parallel_gemm, int block=0, dropout=None):
+    """Gradients of attention_forward.  Per (b, h), with P = att[b, h], dO = dout[b, :, head]
+    and M the dropout multipliers (1 without dropout):
+        dP = (dO v^T) * M,   dv = (P * M)^T dO,
         dS = P * (dP - rowsum(P * dP)) / sqrt(dh)     (softmax backward, scale folded in)
-        dq = dS k,     dk = dS^T q.
-    dqkv (B, T, 3D) is overwritten; datt (B, H, T, T) is scratch for dP / dS.
+        dq = dS k,           dk = dS^T q.
+    dqkv (B, T, 3D) is overwritten; datt (B, H, T, T) is scratch for dP / dS.  block and
+    dropout must be the forward's (the mask is regenerated from the seed).
     NumPy reference: resnorm.nn.reference.attention_backward.
     """
     cdef int nb = <int>qkv.shape[0], t = <int>qkv.shape[1], d = <int>dout.shape[2]
-    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h
+    cdef int nh = <int>att.shape[1], dh = d // nh, task, b, h, tid
     cdef element scale = <element>(1.0 / sqrt(dh))
+    cdef rn_dropout dp
+    cdef const rn_dropout *dpp = NULL
+    cdef int threads = n_threads if parallel_gemm else 1
     if nb == 0 or t == 0:
         return
+    block = _block_rows(block if causal else 0, t)
+    if _dropout_on(dropout, &dp):
+        dpp = &dp
+    cdef element[:, ::1] dropped = _thread_scratch(
+        threads, t * t if dpp != NULL else 1, np.float32 if element is float else np.float64)
+    cdef uint64_t[:, ::1] words = _thread_scratch(threads, (t + 63) // 64 + 2, np.uint64)
     with nogil:
-        for task in prange(nb * nh, schedule="static",
-                           num_threads=n_threads if parallel_gemm else 1):
+        for task in prange(nb * nh, schedule="static", num_threads=threads):
             b = task // nh
             h = task % nh
-            _attention_backward_head(&dqkv[b, 0, h * dh], &datt[b, h, 0, 0],
-                                     &dout[b, 0, h * dh], &qkv[b, 0, h * dh],
-                                     &att[b, h, 0, 0], t, d, dh, causal, scale)
+            tid = threadid()
+            _attention_backward_head(&dqkv[b, 0, h * dh], &datt[b, h, 0, 0], &dropped[tid, 0],
+                                     &words[tid, 0], &dout[b, 0, h * dh], &qkv[b, 0, h * dh],
+                                     &att[b, h, 0, 0], t, d, dh, causal, block, scale, dpp,
+                                     <uint64_t>task * t * t)

@@ -89,8 +89,6 @@ PRIMITIVES = [
               "Py_ssize_t d, int stream",
               "dresidual = gh + dh,  dx = (gh + dh)*alpha*m,  dalpha_part += (gh + dh)*(x*m)",
               "residual_rows.h"),
-    Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
-              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "residual_rows.h"),
     # ---- sums over rows (partials.h)
     Primitive("narrow", "void", "T *out, const double *acc, Py_ssize_t d", "out_i = (T) acc_i",
               "partials.h"),
@@ -107,7 +105,7 @@ PRIMITIVES = [
               "uint64_t *words, uint64_t seed, uint64_t group, Py_ssize_t count, "
               "uint32_t threshold",
               "bit b of words_j = keep of element 64 (group + j) + b", "philox.h", typed=False),
-    # ---- exp and erfc loops of the Transformer layers (vmath.h)
+    # ---- exp and erfc loops: the Transformer layers, the gated residual (vmath.h)
     Primitive("gelu", "void", "T *y, const T *x, Py_ssize_t n", "y = x * Phi(x)", "vmath.h"),
     Primitive("gelu_backward", "void", "T *dx, const T *dy, const T *x, Py_ssize_t n",
               "dx = dy * (Phi(x) + x phi(x))", "vmath.h"),
@@ -117,6 +115,15 @@ PRIMITIVES = [
               "dx = dy * d/dx gelu_tanh(x)", "vmath.h"),
     Primitive("exp_shifted", "void", "T *p, const T *s, T m, T scale, Py_ssize_t n",
               "p_j = exp(scale * (s_j - m))", "vmath.h"),
+    Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
+              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h"),
+    Primitive("gated_add", "void",
+              "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream",
+              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h"),
+    Primitive("gated_bwd", "void",
+              "T *dx, T *dF, T *dg, const T *dh, const T *F, const T *g, Py_ssize_t d, "
+              "int stream",
+              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s));  s = sigmoid(g)", "vmath.h"),
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -225,7 +232,7 @@ def docs_table():
     """The Markdown table of primitives for docs/architecture.md."""
     rows = ["| primitive | computes | defined in |", "|---|---|---|"]
     for p in PRIMITIVES:
-        rows.append(f"| `rn_{p.name}` | {p.formula.replace('|', '/')} | `resnorm_c/{p.source}` |")
+        rows.append(f"| `rn_{p.name}` | {p.formula.replace('|', '/')} | `resnorm_c/core/{p.source}` |")
     return "\n".join(rows) + "\n"
 
 
@@ -245,5 +252,16 @@ def generate(out_dir=_HERE):
             f.write(text)
 
 
+def update_docs(path=os.path.join(_HERE, "..", "docs", "architecture.md")):
+    """Rewrites the table between the primitives markers of docs/architecture.md."""
+    with open(path) as f:
+        doc = f.read()
+    begin, end = "<!-- primitives -->\n", "<!-- /primitives -->"
+    head, rest = doc.split(begin, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + docs_table() + end + rest.split(end, 1)[1])
+
+
 if __name__ == "__main__":
-    generate()
+    import sys
+    update_docs() if "--docs" in sys.argv[1:] else generate()

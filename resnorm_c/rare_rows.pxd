@@ -1,7 +1,7 @@
 # Rare rows: the scalar paths of the norm statistics, shared by the norm kernels
-# (norms.pyx) and the fused add + norm kernels (residual.pyx).
+# (norm_kernels.pxd) and the fused add + norm kernels (add_norm_kernels.pxd).
 #
-# The fast paths trust the double statistics of the row primitives (rowops.h).  A few
+# The fast paths trust the double statistics of the row primitives (core/reduce.h).  A few
 # finite rows defeat them, and the kernels send those (and rows holding inf/NaN, whose
 # non-finite result then stands) through the plain scalar code below.  A kernel spends one
 # cheap check per row on this (_ln_stats_trusted, or isfinite of RMSNorm's sum of squares,
@@ -75,7 +75,7 @@ cdef inline bint _ln_stats_trusted(const element *x, double mean, double var,
     cdef double mean_error
     if element is double:
         # finite, and well above the rounding error of a mean of d equal values
-        # (at most (d/32 + 6) half-ulps of it for the 32-lane sum of rowops.h)
+        # (at most (d/32 + 6) half-ulps of it for the 32-lane sum of core/reduce.h)
         mean_error = (d + 8) * DBL_EPSILON * mean
         return isfinite(var) and var > mean_error * mean_error
     else:

@@ -9,7 +9,8 @@ from libc.string cimport memset
 
 from common cimport RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials
 from dropout_masks cimport SEGMENT, extend_bits, mask_words, rn_dropout
-from primitives cimport element, rn_dropout_keep, rn_residual_add, rn_residual_bwd, rn_sigmoid
+from primitives cimport (element, rn_dropout_keep, rn_gated_add, rn_gated_bwd, rn_residual_add,
+                        rn_residual_bwd, rn_sigmoid)
 
 cdef enum:
     DROPOUT_CHUNK = 8192  # elements per task of the flat dropout kernels
@@ -123,48 +124,41 @@ cdef inline void scaled_backward(element *dx, element *dF, double *dalpha,
 
 # --------------------------------------------------------------------------- gated residual
 
-cdef inline Py_ssize_t row_scratch_elements(Py_ssize_t width) noexcept nogil:
-    """Elements (of double, enough for either type) in a scratch row of `width` elements,
-    padded to whole cache lines so that threads never share one."""
-    return (width + 7) // 8 * 8
-
-
 cdef inline void sigmoid(element *s, element *ds, const element *g, Py_ssize_t n, Py_ssize_t d,
                          int n_threads) noexcept nogil:
-    """s := 1/(1 + exp(-g));  ds := s*(1-s), both computed in double (ds may be NULL)."""
+    """s := 1/(1 + exp(-g));  ds := s*(1-s) in the element type (ds may be NULL)."""
     cdef Py_ssize_t i
     for i in prange(n, schedule="static", num_threads=n_threads):
         rn_sigmoid(s + i * d, ds + i * d if ds != NULL else NULL, g + i * d, d)
 
 
 cdef inline void gated_forward(element *h, const element *x, const element *F,
-                                        const element *g, double *scratch, Py_ssize_t n,
-                                        Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+                               const element *g, Py_ssize_t n, Py_ssize_t d, int n_threads,
+                               bint stream) noexcept nogil:
     """h := x + sigmoid(g) * F, g of F's shape (a per-channel g goes through
-    scaled_residual_forward).  scratch: row_scratch_elements(d) doubles per thread.
+    scaled_forward), the sigmoid formed in registers.  h may be x, F or g.
     NumPy reference: resnorm.reference.gated_residual_forward."""
-    cdef Py_ssize_t i, width = row_scratch_elements(d)
-    cdef element *s
-    for i in prange(n, schedule="static", num_threads=n_threads):
-        s = <element *>(scratch + threadid() * width)
-        rn_sigmoid(s, NULL, g + i * d, d)
-        rn_residual_add(h + i * d, x + i * d, F + i * d, s, NULL, 0, 1.0, d, stream)
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * d, d, stream)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * d, d, stream)
 
 
-cdef inline void gated_backward(element *dx, element *dF, element *dg,
-                                         const element *dh, const element *F, const element *g,
-                                         double *scratch, Py_ssize_t n, Py_ssize_t d,
-                                         int n_threads, bint stream) noexcept nogil:
+cdef inline void gated_backward(element *dx, element *dF, element *dg, const element *dh,
+                                const element *F, const element *g, Py_ssize_t n,
+                                Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
     """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
-    scratch: row_scratch_elements(3 * d) doubles per thread.
+    Each output may be dh itself, none F or g.
     NumPy reference: resnorm.reference.gated_residual_backward."""
-    cdef Py_ssize_t i, width = row_scratch_elements(3 * d)
-    cdef element *s
-    for i in prange(n, schedule="static", num_threads=n_threads):
-        # s, s + d, s + 2d: sigmoid(g), its derivative s(1-s), and dh * s(1-s)
-        s = <element *>(scratch + threadid() * width)
-        rn_sigmoid(s, s + d, g + i * d, d)
-        rn_residual_bwd(dF + i * d, dx + i * d, NULL, dh + i * d, NULL, NULL, s, NULL, 0, 1.0, d,
-                        stream)
-        rn_residual_add(s + 2 * d, NULL, dh + i * d, s + d, NULL, 0, 1.0, d, False)
-        rn_residual_add(dg + i * d, NULL, F + i * d, s + 2 * d, NULL, 0, 1.0, d, stream)
+    cdef Py_ssize_t i
+    if n_threads == 1:
+        for i in range(n):
+            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, dh + i * d, F + i * d, g + i * d,
+                         d, stream)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, dh + i * d, F + i * d, g + i * d,
+                         d, stream)

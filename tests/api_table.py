@@ -47,6 +47,13 @@ class Inputs:
     p: float = 0.0
     seed: int = 0
     training: bool = True
+    normalized_shape: tuple = None  # the norms: the normalised trailing axes (None: the last)
+    zero_centered_weight: bool = False
+
+    @property
+    def axes(self):
+        """How many trailing axes of x a norm's row spans."""
+        return 1 if self.normalized_shape is None else len(self.normalized_shape)
 
     @property
     def dtype(self):
@@ -59,22 +66,28 @@ class Inputs:
 
 
 def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0,
-                alpha="channel", p=0.2, gate="full"):
+                alpha="channel", p=0.2, gate="full", axes=1, zero_centered_weight=False):
     """Random inputs for every function: x (and residual) of magnitude scale around offset,
-    F of magnitude scale, O(1) parameters and gradients.  alpha: 'channel' ((D,) in
-    [0.5, 1]), 'scalar' (0-d), 'fixed' (0.75) or None; gate: 'full' or 'channel'."""
+    F of magnitude scale, O(1) parameters and gradients.  alpha: 'channel' (in [0.5, 1]),
+    'scalar' (0-d), 'fixed' (0.75) or None; gate: 'full' or 'channel'.  axes: the norms
+    normalise the last `axes` axes (normalized_shape; None for 1), and weight, bias and a
+    'channel' alpha have their shape (which the scaled residual takes only for axes=1).
+    zero_centered_weight: the weight is then a deviation around 0 (the gain 1 + w)."""
     d = shape[-1]
+    row = tuple(shape[len(shape) - axes:])
+    w = (1.0 + 0.5 * rng.standard_normal(row)) - (1.0 if zero_centered_weight else 0.0)
     inp = Inputs(
         x=(offset + scale * rng.standard_normal(shape)).astype(dtype),
-        weight=(1.0 + 0.5 * rng.standard_normal(d)).astype(dtype) if weight else None,
-        bias=rng.standard_normal(d).astype(dtype) if bias else None,
-        dy=rng.standard_normal(shape).astype(dtype))
+        weight=w.astype(dtype) if weight else None,
+        bias=rng.standard_normal(row).astype(dtype) if bias else None,
+        dy=rng.standard_normal(shape).astype(dtype),
+        normalized_shape=row if axes > 1 else None, zero_centered_weight=zero_centered_weight)
     inp.residual = (offset + scale * rng.standard_normal(shape)).astype(dtype)
     inp.dh = rng.standard_normal(shape).astype(dtype)
     inp.F = (scale * rng.standard_normal(shape)).astype(dtype)
     inp.g = rng.standard_normal(shape if gate == "full" else d).astype(dtype)
-    a = 0.5 + 0.5 * rng.uniform(size=d)
-    inp.alpha = {"channel": a.astype(dtype), "scalar": np.array(a[0], dtype), "fixed": 0.75,
+    a = 0.5 + 0.5 * rng.uniform(size=row)
+    inp.alpha = {"channel": a.astype(dtype), "scalar": np.array(a.flat[0], dtype), "fixed": 0.75,
                  None: None}[alpha]
     inp.p, inp.seed = p, int(rng.integers(0, 2**63))
     return inp
@@ -168,7 +181,8 @@ class Op:
     def buffers(self):
         """The output buffer arguments, and what each receives."""
         return {b: t for b, t in (("out", self.output), ("residual_out", "h"),
-                                  ("dresidual_out", "dresidual"))
+                                  ("dresidual_out", "dresidual"), ("dbranch_out", "dF"),
+                                  ("dgate_out", "dg"))
                 if b in self.parameters}
 
     def default_eps(self):
@@ -206,7 +220,7 @@ class Op:
         arrays = result if isinstance(result, tuple) else (result,)
         out = dict(zip(self.returns, arrays, strict=True))
         if cache is not None:  # one statistic per row, in the rows' shape
-            lead = arrays[0].shape[:-1]
+            lead = arrays[0].shape[:arrays[0].ndim - getattr(cache, "axes", 1)]
             out.update({s: getattr(cache, s).reshape(lead) for s in self.stats})
         return out
 
@@ -339,11 +353,40 @@ def _with_tolerances(x, w, b, dy, dtype, forward, xhat, rstd, backward, rstd_sla
     return out
 
 
+def _rows_of(inp):
+    """(flatten, unflatten) for a norm's rows: arrays with the last inp.axes axes as one,
+    and results back in the input's shapes (elementwise: x's; per row: its lead axes;
+    parameter gradients: normalized_shape)."""
+    k, shape = inp.axes, np.shape(inp.x)
+    lead, row = shape[:len(shape) - k], shape[len(shape) - k:]
+
+    def flatten(a):
+        if a is None:
+            return None
+        n = np.ndim(a) - k
+        return np.reshape(a, np.shape(a)[:n] + (math.prod(np.shape(a)[n:]),))
+
+    def unflatten(want):
+        back = {}
+        for name, (value, tol) in want.items():
+            if value is not None and name in ELEMENTWISE_OUTPUTS:
+                value, tol = value.reshape(shape), np.broadcast_to(tol, value.shape).reshape(shape)
+            elif value is not None and name not in ROW_OUTPUTS and np.ndim(value) == 1:
+                value, tol = value.reshape(row), np.broadcast_to(tol, value.shape).reshape(row)
+            elif value is not None and name in ROW_OUTPUTS:
+                value, tol = value.reshape(lead), np.broadcast_to(tol, value.shape).reshape(lead)
+            back[name] = (value, tol)
+        return back
+    return flatten, unflatten
+
+
 def _norm_reference(op, inp, eps):
-    want, _ = norm_reference(op.norm, _f64(inp.x), _f64(inp.weight),
-                             _f64(inp.bias) if op.norm == "ln" else None, _f64(inp.dy), eps,
-                             inp.dtype)
-    return want
+    flat, back = _rows_of(inp)
+    want, _ = norm_reference(op.norm, flat(_f64(inp.x)),
+                             flat(ref.gain(inp.weight, inp.zero_centered_weight)),
+                             flat(_f64(inp.bias)) if op.norm == "ln" else None,
+                             flat(_f64(inp.dy)), eps, inp.dtype)
+    return back(want)
 
 
 # --------------------------------------------------------------------------- fused add + norm
@@ -360,13 +403,15 @@ def _fused_reference(op, inp, eps):
     """
     dtype = inp.dtype
     rtol, sub = RTOL[dtype], float(np.finfo(dtype).smallest_subnormal)
-    x, r, dy = _f64(inp.x), _f64(inp.residual), _f64(inp.dy)
-    alpha = 1.0 if inp.alpha is None else inp.alpha
+    flat, back = _rows_of(inp)
+    x, r, dy = flat(_f64(inp.x)), flat(_f64(inp.residual)), flat(_f64(inp.dy))
+    alpha = 1.0 if inp.alpha is None else flat(inp.alpha) if np.ndim(inp.alpha) else inp.alpha
     a = _f64(alpha) if isinstance(alpha, np.ndarray) else float(alpha)
     d, keep = ref.dropout_forward(x, inp.p, inp.seed, inp.training)
     m = ref.dropout_forward(np.ones_like(x), inp.p, inp.seed, inp.training)[0]  # multipliers
     h = r + a * d
-    w, b = _f64(inp.weight), _f64(inp.bias) if op.norm == "ln" else None
+    w = flat(ref.gain(inp.weight, inp.zero_centered_weight))
+    b = flat(_f64(inp.bias)) if op.norm == "ln" else None
     norm, xhat = norm_reference(op.norm, h, w, b, dy, eps, dtype)
     err_h = rtol * (np.abs(r) + np.abs(a * d)) + 4 * sub
     E = _rowmax(err_h)
@@ -378,12 +423,12 @@ def _fused_reference(op, inp, eps):
     if "mean" in norm:
         out["mean"] = (norm["mean"][0], norm["mean"][1] + E[..., 0])
     if dy is None:
-        return out
+        return back(out)
     g, xh = _rowmax(np.abs(dy) * w1), _rowmax(xhat)
     gh, gh_tol = norm["dx"]
     gh_tol = gh_tol + 4 * rstd * (rstd * E) * g * (1 + xh) ** 2
     gh_terms = rstd * g * (1 + xh ** 2)        # the size of the norm backward's terms
-    dh = None if op.post else _f64(inp.dh)
+    dh = None if op.post else flat(_f64(inp.dh))
     if dh is not None:
         gh, gh_tol, gh_terms = gh + dh, gh_tol + rtol * np.abs(dh), gh_terms + np.abs(dh)
     out["dresidual"] = (gh, gh_tol)
@@ -397,9 +442,9 @@ def _fused_reference(op, inp, eps):
     out["dalpha"] = (None, None)
     if isinstance(alpha, np.ndarray):
         # (x * m on the subnormal grid is off by up to a step, which gh multiplies)
-        out["dalpha"] = (ref._sum_like(gh * d, alpha),
-                         ref._sum_like(gh_err * np.abs(d) + 4 * sub * (1 + gh_terms), alpha))
-    return out
+        out["dalpha"] = (ref.sum_like(gh * d, alpha),
+                         ref.sum_like(gh_err * np.abs(d) + 4 * sub * (1 + gh_terms), alpha))
+    return back(out)
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -416,7 +461,7 @@ def _scaled_reference(op, inp, eps):
     return {"h": (ref.scaled_residual_forward(x, F, a), rtol * (np.abs(x) + np.abs(a * F)) + 4 * sub),
             "dx": (dx, rtol * np.abs(dh)),
             "dF": (dF, rtol * np.abs(dF) + 4 * sub),
-            "dalpha": (da, ref._sum_like(rtol * np.abs(dh * F) + 4 * sub, alpha))
+            "dalpha": (da, ref.sum_like(rtol * np.abs(dh * F) + 4 * sub, alpha))
             if learnable else (None, None)}
 
 
@@ -470,11 +515,16 @@ def _colsum(a):
 
 # --------------------------------------------------------------------------- the table
 
+# The norms' options (the norms and the fused add + norm take them)
+NORM_OPTIONS = ("normalized_shape", "zero_centered_weight")
+
+
 def _fused_ops(kind, post):
     name = ("add_rms_norm" if kind == "rms" else "add_layer_norm") + ("_post" if post else "")
     family = f"add_{kind}" + ("_post" if post else "")
     params = ("weight",) if kind == "rms" else ("weight", "bias")
-    args = ("x", "residual") + params + ("eps", "alpha", "p", "seed", "training")
+    args = ("x", "residual") + params + ("eps",) + NORM_OPTIONS + ("alpha", "p", "seed",
+                                                                  "training")
     returns = ("y",) if post else ("y", "h")
     grads = ("dx", "dresidual", "dweight") + (("dbias",) if kind == "ln" else ()) + ("dalpha",)
     kept = ("x",) + (("residual",) if post else ()) + ("weight", "alpha")
@@ -484,15 +534,15 @@ def _fused_ops(kind, post):
                forward=name + "_forward")]
 
 
+RMS_ARGS = ("x", "weight", "eps") + NORM_OPTIONS
+LN_ARGS = ("x", "weight", "bias", "eps") + NORM_OPTIONS
 OPS = {op.name: op for op in [
-    Op("rms_norm", "rms", "inference", ("x", "weight", "eps"), ("y",)),
-    Op("rms_norm_forward", "rms", "training", ("x", "weight", "eps"), ("y",),
-       kept=("x", "weight")),
+    Op("rms_norm", "rms", "inference", RMS_ARGS, ("y",)),
+    Op("rms_norm_forward", "rms", "training", RMS_ARGS, ("y",), kept=("x", "weight")),
     Op("rms_norm_backward", "rms", "backward", ("dy",), ("dx", "dweight"),
        forward="rms_norm_forward"),
-    Op("layer_norm", "ln", "inference", ("x", "weight", "bias", "eps"), ("y",)),
-    Op("layer_norm_forward", "ln", "training", ("x", "weight", "bias", "eps"), ("y",),
-       kept=("x", "weight", "bias")),
+    Op("layer_norm", "ln", "inference", LN_ARGS, ("y",)),
+    Op("layer_norm_forward", "ln", "training", LN_ARGS, ("y",), kept=("x", "weight", "bias")),
     Op("layer_norm_backward", "ln", "backward", ("dy",), ("dx", "dweight", "dbias"),
        forward="layer_norm_forward"),
     *_fused_ops("rms", post=False), *_fused_ops("ln", post=False),

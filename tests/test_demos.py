@@ -11,7 +11,7 @@ import pytest
 
 from resnorm import demos
 from resnorm.__main__ import main
-from resnorm.demos import _stacks, _transformer, convergence
+from resnorm.demos import _stacks, _transformer, convergence, gradients, rms_vs_layer
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,19 +34,21 @@ def _structure(res, name, n_tables):
 def test_depth():
     res = tiny("depth")
     _structure(res, "depth", 1)
-    norms = res.data["norms"]
-    plain, post, pre, shared = norms.values()
-    assert len(plain) == res.data["depth"] + 1 == 31
+    norms, growth, k = res.data["norms"], res.data["growth"], res.data["exponents"]
+    names = list(norms)
+    plain, post, deep, pre1, pre_s, shared = names
+    assert norms[pre1].shape == (res.data["seeds"], res.data["depth"] + 1) == (4, 31)
     # no residual: orders of magnitude above the Pre-Norm stream at depth 30
-    assert plain[-1] > 1e3 * pre[-1]
-    # Pre-Norm: finite, and growing (not constant); aligned branches grow it faster
-    assert np.all(np.isfinite(pre)) and pre[-1] > 2 * pre[0]
-    assert pre[10] < pre[20] < pre[30]     # on average: a random walk need not rise every layer
-    k = list(res.data["exponents"].values())
-    assert k[2] < 0.75 < k[3]
-    # Post-Norm: every layer ends with the norm
-    np.testing.assert_allclose(post[1:], np.sqrt(4 * 16), rtol=1e-5)
-    assert "layer 30" in res.tables[0][1]
+    assert np.median(growth[plain]) > 1e3 * np.median(growth[pre1])
+    # Post-Norm and DeepNorm: every layer ends with the norm
+    for name in (post, deep):
+        np.testing.assert_allclose(norms[name][:, 1:], np.sqrt(4 * 16), rtol=1e-5)
+    # Pre-Norm: ||x_L|| ~ sqrt(1 + L g^2) ||x_0||: the closed form, within the seeds' spread
+    assert np.median(growth[pre1]) == pytest.approx(np.sqrt(31), rel=0.25)
+    assert np.median(growth[pre_s]) == pytest.approx(np.sqrt(1.5), rel=0.1)
+    # the square grows linearly for independent branches, the norm linearly for a shared W
+    assert 0.35 < np.median(k[pre1]) < 0.65 < 0.8 < np.median(k[shared])
+    assert "closed form" in res.tables[0][1] and "layer 30" in res.tables[0][1]
 
 
 def test_depth_is_seeded():
@@ -54,33 +56,57 @@ def test_depth_is_seeded():
     assert demos.run("depth", "tiny", seed=3).text() != tiny("depth").text()
 
 
+def test_deepnorm_constants():
+    alpha, beta = _stacks.deepnorm_constants(30)
+    assert alpha == pytest.approx(60 ** 0.25) and beta == pytest.approx(240 ** -0.25)
+
+
 # --------------------------------------------------------------------------- gradients
 
 def test_gradients():
     res = tiny("gradients")
     _structure(res, "gradients", 4)
-    reach = res.data["reach"]
-    ratio = {name: v[0] / v[-1] for name, v in reach.items()}
-    assert len(reach["Pre-Norm"]) == 100
+    ratio = {name: np.median(v) for name, v in res.data["ratio"].items()}
+    depth = res.data["depth"]
+    assert res.data["reach"]["Pre-Norm, gain 1"].shape == (3, 100)
     assert ratio["no residual, gain 0.9"] < 1e-3          # vanishes
     assert ratio["no residual, gain 1.1"] > 1e2           # explodes
-    assert 1 / 30 < ratio["Pre-Norm"] < 30                # a small factor
-    assert 1 / 30 < ratio["Post-Norm"] < 30
-    i = res.data["step_sizes"].index(1e-3)
-    assert res.data["moves"]["Post-Norm"][i] > 5 * res.data["moves"]["Pre-Norm"][i]
+    # Pre-Norm: layer 1 / layer L ~ sqrt(1 + L g^2)
+    assert ratio["Pre-Norm, gain 1"] == pytest.approx(np.sqrt(1 + depth), rel=0.5)
+    assert ratio["Pre-Norm, gain 1/sqrt(2L)"] == pytest.approx(np.sqrt(1.5), rel=0.15)
+    assert 0.8 < ratio["DeepNorm"] < 1.25
+    # one step: Post-Norm's output moves far more than Pre-Norm's or DeepNorm's, per unit lr
+    sens = {name: np.median(v) for name, v in res.data["sensitivity"].items()}
+    assert sens["Post-Norm"] > 5 * sens["Pre-Norm, gain 1"]
+    assert sens["Post-Norm"] > 5 * sens["DeepNorm"]
+    # ... and that measurement is in the linear range
+    for v in res.data["linearity"].values():
+        np.testing.assert_allclose(v, 1.0, atol=0.02)
+    scalar = res.data["scalar"]
+    assert scalar["median"] == pytest.approx(scalar["closed_median"], rel=0.1)
+    assert scalar["one_row"] == pytest.approx(scalar["one_row_closed"], rel=0.3)
     assert "2.66e-05" in res.tables[3][1] and "1.38e+04" in res.tables[3][1]
-    assert 0.1 < res.data["scalar"]["median"] < 10
 
 
-@pytest.mark.parametrize("kind", _stacks.KINDS)
-def test_stack_backward_matches_finite_differences(kind):
+def test_one_row_drift_is_the_chi_square_log_mean():
+    # E[log(chi2_D / D)] = psi(D/2) - ln(D/2): by Monte Carlo, independently of the formula
+    rng = np.random.default_rng(5)
+    d, layers = 16, 9
+    draws = np.log(rng.chisquare(d, size=(200000, layers)) / d).sum(axis=1) / 2
+    assert np.exp(draws.mean()) == pytest.approx(gradients.one_row_drift(layers + 1, d),
+                                                 rel=0.01)
+
+
+@pytest.mark.parametrize("kind, alpha", [("plain", 1.0), ("post-norm", 1.0),
+                                         ("post-norm", 1.7), ("pre-norm", 1.0)])
+def test_stack_backward_matches_finite_differences(kind, alpha):
     """The real backward passes (RMSNorm kernels + matmul backward) of each stack."""
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 5))
     weights = _stacks.random_weights(rng, 3, 5, 1.0)
     g = rng.standard_normal((3, 5))
-    loss = lambda xx, ws: float(np.sum(g * _stacks.forward(kind, xx, ws)[0]))
-    _, tape = _stacks.forward(kind, x, weights)
+    loss = lambda xx, ws: float(np.sum(g * _stacks.forward(kind, xx, ws, alpha)[0]))
+    _, tape = _stacks.forward(kind, x, weights, alpha)
     dstreams, dweights = _stacks.backward(g, weights, tape)
     h = 1e-6
     for idx in [(0, 0), (2, 4), (1, 3)]:
@@ -126,44 +152,94 @@ def test_rms_vs_layer():
     _structure(res, "rms-vs-layer", 2)
     (_, centred), (_, shifted) = res.data["same_input"]
     assert centred < 1e-12 and shifted > 0.5
-    for pass_ in ("forward", "backward"):
-        assert all(np.isfinite(r) and r > 0 for r in res.data["ratios"][pass_])
+    for t in res.data["timings"]:
+        q1, med, q3 = t["quartiles"]
+        assert np.all(t["times"] > 0) and 0 < q1 <= med <= q3
+        np.testing.assert_allclose(t["ratio"], t["times"][:, 1] / t["times"][:, 0])
     assert "LayerNorm / RMSNorm" in res.tables[1][1]
+
+
+def test_paired_timing_has_no_neighbour_bias():
+    """Every timed call follows an untimed call of the same function, the order of the
+    functions changes between rounds, and each round times both."""
+    calls = []
+    fns = [lambda: calls.append(0), lambda: calls.append(1)]
+    times = rms_vs_layer.time_paired(fns, rounds=40, calls=1, rng=np.random.default_rng(0))
+    assert times.shape == (40, 2)
+    rounds = [calls[i:i + 4] for i in range(0, len(calls), 4)]
+    assert len(rounds) == 40 + rms_vs_layer.WARMUP_ROUNDS
+    assert all(r[0] == r[1] and r[2] == r[3] and r[0] != r[2] for r in rounds)
+    assert {r[0] for r in rounds} == {0, 1}
 
 
 # --------------------------------------------------------------------------- convergence
 
-def test_transformer_backward_matches_finite_differences():
+@pytest.mark.parametrize("causal", [False, True])
+def test_transformer_backward_matches_finite_differences(causal):
     rng = np.random.default_rng(2)
-    p = _transformer.init(rng, 5, 7, 3)
+    p = _transformer.init(rng, 2, 5, 7, 3)          # two runs side by side
     x, y = rng.standard_normal((2, 4, 5)), rng.standard_normal((2, 4, 3))
-    for beta in (0.0, 0.5):
-        _, grads, _ = _transformer.loss_and_grads(p, x, y, beta)
-        for name in _transformer.PARAMS:
-            for idx in [(0, 0), (p[name].shape[0] - 1, p[name].shape[1] - 1)]:
-                old = p[name][idx]
-                p[name][idx] = old + 1e-6
-                up = _transformer.loss_and_grads(p, x, y, beta)[0]
-                p[name][idx] = old - 1e-6
-                down = _transformer.loss_and_grads(p, x, y, beta)[0]
-                p[name][idx] = old
-                assert grads[name][idx] == pytest.approx((up - down) / 2e-6, rel=1e-5, abs=1e-7)
+    beta = np.array([0.0, 0.5])
+    _, grads, _ = _transformer.loss_and_grads(p, x, y, beta, causal)
+    for name in _transformer.PARAMS:
+        for idx in [(0, 0, 0), (1, p[name].shape[1] - 1, p[name].shape[2] - 1), (1, 1, 0)]:
+            old = p[name][idx]
+            p[name][idx] = old + 1e-6
+            up = _transformer.loss_and_grads(p, x, y, beta, causal)[0][idx[0]]
+            p[name][idx] = old - 1e-6
+            down = _transformer.loss_and_grads(p, x, y, beta, causal)[0][idx[0]]
+            p[name][idx] = old
+            assert grads[name][idx] == pytest.approx((up - down) / 2e-6, rel=1e-5, abs=1e-7)
+
+
+def test_causal_attention_does_not_see_the_future():
+    """Token t's output must not change when a later token's input (which would hold
+    token t's target in the sunspots windows) changes."""
+    rng = np.random.default_rng(3)
+    p = _transformer.init(rng, 1, 6, 12, 1)
+    x = rng.standard_normal((2, 5, 6))
+    later = x.copy()
+    later[:, 3:] += 10.0
+    for causal, same in ((True, True), (False, False)):
+        a = _transformer.forward(p, x, np.array([0.5]), causal)[0][0, :, :3]
+        b = _transformer.forward(p, later, np.array([0.5]), causal)[0][0, :, :3]
+        assert np.array_equal(a, b) == same
 
 
 def test_convergence():
     res = tiny("convergence")
     assert not res.missing, res.missing
-    _structure(res, "convergence", 2)
+    _structure(res, "convergence", 4)
     for task in ("synthetic", "sunspots"):
-        t = res.data[task]
-        assert t["common_lr"] is not None
-        # conditioning of Z improves with beta (the paper's mechanism)
-        assert all(b > a for a, b in zip(t["cond_start"], t["cond_start"][1:]))
-        # gradient descent decreases the loss for every beta ...
-        assert all(f < 0.5 for f in t["final_common"])
-        # ... and the residual (beta = 1) beats no residual (beta = 0)
-        assert t["final_common"][-1] < t["final_common"][0]
-    assert "sunspots" in res.tables[1][0]
+        rows = res.data[task]["analysis"]["per_beta"]
+        small = [r["small"] for r in rows]
+        # the theorem's regime: monotone descent at the smallest step, and there the
+        # conditioning of Z and the convergence both improve with beta
+        assert all(s["monotone"] for s in small)
+        assert all(b["cond0"] > a["cond0"] for a, b in zip(small, small[1:]))
+        assert all(b["ratio"][0] < a["ratio"][0] for a, b in zip(small, small[1:]))
+        # the grid brackets every beta's stability limit, and the best step is inside it
+        for r in rows:
+            assert r["bracketed"] and r["limit"] < r["diverges"]
+            assert r["tuned"]["ratio"][0] <= r["small"]["ratio"][0]
+        att = res.data[task]["attention"]
+        assert att["max_weight"] > att["uniform"]
+    assert "sunspots" in res.tables[2][0] and "held-out MSE" in res.tables[3][1]
+
+
+def test_linear_baseline_is_least_squares():
+    rng = np.random.default_rng(4)
+    task = convergence.synthetic_task(rng, 3, 4, 5, 2)
+    loss, mse, test = convergence.linear_baseline(task)
+    a = np.hstack([task.x.reshape(-1, 5), np.ones((12, 1))])
+    r = a @ np.linalg.pinv(a) @ task.y.reshape(-1, 2) - task.y.reshape(-1, 2)
+    assert loss == pytest.approx(0.5 * np.sum(r * r)) and mse == pytest.approx(np.mean(r * r))
+    assert test is None
+
+
+def test_linear_rate_of_a_geometric_sequence():
+    losses = 5.0 * 0.99 ** np.arange(50)[:, None] * np.array([1.0, 3.0])
+    np.testing.assert_allclose(convergence.linear_rate(losses), -np.log(0.99))
 
 
 def test_sunspots_load_from_the_installed_package_without_network(monkeypatch):
@@ -173,12 +249,17 @@ def test_sunspots_load_from_the_installed_package_without_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect", no_network)
     series = convergence.sunspots_series()
     assert series.shape == (309,) and np.all(np.isfinite(series))
-    x, y = convergence.sunspots_task(series, tokens=4, lags=8)
-    assert x.shape[1:] == (4, 8) and y.shape[1:] == (4, 1)
-    # token t holds the last 8 values; its target is the next one
-    v = (series - series.mean()) / series.std()
-    np.testing.assert_allclose(x[0, 0], v[:8])
-    assert y[0, 0, 0] == pytest.approx(v[8])
+    task = convergence.sunspots_task(series, tokens=4, lags=8, held_out=0.2)
+    assert task.x.shape[1:] == (4, 8) and task.y.shape[1:] == (4, 1) and task.causal
+    assert len(task.x) + len(task.x_test) == (309 - 8) // 4 and len(task.x_test) == 15
+    # token t holds the last 8 values; its target is the next one; standardised with the
+    # years the training part sees
+    seen = series[:len(task.x) * 4 + 8]
+    v = (series - seen.mean()) / seen.std()
+    np.testing.assert_allclose(task.x[0, 0], v[:8])
+    assert task.y[0, 0, 0] == pytest.approx(v[8])
+    np.testing.assert_allclose(task.x[1, 0], v[4:12])
+    assert task.y_test[-1, -1, 0] == pytest.approx(v[len(task.x) * 4 + len(task.x_test) * 4 + 7])
 
 
 def test_convergence_says_when_statsmodels_is_missing(monkeypatch, capsys, tmp_path):
@@ -188,7 +269,7 @@ def test_convergence_says_when_statsmodels_is_missing(monkeypatch, capsys, tmp_p
     monkeypatch.setattr(convergence, "sunspots_series", missing)
     res = demos.run("convergence", "tiny")
     assert "statsmodels is not installed" in res.missing
-    assert res.data["sunspots"] is None and len(res.tables) == 1     # no silent substitute
+    assert res.data["sunspots"] is None and len(res.tables) == 2     # no silent substitute
     assert main(["demo", "convergence", "--size", "tiny", "--no-png"]) == 1
     assert "NOT RUN: the real time series part" in capsys.readouterr().out
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import resnorm
-from resnorm import norms, reference
+from resnorm import reference
 from resnorm.__main__ import main
 from resnorm.explain import Explanation, explain
 
@@ -67,8 +67,8 @@ def test_rms_numbers(dtype):
     e = explain("rms", x, weight=w, dy=dy, eps=1e-6)
     assert e.dtype == dtype
     # kernel outputs are exactly what the public kernels return
-    y, cache = norms.rms_norm_forward(x, w, 1e-6)
-    dx, dw = norms.rms_norm_backward(dy, cache)
+    y, cache = resnorm.rms_norm_forward(x, w, 1e-6)
+    dx, dw = resnorm.rms_norm_backward(dy, cache)
     np.testing.assert_array_equal(e["y"], y.reshape(1, -1))
     np.testing.assert_array_equal(e["rstd"], cache.rstd)
     np.testing.assert_array_equal(e["dx"], dx.reshape(1, -1))
@@ -95,8 +95,8 @@ def test_layer_numbers(dtype):
     w, b = np.array(W, dtype=dtype), np.array(B, dtype=dtype)
     e = explain("layer", x, weight=w, bias=b, dy=dy)
     assert e.eps == 1e-5
-    y, cache = norms.layer_norm_forward(x, w, b, 1e-5)
-    dx, dw, db = norms.layer_norm_backward(dy, cache)
+    y, cache = resnorm.layer_norm_forward(x, w, b, 1e-5)
+    dx, dw, db = resnorm.layer_norm_backward(dy, cache)
     for name, value in (("y", y), ("mean", cache.mean), ("rstd", cache.rstd), ("dx", dx),
                         ("dw", dw), ("db", db)):
         np.testing.assert_array_equal(e[name], value)
@@ -126,13 +126,13 @@ def test_checks_report_the_difference_to_the_reference():
 
 def test_disagreement_is_reported(monkeypatch, capsys):
     """A kernel that returns a wrong y must give the verdict DISAGREE and exit status 1."""
-    real = norms.rms_norm_forward
+    real = resnorm.rms_norm_forward
 
     def broken(x, weight=None, eps=1e-6, **kw):
         y, cache = real(x, weight, eps, **kw)
         return y * 1.001, cache
 
-    monkeypatch.setattr(norms, "rms_norm_forward", broken)
+    monkeypatch.setattr(resnorm, "rms_norm_forward", broken)
     e = explain("rms", X)
     assert not e.agree
     assert not {c.name: c for c in e.checks}["y"].agree
@@ -211,12 +211,15 @@ def test_cli_negative_first_value(capsys):
     ({"weight": [1.0, 2.0]}, ValueError, "weight must have shape (4,)"),
     ({"dy": [1.0, 2.0]}, ValueError, "dy must have shape (4,)"),
     ({"bias": [0.0] * 4}, ValueError, "bias is used only with kind 'layer'"),
-    ({"p": 0.5}, ValueError, "p is used only with kind 'add-rms' or 'dropout'"),
+    ({"p": 0.5}, ValueError, "p is used only with kind 'add-rms', 'add-layer', 'add-rms-post', "
+                             "'add-layer-post' or 'dropout'"),
     ({"residual": X}, ValueError, "residual is used only with kind 'add-rms'"),
     ({"kind": "add-rms"}, ValueError, "kind='add-rms' needs residual"),
     ({"kind": "add-rms", "residual": [1.0]}, ValueError, "residual must have shape (4,)"),
     ({"kind": "add-rms", "residual": X, "dh": X}, ValueError, "dh (the gradient along the "),
-    ({"kind": "add-rms", "residual": X, "alpha": np.ones(4)}, TypeError, "alpha must be a real"),
+    ({"kind": "add-rms", "residual": X, "alpha": "a"}, TypeError, "alpha must be a real"),
+    ({"kind": "add-rms", "residual": X, "alpha": np.ones(3)}, ValueError,
+     "alpha must have shape () (learnable scalar) or (4,)"),
     ({"kind": "add-rms", "residual": X, "p": 1.5}, ValueError, "p must be in [0, 1]"),
     ({"kind": "dropout"}, ValueError, "kind='dropout' needs p"),
     ({"kind": "dropout", "p": 0.5, "weight": W}, ValueError, "weight is used only with kind"),
@@ -326,3 +329,236 @@ def test_cli_add_rms_and_dropout(capsys):
     assert main(["explain", "dropout", "--x", "1,2", "--p", "0.5", "--eval"]) == 0
     out = capsys.readouterr().out
     assert "training = False" in out and "y_1 = 2" in out
+
+
+# --------------------------------------------------------------------------- the other kinds
+
+F_ = [0.5, -1.0, 0.0, 2.0]
+CASES = [
+    ("add-rms", dict(residual=RES, weight=W, dy=DY, dh=[0, 1, 0, 0], alpha=0.5, p=0.25, seed=3)),
+    ("add-rms", dict(residual=RES, weight=W, dy=DY, alpha=np.array(0.5))),
+    ("add-layer", dict(residual=RES, weight=W, bias=B, dy=DY, dh=[0, 1, 0, 0],
+                       alpha=[0.5, 1.0, 2.0, 0.1], p=0.25, seed=3)),
+    ("add-rms-post", dict(residual=RES, weight=W, dy=DY, p=0.5, seed=1)),
+    ("add-layer-post", dict(residual=RES, bias=B, dy=DY, alpha=np.array(0.3))),
+    ("scaled", dict(F=F_, alpha=0.7, dh=DY)),
+    ("scaled", dict(F=F_, alpha=np.array(0.7), dh=DY)),
+    ("scaled", dict(F=F_, alpha=[0.7, 1.0, 2.0, 3.0], dh=DY)),
+    ("gated", dict(F=F_, g=[-40.0, 0.0, 1.0, 40.0], dh=DY)),
+    ("dropout", dict(p=0.5, seed=1, dy=DY)),
+    ("rms", dict(weight=W, dy=DY)),
+    ("layer", dict(weight=W, bias=B, dy=DY)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind, kwargs", CASES)
+def test_every_kind_agrees_and_checks_every_gradient(kind, kwargs, dtype):
+    e = explain(kind, X, dtype=dtype, **kwargs)
+    assert e.agree, [c for c in (*e.checks, *e.gradient_checks) if not c.agree]
+    gradients = [s.name for s in e.steps if s.phase == "backward" and s.source == "kernel"]
+    assert sorted(c.name for c in e.gradient_checks) == sorted(gradients)
+    for c in e.gradient_checks:
+        np.testing.assert_array_equal(c.kernel.reshape(np.shape(e[c.name])), e[c.name])
+    text = str(e)
+    assert "finite differences: an independent check" in text and "verdict: AGREE" in text
+
+
+def test_gradient_check_is_independent_of_the_reference(monkeypatch):
+    """A backward that is wrong in the same way as its reference passes the reference
+    check but not the finite differences."""
+    real_kernel, real_ref = resnorm.rms_norm_backward, reference.rms_norm_backward
+    monkeypatch.setattr(resnorm, "rms_norm_backward",
+                        lambda dy, cache: tuple(None if v is None else v * 1.001
+                                                for v in real_kernel(dy, cache)))
+    monkeypatch.setattr(reference, "rms_norm_backward",
+                        lambda *a: tuple(None if v is None else v * 1.001 for v in real_ref(*a)))
+    e = explain("rms", X, dy=DY)
+    assert all(c.agree for c in e.checks)
+    assert not {c.name: c for c in e.gradient_checks}["dx"].agree and not e.agree
+    assert "DISAGREE" in str(e)
+
+
+def test_finite_differences_of_a_known_gradient():
+    # y = x * rstd: d/dx of sum(dy * y) at dy = e_0, by hand: rstd * (e_0 - xn * xn_0 / D)
+    e = explain("rms", X, dy=[1.0, 0.0, 0.0, 0.0], eps=1e-6)
+    x = np.array(X)
+    rstd = 1 / np.sqrt(np.mean(x * x) + 1e-6)
+    xn = x * rstd
+    expected = rstd * (np.eye(4)[0] - xn * xn[0] / 4)
+    fd = {c.name: c for c in e.gradient_checks}["dx"].finite_difference
+    np.testing.assert_allclose(fd[0], expected, rtol=1e-8, atol=1e-10)
+
+
+def test_jacobians_of_the_norms():
+    e = explain("rms", X, weight=W, dy=DY)
+    (j,) = e.jacobians
+    x, w = np.array(X), np.array(W)
+    rstd = 1 / np.sqrt(np.mean(x * x) + 1e-6)
+    xn = x * rstd
+    np.testing.assert_allclose(j.closed_form, w[:, None] * rstd * (np.eye(4) - np.outer(xn, xn) / 4),
+                               rtol=1e-14)
+    # RMSNorm's Jacobian removes the direction of x (up to eps) ...
+    assert np.max(np.abs(j.closed_form @ x)) < 1e-6
+    # ... LayerNorm's removes the constant direction and the direction of xhat
+    e = explain("layer", [[1.0, 2.0, 6.0], [0.5, -1.0, 3.0]], dy=[[1.0, 0, 0], [0, 1.0, 0]])
+    assert len(e.jacobians) == 2 and e.agree
+    for j in e.jacobians:
+        np.testing.assert_allclose(j.closed_form @ np.ones(3), 0.0, atol=1e-15)
+        assert j.max_abs_diff_fd < 1e-8 and j.max_abs_diff_backward < 1e-14
+    assert "Jacobian dy/dx of each row" in str(e)
+    # the fused kinds: dy/dh
+    e = explain("add-layer", X, residual=RES, dy=DY, dh=[0, 1, 0, 0])
+    assert e.jacobians[0].wrt == "h" and e.agree
+    # none without a gradient, or for long rows
+    assert explain("rms", X).jacobians == ()
+    assert explain("rms", np.arange(1.0, 10.0), dy=np.ones(9)).jacobians == ()
+
+
+def test_invariants_hold_with_the_eps_term():
+    # a large eps makes the eps term of dx . x visible: it must match exactly what the
+    # formula predicts, not 0
+    e = explain("rms", X, dy=DY, eps=1.0)
+    (inv,) = e.invariants
+    x, dy = np.array(X), np.array(DY)
+    ms = np.mean(x * x)
+    rstd = 1 / np.sqrt(ms + 1.0)
+    assert inv.exact[0] == pytest.approx(rstd * np.dot(dy, x) * 1.0 / (ms + 1.0), rel=1e-14)
+    assert abs(inv.value[0]) > 0.1 and inv.value[0] == pytest.approx(inv.exact[0], rel=1e-12)
+    dx = e["dx"][0]
+    assert inv.value[0] == pytest.approx(np.dot(dx, x), rel=1e-12)
+    e = explain("layer", [[1.0, 2.0, 6.0], [0.5, -1.0, 3.0]], dy=[[1.0, 0, 0], [0, 1.0, 0]])
+    total, along = e.invariants
+    assert total.name == "sum dx" and np.all(total.exact == 0) and np.all(np.abs(total.value) < 1e-15)
+    assert along.name == "dx . xhat" and np.all(np.abs(along.value) < 1e-5) and e.agree
+    e = explain("add-rms-post", X, residual=RES, dy=DY)
+    assert [i.name for i in e.invariants] == ["dresidual . h"] and e.agree
+    e = explain("add-rms", X, residual=RES, dy=DY, dh=[0, 1, 0, 0])
+    assert [i.name for i in e.invariants] == ["(dresidual - dh) . h"] and e.agree
+
+
+def test_cache_says_what_is_kept():
+    cache = dict(explain("rms", X, weight=W, dy=DY).cache)
+    assert cache["x"].endswith("a reference to x") and cache["weight"].endswith("a reference to w")
+    assert "float64 array of shape (1,)" in cache["rstd"]
+    post = dict(explain("add-rms-post", X, residual=RES).cache)
+    assert post["x"].endswith("a reference to x")
+    assert post["residual"].endswith("a reference to residual") and "h" not in post
+    pre = dict(explain("add-rms", X, residual=RES).cache)
+    assert pre["h"].endswith("a reference to h") and "x" not in pre
+    assert dict(explain("add-rms", X, residual=RES, alpha=np.array(0.5)).cache)["x"].endswith(
+        "a reference to x")
+    drop = dict(explain("dropout", X, p=0.5).cache)
+    assert "array" not in drop["spec"] and "seed: 0" in drop["spec"]
+    assert "why: " in str(explain("layer", X))
+
+
+def test_philox_counter_and_word_of_every_element():
+    seed = 2**33 + 5
+    x = np.ones((2, 70))
+    e = explain("dropout", x, p=0.3, seed=seed)
+    m = e.philox
+    k = np.arange(140)
+    np.testing.assert_array_equal(m["counter"], 16 * (k // 64) + k % 16)
+    np.testing.assert_array_equal(m["word"], (k % 64) // 16)
+    assert (m["counter"][16], m["word"][16]) == (0, 1)
+    assert (m["counter"][64], m["word"][64]) == (16, 0)
+    assert (m["counter"][127], m["word"][127]) == (31, 3)
+    assert m["key"] == (5, 2)
+    np.testing.assert_array_equal(m["u"], reference.dropout_uniforms(seed, 140))
+    np.testing.assert_array_equal(e["keep"].ravel(), m["u"] >= np.floor(0.3 * 2**32))
+    text = str(e)
+    assert "key = (seed mod 2^32, seed div 2^32) = (5, 2)" in text
+    assert f"k = 16: c = 0, w = 1: philox(key, (0, 0, 0, 0)) = [" in text
+    assert explain("dropout", X, p=0.5, training=False).philox is None
+
+
+@pytest.mark.parametrize("kind", ["add-layer", "add-rms-post", "add-layer-post"])
+def test_fused_kinds_return_the_kernel_outputs(kind):
+    alpha = np.array([0.5, 1.0, 2.0, 0.1])
+    e = explain(kind, X, residual=RES, weight=W, dy=DY, alpha=alpha, p=0.25, seed=3,
+                **({"bias": B} if "layer" in kind else {}))
+    x, res, w, b, dy = (np.array(v) for v in (X, RES, W, B, DY))
+    name = {"add-layer": "add_layer_norm", "add-rms-post": "add_rms_norm_post",
+            "add-layer-post": "add_layer_norm_post"}[kind]
+    fwd, bwd = getattr(resnorm, f"{name}_forward"), getattr(resnorm, f"{name}_backward")
+    args = (x, res, w) + ((b,) if "layer" in kind else ())
+    out, cache = fwd(*args, alpha=alpha, p=0.25, seed=3)
+    grads = bwd(dy, None, cache) if "post" not in kind else bwd(dy, cache)
+    y = out[0] if "post" not in kind else out
+    np.testing.assert_array_equal(e["y"][0], y)
+    np.testing.assert_array_equal(e["dx"][0], grads[0])
+    np.testing.assert_array_equal(e["dresidual"][0], grads[1])
+    np.testing.assert_array_equal(e["dalpha"], grads[-1])
+    assert e.step("dalpha").per == "column" and e.step("alpha").per == "column"
+    assert e.step("h").source == ("reference" if "post" in kind else "kernel")
+    assert e.agree
+
+
+def test_scaled_and_gated_return_the_kernel_outputs():
+    x, f, dh = np.array(X), np.array(F_), np.array(DY)
+    for alpha in (0.7, np.array(0.7), np.array([0.7, 1.0, 2.0, 3.0])):
+        e = explain("scaled", x, F=f, alpha=alpha, dh=dh)
+        h, cache = resnorm.scaled_residual_forward(x, f, alpha)
+        dx, dF, dalpha = resnorm.scaled_residual_backward(dh, cache)
+        np.testing.assert_array_equal(e["h"][0], h)
+        np.testing.assert_array_equal(e["dF"][0], dF)
+        assert ("dalpha" in e.names) == (dalpha is not None)
+        if dalpha is not None:
+            np.testing.assert_array_equal(e["dalpha"], dalpha)
+    g = np.array([[-1.0, 0.0, 1.0, 2.0], [3.0, -2.0, 0.5, 0.0]])
+    xx, ff = np.stack([x, f]), np.stack([f, x])
+    e = explain("gated", xx, F=ff, g=g, dh=np.ones((2, 4)))
+    h, cache = resnorm.gated_residual_forward(xx, ff, g)
+    np.testing.assert_array_equal(e["h"], h)
+    np.testing.assert_array_equal(e["dg"], resnorm.gated_residual_backward(np.ones((2, 4)),
+                                                                          cache)[2])
+    assert e.step("dg").per == "element" and e.agree
+    e = explain("gated", xx, F=ff, g=g[0], dh=np.ones((2, 4)))
+    assert e.step("dg").per == "column" and e.step("dg").reduce == "sum" and e.agree
+
+
+def test_scalar_dalpha_sums_over_rows_and_channels():
+    text = explain("scaled", X, F=F_, alpha=np.array(0.5), dh=[1.0, 1.0, 1.0, 1.0]).render()
+    assert "dalpha = sum_rows,i dh_i * F_i" in text
+    assert "dalpha = 1 * 0.5 + 1 * (-1) + 1 * 0 + 1 * 2 = 1.5" in text
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    ({"kind": "scaled", "F": X, "alpha": 0.5, "dy": DY}, ValueError,
+     "kind='scaled' outputs h: give its gradient as dh, not dy"),
+    ({"kind": "scaled", "F": X}, ValueError, "kind='scaled' needs alpha"),
+    ({"kind": "scaled", "alpha": 0.5}, ValueError, "kind='scaled' needs F"),
+    ({"kind": "gated", "F": X}, ValueError, "kind='gated' needs g"),
+    ({"kind": "gated", "F": X, "g": [1.0, 2.0]}, ValueError, "g must have the shape of x (4,)"),
+    ({"kind": "gated", "F": [1.0], "g": X}, ValueError, "F must have shape (4,)"),
+    ({"kind": "add-rms-post", "residual": X, "dy": DY, "dh": DY}, ValueError,
+     "dh is used only with kind"),
+    ({"kind": "add-layer"}, ValueError, "kind='add-layer' needs residual"),
+    ({"kind": "rms", "F": X}, ValueError, "F is used only with kind 'scaled' or 'gated'"),
+])
+def test_bad_input_of_the_other_kinds(kwargs, error, words):
+    args = {"x": X, **kwargs}
+    with pytest.raises(error, match=re.escape(words)):
+        explain(args.pop("kind"), args.pop("x"), **args)
+
+
+def test_cli_other_kinds(capsys):
+    assert main(["explain", "scaled", "--x", "1,2", "--F", "3,4", "--alpha", "0.5",
+                 "--learnable-alpha", "--dh", "1,1"]) == 0
+    out = capsys.readouterr().out
+    assert "alpha = 0.5  -- residual scale (learnable scalar)" in out
+    assert "dalpha (with respect to alpha): max |kernel - finite difference|" in out
+    assert main(["explain", "add-layer", "--x", "1,2,3", "--residual=-1,0,1", "--alpha",
+                 "0.5,1,2", "--dy", "1,0,0", "--dh", "0,1,0"]) == 0
+    out = capsys.readouterr().out
+    assert "Residual add + LayerNorm (Pre-Norm)" in out and "dalpha_2 =" in out
+    assert "Jacobian dy/dh of each row" in out and "verdict: AGREE" in out
+    assert main(["explain", "gated", "--x", "1,2", "--F", "3,4", "--g=-1,1", "--dh", "1,1"]) == 0
+    assert "dg_1 = " in capsys.readouterr().out
+    assert main(["explain", "add-rms-post", "--x", "1,2", "--residual", "3,4", "--dy", "1,0",
+                 "--p", "0.5", "--seed", "2"]) == 0
+    assert "Post-Norm: not an output" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["explain", "scaled", "--x", "1,2", "--F", "3,4", "--learnable-alpha"])
+    assert "--learnable-alpha needs --alpha" in capsys.readouterr().err

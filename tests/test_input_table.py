@@ -7,6 +7,7 @@ row without a test fails here.
 import dataclasses
 import functools
 import inspect
+import math
 import re
 from pathlib import Path
 
@@ -45,6 +46,8 @@ ARGUMENT_ROWS = {
     "residual": "partner-", "dh": "partner-", "F": "partner-", "g": "partner-",
     "alpha": "alpha-", "p": "dropout-p", "seed": "seed-", "training": "flag-",
     "return_mask": "flag-", "residual_out": "out-", "dresidual_out": "out-",
+    "dbranch_out": "out-", "dgate_out": "out-", "normalized_shape": "normalized-shape-",
+    "zero_centered_weight": "zero-centered-weight",
 }
 
 
@@ -295,6 +298,79 @@ def test_gate_per_channel(op, dtype):
         assert got["dg"].shape == (D,)
 
 
+# --------------------------------------------------------------------------- norm options
+
+def _with_backward(names):
+    """names and the backward functions of those that are training forms."""
+    return list(names) + [n for n in BACKWARDS if OPS[n].forward in names]
+
+
+@each(taking("normalized_shape"))
+@pytest.mark.parametrize("bad", [6.0, "6", True, np.bool_(True), (6.0,), (True,), [4, "6"],
+                                 np.array([6]), {6: 1}], ids=repr)
+def test_normalized_shape_type(op, bad):
+    raises(op, TypeError, "normalized_shape", good(), normalized_shape=bad)
+
+
+@each(taking("normalized_shape"))
+@pytest.mark.parametrize("bad", [(), (0,), (-D,), (D + 1,), (3, D), (2, 4, D), [5]], ids=repr)
+def test_normalized_shape_value(op, bad):
+    raises(op, ValueError, "normalized_shape", good(), normalized_shape=bad)
+
+
+# (x's shape, normalized axes): torch's OpInfo samples normalise (1, 2, 3); all axes; one
+NORMALIZED = [((4, 1, 2, 3), 3), ((3, 5, 8), 2), ((2, 3, 4, 5), 2), ((5, D), 2), ((2, 7), 1)]
+
+
+@each(_with_backward(taking("normalized_shape")))
+@pytest.mark.parametrize("shape, axes", NORMALIZED, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_normalized_shape_axes(op, shape, axes, dtype):
+    """A row is the normalised axes' elements together: the outputs match the reference,
+    have the shapes of torch's (statistics over the leading axes, parameter gradients of
+    normalized_shape), and are bitwise those of the same rows flattened to (..., D)."""
+    inp = make_inputs(np.random.default_rng(11), shape, dtype, axes=axes)
+    if axes == 1:   # an int is the last axis, as None is
+        inp = dataclasses.replace(inp, normalized_shape=shape[-1])
+    got = op.run(inp)
+    assert_matches_reference(op, dataclasses.replace(inp, normalized_shape=shape[-axes:]), got)
+    lead, row = shape[:-axes], shape[-axes:]
+    d = math.prod(row)
+    flat = {name: a.reshape(a.shape[:a.ndim - axes] + (d,)) if a.ndim >= axes else a
+            for name, a in inp.arrays().items() if name not in ("g", "F")}
+    want = op.run(dataclasses.replace(inp, **flat, normalized_shape=None))
+    for name, value in got.items():
+        if value is None:
+            assert want[name] is None, name
+            continue
+        if name in ROW_OUTPUTS:
+            assert value.shape == lead, name
+        elif name in ("dweight", "dbias") or (name == "dalpha" and value.ndim):
+            assert value.shape == row, name
+        else:
+            assert value.shape == shape, name
+        assert_same_bits(value.reshape(want[name].shape), want[name], f"{op.name} {name}")
+    if "weight" in op.args and axes > 1:  # parameters must have the normalised shape
+        raises(op, ValueError, "weight", inp, weight=inp.weight.reshape(-1))
+
+
+@each(_with_backward(taking("zero_centered_weight")))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_centered_weight(op, dtype):
+    """The gain is 1 + weight, rounded once in x's dtype: bitwise the outputs of passing
+    that gain as the weight (dweight too: the same sums); the reference agrees; without a
+    weight the flag changes nothing."""
+    inp = good(dtype, zero_centered_weight=True)
+    got = op.run(inp)
+    assert_matches_reference(op, inp, got)
+    plain = dataclasses.replace(inp, weight=(1 + inp.weight).astype(dtype),
+                                zero_centered_weight=False)
+    assert_same_outputs(got, op.run(plain), f"{op.name} zero-centred")
+    none = dataclasses.replace(inp, weight=None)
+    assert_same_outputs(op.run(none), op.run(dataclasses.replace(none, zero_centered_weight=False)),
+                        f"{op.name} zero-centred without a weight")
+
+
 # --------------------------------------------------------------------------- eps, n_threads
 
 @each(taking("eps"))
@@ -333,12 +409,13 @@ def test_n_threads_type(op, nt):
 
 
 @each(list(OPS))
-@pytest.mark.parametrize("nt", [0, -1, np.int64(0), _checks.MAX_THREADS + 1, 2**40, -2**70],
+@pytest.mark.parametrize("nt", [0, -2, np.int64(0), _checks.MAX_THREADS + 1, 2**40, -2**70],
                          ids=repr)
 def test_n_threads_value(op, nt):
     raises(op, ValueError, "n_threads", good(), n_threads=nt)
-    # the bounds themselves are accepted (this input is too small to start threads)
-    for ok in (1, _checks.MAX_THREADS, np.int32(2)):
+    # the bounds themselves are accepted (this input is too small to start threads), and
+    # -1 means every core
+    for ok in (1, _checks.MAX_THREADS, np.int32(2), -1, np.int64(-1)):
         op.call(good(), n_threads=ok)
 
 
@@ -391,8 +468,8 @@ def test_seed_value(op):
                         op.run(dataclasses.replace(good(), seed=2**63 + 5)), op.name)
 
 
-@each(FORWARDS, args_of=lambda op: [a for a in ("training", "return_mask")
-                                    if a in op.parameters])
+@each(FORWARDS, args_of=lambda op: [a for a in ("training", "return_mask",
+                                              "zero_centered_weight") if a in op.parameters])
 def test_flag_type(op, arg):
     for bad in (1, 0, None, "yes", 1.0, np.array(True)):
         raises(op, TypeError, arg, good(), **{arg: bad})
@@ -498,8 +575,48 @@ def test_out_training(op, arg):
     assert_same_bits(target, before, f"{kept} modified")
 
 
-@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln")])
+def _elementwise_cache_arrays(op, inp):
+    """(kwargs of a valid call on inp, name -> the arrays its cache holds, as views of the
+    gradients' shape where they have their size): the scaled and gated residual backward."""
+    shape = inp.x.shape
+    kw = op.kwargs(inp)
+    cache = kw["cache"]
+    if op.family == "scaled":
+        arrays = {"F": cache.branch, "alpha": cache.alpha.vector}
+    else:
+        arrays = {"F": cache.branch, "g": cache.gate, "s": cache.s, "ds": cache.ds}
+    return kw, {name: a.reshape(shape) if a.size == math.prod(shape) else a
+                for name, a in arrays.items() if a is not None}
+
+
+def _out_cache_elementwise(op):
+    """Every buffer of the scaled / gated backward against every array its cache holds of
+    its shape: F and a full gate; with rank-1 input the (D,) alpha; a per-channel gate's s
+    and ds, which dgate_out has the shape of."""
+    checked = set()
+    for shape, gate in (((4, D), "full"), ((D,), "full"), ((4, D), "channel")):
+        inp = good(np.float64, shape, gate=gate)
+        kw, arrays = _elementwise_cache_arrays(op, inp)
+        grads = op.run(inp)
+        for buffer in op.buffers:
+            for name, view in arrays.items():
+                if view.shape != grads[op.buffers[buffer]].shape:
+                    continue
+                before = view.copy()
+                with pytest.raises(ValueError, match=rf"\b{buffer}\b.*\b{name}\b"):
+                    op.fn(**kw, **{buffer: view})
+                assert_same_bits(view, before, f"cache {name} modified")
+                checked.add((buffer, name))
+    names = {"scaled": ("F", "alpha"), "gated": ("F", "g", "s", "ds")}[op.family]
+    assert {n for _, n in checked} == set(names)
+    assert {b for b, _ in checked} == set(op.buffers)
+
+
+@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln", "scaled", "gated")])
 def test_out_cache(op):
+    if op.family in ("scaled", "gated"):
+        _out_cache_elementwise(op)
+        return
     inp = good(np.float64, (4, 1))
     kw = op.kwargs(inp)
     cache = kw["cache"]

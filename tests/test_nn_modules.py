@@ -72,6 +72,27 @@ def test_norm_gradients(cls, kw):
     check_gradients(m, [x])
 
 
+@pytest.mark.parametrize("cls", [nn.RMSNorm, nn.LayerNorm])
+def test_zero_centered_norm_gradients(cls):
+    """zero_centered_weight: the weight starts at 0 (the identity gain 1 + 0), forward is
+    the reference's with gain 1 + weight, and every gradient matches finite differences."""
+    m = cls(6, zero_centered_weight=True, dtype=np.float64)
+    assert np.array_equal(m.weight, np.zeros(6))
+    x = rand((2, 3, 6))
+    plain = cls(6, dtype=np.float64)
+    np.testing.assert_array_equal(m.forward(x), plain.forward(x))
+    for p in m.params().values():
+        p += rand(p.shape, 4) * 0.3
+    bias = getattr(m, "bias", None)
+    if cls is nn.RMSNorm:
+        expected = norm_ref.rms_norm_forward(x, m.weight, m.eps, zero_centered_weight=True)[0]
+    else:
+        expected = norm_ref.layer_norm_forward(x, m.weight, bias, m.eps,
+                                               zero_centered_weight=True)[0]
+    np.testing.assert_allclose(m.forward(x), expected, rtol=1e-12)
+    check_gradients(m, [x])
+
+
 def test_dropout_gradients_with_a_fixed_mask():
     m = nn.Dropout(0.4, seed=5)
     check_gradients(m, [rand((3, 8))], before_forward=replay(m))

@@ -3,7 +3,8 @@
 Random shapes (rank 1-3, no rows, D = 1 ... 300), layouts of every array (strided,
 negative strides, Fortran order, misaligned, read-only), dtypes, eps, weight / bias
 presence, alpha kinds (fixed, learnable scalar, per channel), dropout on / off / p = 1,
-full and per-channel gates, dh present or not, magnitudes and offsets, constant rows,
+full and per-channel gates, dh present or not, magnitudes and offsets, constant rows, the
+norms over one or several trailing axes (normalized_shape), zero-centred weights,
 thread counts, and the two size thresholds of resnorm._parallel forced down so that tiny
 inputs also run on several threads and write with streaming stores.  Properties:
 
@@ -67,6 +68,16 @@ def thresholds(parallel, stream):
 ALPHAS = st.sampled_from(["channel", "scalar", "fixed", None])
 
 
+def _axes(shape, alpha):
+    """How many trailing axes the norms normalise (normalized_shape): sizes >= 1 only.  A
+    per-channel alpha then has their shape, which only the fused functions take (the
+    scaled residual's is the last axis'): it keeps one axis."""
+    k = 1
+    while k < len(shape) and shape[-k - 1] > 0:
+        k += 1
+    return st.just(1) if alpha == "channel" else st.integers(1, k)
+
+
 @st.composite
 def cases(draw):
     dtype = draw(st.sampled_from(DTYPES))
@@ -76,11 +87,14 @@ def cases(draw):
     scale = 10.0 ** draw(st.floats(-3, 3))
     offset = draw(st.sampled_from([0.0, 1.0, -30.0, 1e3])) * scale
     seed = draw(st.integers(0, 2**32 - 1))
+    alpha = draw(ALPHAS)
     inp = make_inputs(np.random.default_rng(seed), shape, dtype,
                       weight=draw(st.booleans()), bias=draw(st.booleans()),
-                      scale=scale, offset=offset, alpha=draw(ALPHAS),
+                      scale=scale, offset=offset, alpha=alpha,
                       p=draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])),
-                      gate=draw(st.sampled_from(["full", "channel"])))
+                      gate=draw(st.sampled_from(["full", "channel"])),
+                      axes=draw(_axes(shape, alpha)),
+                      zero_centered_weight=draw(st.booleans()))
     inp.training = draw(st.booleans())
     if inp.x.size and draw(st.booleans()):  # one constant row
         inp.x.reshape(-1, d)[0] = inp.x.flat[0]
@@ -143,9 +157,9 @@ COTANGENTS = {"y": "dy", "h": "dh"}
        has_w=st.booleans(), has_b=st.booleans(), alpha=ALPHAS,
        p=st.sampled_from([0.0, 0.3]), gate=st.sampled_from(["full", "channel"]),
        scale=st.floats(0.3, 10), offset=st.floats(-5, 5), eps=st.floats(1e-3, 1.0),
-       seed=st.integers(0, 2**32 - 1))
+       seed=st.integers(0, 2**32 - 1), both_axes=st.booleans(), zero_centered=st.booleans())
 def test_backward_matches_finite_differences(name, n, d, has_w, has_b, alpha, p, gate, scale,
-                                             offset, eps, seed):
+                                             offset, eps, seed, both_axes, zero_centered):
     """L = sum(y * R) (+ sum(h * R_h)) for fixed random cotangents R: backward(dy=R,
     dh=R_h) is dL/d(every array argument).  Steps 1e-6 times the argument's scale; error
     bound 1e6 times the reference's float64 tolerance, which is 1e-12 times the size of
@@ -155,7 +169,8 @@ def test_backward_matches_finite_differences(name, n, d, has_w, has_b, alpha, p,
     fwd = OPS[op.forward]
     inp = make_inputs(np.random.default_rng(seed), (n, d), np.float64, weight=has_w,
                       bias=has_b, scale=scale, offset=offset * scale, alpha=alpha, p=p,
-                      gate=gate)
+                      gate=gate, axes=2 if both_axes and alpha != "channel" else 1,
+                      zero_centered_weight=zero_centered)
     inp.eps = eps
     got = op.run(inp)
     want = op.reference(inp)

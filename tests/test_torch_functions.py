@@ -99,19 +99,25 @@ def test_rms_norm_requires_grad_combinations(needs):
         torch.testing.assert_close(got, want)
 
 
-def test_backward_skips_unwanted_weight_gradient(monkeypatch):
-    """dweight is not computed when weight does not require grad (None reaches the kernel)."""
-    seen = []
-    kernel = resnorm._norms.rms_norm_backward
-
-    def spy(dx, dw, *rest):
-        seen.append(dw)
-        return kernel(dx, dw, *rest)
-    monkeypatch.setattr(resnorm._norms, "rms_norm_backward", spy)
+def test_weight_without_grad_gets_none_and_x_gets_torchs():
     x, w, _ = _make((4, 8), torch.float32)
     w.requires_grad_(False)
     rt.rms_norm(x, w).sum().backward()
-    assert seen == [None] and x.grad is not None and w.grad is None
+    assert w.grad is None
+    ref = x.detach().clone().requires_grad_()
+    F.rms_norm(ref, (8,), w, 1e-6).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_eps_none_is_the_dtype_epsilon(dtype):
+    """As in torch.nn.functional.rms_norm; rows of tiny values show the eps."""
+    x = torch.full((2, 4), 1e-4, dtype=dtype) * torch.tensor([[1.0], [1e-3]], dtype=dtype)
+    torch.testing.assert_close(rt.rms_norm(x, None, None), F.rms_norm(x, (4,), None, None),
+                               rtol=1e-5, atol=0)
+    torch.testing.assert_close(rt.layer_norm(x, None, None, None),
+                               F.layer_norm(x, (4,), eps=torch.finfo(dtype).eps),
+                               rtol=1e-5, atol=1e-7)
 
 
 def test_no_grad_saves_nothing():
@@ -143,12 +149,17 @@ def _ptr(a):
 
 
 def _spy(monkeypatch, name, record):
-    kernel = getattr(resnorm._norms, name)
+    """Records the data pointers of the arrays resnorm's public function `name` receives
+    and returns (positional arrays, cache arrays, returned arrays)."""
+    real = getattr(resnorm, name)
 
-    def spy(*args):
-        record.append([_ptr(a) if isinstance(a, np.ndarray) else None for a in args])
-        return kernel(*args)
-    monkeypatch.setattr(resnorm._norms, name, spy)
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        arrays = out if isinstance(out, tuple) else (out,)
+        record.append(([_ptr(a) if isinstance(a, np.ndarray) else a for a in args],
+                       [_ptr(a) if isinstance(a, np.ndarray) else a for a in arrays]))
+        return out
+    monkeypatch.setattr(resnorm, name, spy)
 
 
 def test_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
@@ -160,12 +171,10 @@ def test_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
     y = rt.rms_norm(x, w)
     assert y.grad_fn.saved_tensors[0].data_ptr() == x.data_ptr()   # x saved, not copied
     dx, dw = torch.autograd.grad(y, (x, w), dy)
-    out, rstd, xin, win = fwd[0][:4]
-    assert (out, xin, win) == (y.data_ptr(), x.data_ptr(), w.data_ptr())
-    bdx, bdw, bdy, bx, bw, brstd = bwd[0][:6]
-    assert (bdx, bdw, bdy, bx, bw) == (dx.data_ptr(), dw.data_ptr(), dy.data_ptr(),
-                                       x.data_ptr(), w.data_ptr())
-    assert brstd == rstd                                            # the forward's rstd
+    (xin, win, _), (out, cache) = fwd[0]
+    assert (xin, win, out) == (x.data_ptr(), w.data_ptr(), y.data_ptr())
+    (bdy, _), (bdx, bdw) = bwd[0]
+    assert (bdy, bdx, bdw) == (dy.data_ptr(), dx.data_ptr(), dw.data_ptr())
 
 
 def test_layer_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
@@ -176,12 +185,25 @@ def test_layer_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
     dy = torch.randn(2, 8, 64, dtype=torch.float64)
     y = rt.layer_norm(x, w, b)
     dx, dw, db = torch.autograd.grad(y, (x, w, b), dy)
-    out, mean, rstd, xin, win, bin_ = fwd[0][:6]
-    assert (out, xin, win, bin_) == (y.data_ptr(), x.data_ptr(), w.data_ptr(), b.data_ptr())
-    bdx, bdw, bdb, bdy, bx, bw, bmean, brstd = bwd[0][:8]
-    assert (bdx, bdw, bdb, bdy, bx, bw) == (dx.data_ptr(), dw.data_ptr(), db.data_ptr(),
-                                            dy.data_ptr(), x.data_ptr(), w.data_ptr())
-    assert (bmean, brstd) == (mean, rstd)
+    (xin, win, bin_, _), (out, _) = fwd[0]
+    assert (xin, win, bin_, out) == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr())
+    (bdy, _), (bdx, bdw, bdb) = bwd[0]
+    assert (bdy, bdx, bdw, bdb) == (dy.data_ptr(), dx.data_ptr(), dw.data_ptr(),
+                                    db.data_ptr())
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_inference_path_skips_autograd_and_the_training_form(monkeypatch, grad):
+    """Without gradients the norm is resnorm's inference call, into the returned tensor."""
+    calls = []
+    _spy(monkeypatch, "layer_norm", calls)
+    _spy(monkeypatch, "layer_norm_forward", calls)
+    x, w, b = _make((3, 16), torch.float32, requires_grad=grad)
+    with torch.no_grad():
+        y = rt.layer_norm(x, w, b)
+    assert y.grad_fn is None and len(calls) == 1
+    (xin, win, bin_, _), (out,) = calls[0]
+    assert (xin, win, bin_, out) == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr())
 
 
 def test_non_contiguous_input_is_copied_once_and_correct():
@@ -239,14 +261,6 @@ def test_in_place_change_of_x_before_backward_is_caught():
         y.sum().backward()
 
 
-def test_double_backward_raises():
-    x, w, _ = _make((4, 8), torch.float64)
-    y = rt.rms_norm(x, w)
-    (gx,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        gx.sum().backward()
-
-
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32, torch.complex64])
 def test_other_dtypes_raise_type_error(dtype):
     x = torch.ones(4, 8, dtype=dtype)
@@ -254,6 +268,9 @@ def test_other_dtypes_raise_type_error(dtype):
         rt.rms_norm(x)
     with pytest.raises(TypeError, match="x must have dtype"):
         rt.layer_norm(x)
+    if dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(TypeError, match="no torch.*half precision.*run the norm in float32"):
+            rt.rms_norm(x)
 
 
 def test_non_cpu_tensor_raises_type_error():
@@ -282,6 +299,153 @@ def test_non_cpu_tensor_raises_type_error():
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# --------------------------------------------------------------------------- second order
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 4), (1, 1)])
+@pytest.mark.parametrize("with_weight,with_bias", [(True, True), (True, False), (False, True),
+                                                   (False, False)])
+def test_layer_norm_gradgradcheck_float64(shape, with_weight, with_bias):
+    x, w, b = _make(shape, torch.float64)
+    params = [p for p, on in ((w, with_weight), (b, with_bias)) if on]
+
+    def f(x, *ps):
+        it = iter(ps)
+        return rt.layer_norm(x, next(it) if with_weight else None,
+                             next(it) if with_bias else None, 1e-5)
+    assert torch.autograd.gradgradcheck(f, (x, *params))
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 4), (4, 1)])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_gradgradcheck_float64(shape, with_weight):
+    x, w, _ = _make(shape, torch.float64)
+    args = (x, w) if with_weight else (x,)
+    assert torch.autograd.gradgradcheck(lambda *a: rt.rms_norm(*a, eps=1e-5), args)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_second_order_gradients_are_torchs_never_a_silent_none(norm):
+    """d/dw of a gradient wrt x: the values torch's own norms give, in every path."""
+    x, w, b = _make((4, 6), torch.float64)
+
+    def f(fn, x, w, b):
+        y = fn(x, w, b)
+        (gx,) = torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+        return gx
+
+    ours = (lambda x, w, b: rt.rms_norm(x, w, 1e-5)) if norm == "rms" else (
+        lambda x, w, b: rt.layer_norm(x, w, b, 1e-5))
+    theirs = (lambda x, w, b: F.rms_norm(x, (6,), w, 1e-5)) if norm == "rms" else (
+        lambda x, w, b: F.layer_norm(x, (6,), w, b, 1e-5))
+    want = torch.autograd.grad(f(theirs, x, w, b).sum(), (x, w))
+    got = torch.autograd.grad(f(ours, x, w, b).sum(), (x, w), allow_unused=True)
+    assert all(g is not None for g in got)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+    gx = f(ours, x, w, b)
+    w.grad = None
+    gx.sum().backward(inputs=[w])
+    torch.testing.assert_close(w.grad, want[1])
+
+
+def test_forward_mode_ad_and_batched_gradients_float64():
+    x, w, b = _make((3, 7), torch.float64)
+    assert torch.autograd.gradcheck(lambda x, w, b: rt.layer_norm(x, w, b, 1e-5), (x, w, b),
+                                    check_forward_ad=True, check_batched_grad=True,
+                                    check_batched_forward_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: rt.rms_norm(x, w, 1e-5), (x, w),
+                                    check_forward_ad=True, check_batched_grad=True)
+
+
+# --------------------------------------------------------------------------- torch.func
+
+def test_vmap_matches_a_loop():
+    g = torch.Generator().manual_seed(3)
+    xb = torch.randn(4, 3, 6, generator=g, dtype=torch.float64)
+    w, b = torch.randn(6, generator=g, dtype=torch.float64), torch.randn(6, generator=g,
+                                                                         dtype=torch.float64)
+    wb = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    loop = torch.stack([F.layer_norm(xb[i], (6,), wb[i], b) for i in range(4)])
+    torch.testing.assert_close(torch.vmap(lambda t, v: rt.layer_norm(t, v, b))(xb, wb), loop)
+    torch.testing.assert_close(torch.vmap(lambda t: rt.rms_norm(t, w, None), in_dims=1)(xb),
+                               F.rms_norm(xb.movedim(1, 0), (6,), w))
+    torch.testing.assert_close(torch.vmap(lambda v: rt.rms_norm(xb[0], v))(wb),
+                               torch.stack([F.rms_norm(xb[0], (6,), v, 1e-6) for v in wb]))
+
+
+def test_per_sample_gradients_jacobians_and_hessian():
+    g = torch.Generator().manual_seed(4)
+    xb = torch.randn(5, 2, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(6, generator=g, dtype=torch.float64)
+    fn = torch.func
+
+    def loss(norm):
+        return lambda w, x: norm(x, w).square().sum()
+    ours = loss(lambda x, w: rt.rms_norm(x, w, 1e-5))
+    theirs = loss(lambda x, w: F.rms_norm(x, (6,), w, 1e-5))
+    torch.testing.assert_close(fn.vmap(fn.grad(ours), in_dims=(None, 0))(w, xb),
+                               fn.vmap(fn.grad(theirs), in_dims=(None, 0))(w, xb))
+    f = lambda x: rt.layer_norm(x, w, None, 1e-5)           # noqa: E731
+    ref = fn.jacrev(lambda x: F.layer_norm(x, (6,), w, None, 1e-5))(xb[0])
+    torch.testing.assert_close(fn.jacrev(f)(xb[0]), ref)
+    torch.testing.assert_close(fn.jacfwd(f)(xb[0]), ref)
+    torch.testing.assert_close(fn.hessian(lambda x: rt.rms_norm(x, w, 1e-5).sum())(xb[0]),
+                               fn.hessian(lambda x: F.rms_norm(x, (6,), w, 1e-5).sum())(xb[0]))
+
+
+# --------------------------------------------------------------------------- graphs
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.rms = rt.RMSNorm(8)
+        self.ln = rt.LayerNorm(8)
+
+    def forward(self, x):
+        return self.ln(torch.relu(self.rms(self.fc(x)))) * 2
+
+
+def test_torch_compile_fullgraph_without_graph_breaks():
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(3, 5, 8, requires_grad=True)
+    explanation = torch._dynamo.explain(net)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    y = net(x)
+    grads = torch.autograd.grad(y.square().sum(), [x, *net.parameters()])
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    cy = compiled(x)
+    cgrads = torch.autograd.grad(cy.square().sum(), [x, *net.parameters()])
+    torch.testing.assert_close(cy, y)
+    for g, r in zip(cgrads, grads):
+        torch.testing.assert_close(g, r)
+    torch._dynamo.reset()
+
+
+def test_inductor_compiles_the_graph_around_resnorm():
+    torch.manual_seed(0)
+    net, x = _Net(), torch.randn(3, 8)
+    with torch.no_grad():
+        y = net(x)
+        torch.testing.assert_close(torch.compile(net, fullgraph=True)(x), y)
+    torch._dynamo.reset()
+
+
+def test_torchscript_and_jit_trace_run_resnorms_operators():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, dtype=torch.float64, requires_grad=True)
+    for module in (rt.RMSNorm(8, dtype=torch.float64), rt.LayerNorm(8, dtype=torch.float64)):
+        scripted = torch.jit.script(module)
+        assert "resnorm::" in str(scripted.graph)
+        y = scripted(x)
+        torch.testing.assert_close(y, module(x))
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(gx, torch.autograd.grad(module(x).sum(), x)[0])
+        traced = torch.jit.trace(module, x.detach())
+        assert "resnorm::" in str(traced.graph)
+        torch.testing.assert_close(traced(x), module(x))
 
 
 def test_core_never_imports_torch():

@@ -70,10 +70,26 @@ def test_rms_norm_default_eps_is_the_dtype_epsilon(dtype):
 
 
 @pytest.mark.parametrize("torch_cls,ours", PAIRS)
-def test_multi_axis_normalized_shape_is_refused(torch_cls, ours):
-    with pytest.raises(ValueError, match="last axis only"):
-        ours((4, 8))
-    ours([8])   # a 1-element list is the last axis: fine
+@pytest.mark.parametrize("shape", [(4, 8), (1, 2, 3), [8]], ids=str)
+def test_multi_axis_normalized_shape_matches_torch(torch_cls, ours, shape):
+    """normalized_shape over several trailing axes (torch's OpInfo samples use (1, 2, 3)):
+    the outputs and every gradient are torch's; the state_dict is interchangeable."""
+    theirs = torch_cls(shape, dtype=torch.float64)
+    for p in theirs.parameters():
+        torch.nn.init.normal_(p)
+    mine = ours(shape, dtype=torch.float64)
+    mine.load_state_dict(theirs.state_dict())
+    assert repr(mine) == repr(theirs)
+    x = torch.randn((5,) + tuple(shape), dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(x.shape, dtype=torch.float64)
+    y, ref = mine(x), theirs(x)
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(torch.autograd.grad(y, [x, *mine.parameters()], dy),
+                               torch.autograd.grad(ref, [x, *theirs.parameters()], dy))
+    with torch.no_grad():
+        torch.testing.assert_close(mine(x), ref)
+    with pytest.raises(ValueError, match=r"input must have shape \(\.\.\., "):
+        mine(torch.ones(2, 7))
 
 
 @pytest.mark.parametrize("torch_cls,ours", PAIRS)
@@ -88,6 +104,55 @@ def test_module_rejects_other_dtypes():
         rt.RMSNorm(8, dtype=torch.bfloat16)(torch.ones(2, 8, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("module_dtype,input_dtype", [(torch.float32, torch.float64),
+                                                      (torch.float64, torch.float32)])
+def test_rms_norm_module_follows_the_input_dtype_as_torchs(module_dtype, input_dtype):
+    mine, theirs = rt.RMSNorm(6, dtype=module_dtype), nn.RMSNorm(6, dtype=module_dtype)
+    _randomise(theirs)
+    mine.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 6, dtype=input_dtype, requires_grad=True)
+    y, ref = mine(x), theirs(x)
+    assert y.dtype == ref.dtype == input_dtype
+    torch.testing.assert_close(y, ref)
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), (x, mine.weight)),
+                               torch.autograd.grad(ref.sum(), (x, theirs.weight)))
+
+
+def test_layer_norm_module_requires_its_dtype_as_torchs():
+    x = torch.randn(3, 6, dtype=torch.float64)
+    with pytest.raises(RuntimeError):
+        nn.LayerNorm(6)(x)
+    with pytest.raises(TypeError, match="weight must have the input's dtype torch.float64"):
+        rt.LayerNorm(6)(x)
+
+
+def test_module_sees_new_parameter_tensors_and_values():
+    """The cached NumPy views follow in-place updates, new .data and model.double()."""
+    norm, ref = rt.LayerNorm(6), nn.LayerNorm(6)
+    x = torch.randn(2, 6)
+    with torch.no_grad():
+        for change in (lambda m: m.weight.mul_(3), lambda m: setattr(m.bias, "data",
+                                                                     torch.randn(6).abs())):
+            change(norm)
+            ref.load_state_dict(norm.state_dict())
+            torch.testing.assert_close(norm(x), ref(x))
+        norm.double()
+        ref.double()
+        torch.testing.assert_close(norm(x.double()), ref(x.double()))
+
+
+def test_module_pickles_without_its_cached_views(tmp_path):
+    import pickle
+    norm = rt.RMSNorm(6)
+    with torch.no_grad():
+        norm(torch.randn(2, 6))
+    assert any("views" in k for k in vars(norm))
+    copy = pickle.loads(pickle.dumps(norm))
+    assert not any("views" in k for k in vars(copy)) and type(copy) is rt.RMSNorm
+    x = torch.randn(2, 6)
+    torch.testing.assert_close(copy(x), norm(x))
+
+
 # --------------------------------------------------------------------------- patch
 
 class Block(nn.Module):
@@ -96,7 +161,7 @@ class Block(nn.Module):
         self.ln = nn.LayerNorm(d)
         self.rms = nn.RMSNorm(d)
         self.shared = self.ln                 # one module reachable under two names
-        self.wide = nn.LayerNorm((2, d))      # multi-axis: stays on torch
+        self.wide = nn.LayerNorm(d, dtype=torch.float16)   # half precision: stays on torch
         self.fc = nn.Linear(d, d)
 
     def forward(self, x):
@@ -134,14 +199,151 @@ def test_patched_model_computes_the_same_and_uses_resnorm(monkeypatch):
     assert type(model[1]) is nn.LayerNorm
 
 
-def test_patch_leaves_subclasses_alone_and_takes_a_bare_norm():
-    class MyNorm(nn.LayerNorm):
-        pass
-    model = nn.Sequential(MyNorm(4))
-    assert rt.patch(model).swapped == []
+def test_patch_takes_a_bare_norm():
     bare = nn.RMSNorm(4)
     rt.patch(bare)
     assert type(bare) is rt.RMSNorm
+
+
+# Norm classes as models define them (written here the way Hugging Face's are).
+
+class LlamaStyleRMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.variance_epsilon = eps
+
+    def forward(self, h):
+        variance = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon)).to(h.dtype)
+
+
+class GemmaStyleRMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+class EpsOutsideNorm(LlamaStyleRMSNorm):
+    def forward(self, h):       # eps added to the root, not inside it: another formula
+        return self.weight * h / (h.pow(2).mean(-1, keepdim=True).sqrt() + self.variance_epsilon)
+
+
+class CastingLayerNorm(nn.LayerNorm):
+    def forward(self, x):       # CLIP / Whisper style: computes in float32
+        return super().forward(x.float()).type(x.dtype)
+
+
+class ScaledLayerNorm(nn.LayerNorm):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class Normalizer(nn.Module):    # norm-like by name, but no eps to pass on
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x / x.norm(dim=-1, keepdim=True) * self.weight
+
+
+def _randomise(model):
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def test_patch_recognises_norms_by_what_they_compute():
+    model = nn.Sequential(LlamaStyleRMSNorm(16), GemmaStyleRMSNorm(16), CastingLayerNorm(16),
+                          nn.Linear(16, 16), EpsOutsideNorm(16), ScaledLayerNorm(16),
+                          Normalizer(16), nn.BatchNorm1d(16))
+    _randomise(model)
+    x = torch.randn(5, 16)
+    model.eval()
+    with torch.no_grad():
+        ref = model(x)
+    with pytest.warns(UserWarning, match="left 4 norm module"):
+        handle = rt.patch(model)
+    assert [name for name, _ in handle.swapped] == ["0", "1", "2"]
+    reasons = dict(handle.skipped)
+    assert "differs from resnorm's 'rms' formula" in reasons["4"]
+    assert "differs from resnorm's 'layer' formula" in reasons["5"]
+    assert "no eps attribute" in reasons["6"]
+    assert "keeps buffers (running_mean, running_var, num_batches_tracked)" in reasons["7"]
+    for i, cls in enumerate((LlamaStyleRMSNorm, GemmaStyleRMSNorm, CastingLayerNorm)):
+        assert isinstance(model[i], cls) and type(model[i]) is not cls
+        assert type(model[i]).__name__ == cls.__name__ and repr(model[i]) == repr(cls(16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-6)
+    handle.undo()
+    assert [type(m) for m in model[:3]] == [LlamaStyleRMSNorm, GemmaStyleRMSNorm,
+                                            CastingLayerNorm]
+    with torch.no_grad():
+        assert torch.equal(model(x), ref)
+
+
+def test_patched_custom_norm_trains_like_the_original():
+    def run(patch):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), GemmaStyleRMSNorm(8), nn.Linear(8, 8),
+                              LlamaStyleRMSNorm(8))
+        if patch:
+            assert len(rt.patch(model).swapped) == 2
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+        for _ in range(4):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+        return [p.detach() for p in model.parameters()]
+    for a, b in zip(run(True), run(False)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_patch_changes_no_state_of_the_model_or_torch():
+    model = nn.Sequential(LlamaStyleRMSNorm(8), nn.LayerNorm(8))
+    _randomise(model)
+    model.train()
+    before = [p.detach().clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    rt.patch(model)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(m.training for m in model.modules())
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_patch_twice_changes_nothing_and_warns_when_none_was_swapped():
+    model = nn.Sequential(nn.LayerNorm(8), LlamaStyleRMSNorm(8))
+    first = rt.patch(model)
+    second = rt.patch(model)
+    assert len(first.swapped) == 2 and second.swapped == second.skipped == []
+    with pytest.warns(UserWarning, match="swapped none of the model's norm layers"):
+        rt.patch(nn.Sequential(EpsOutsideNorm(8)))
+
+
+def test_patched_module_reads_eps_at_call_time():
+    norm = LlamaStyleRMSNorm(4)
+    rt.patch(norm)
+    x = torch.full((1, 4), 1e-3)
+    before = norm(x)
+    norm.variance_epsilon = 1.0
+    torch.testing.assert_close(norm(x), torch.full((1, 4), 1e-3) / (1e-6 + 1.0) ** 0.5)
+    assert not torch.allclose(before, norm(x))
+
+
+def test_patched_custom_norm_refuses_torchscript_clearly():
+    norm = LlamaStyleRMSNorm(4)
+    rt.patch(norm)
+    with pytest.raises((RuntimeError, torch.jit.Error),
+                       match="patched module cannot run under TorchScript"):
+        torch.jit.script(norm)(torch.ones(2, 4))
 
 
 def test_patch_skips_parameters_resnorm_cannot_use():

@@ -132,27 +132,32 @@ def _ptr(a):
     return None if a is None else a.__array_interface__["data"][0]
 
 
+def _spy(monkeypatch, name, seen):
+    real = getattr(resnorm, name)
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen[name] = ([_ptr(a) if isinstance(a, np.ndarray) else a for a in args], out)
+        return out
+    monkeypatch.setattr(resnorm, name, spy)
+
+
 def test_add_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
     seen = {}
-    for name in ("add_norm_forward", "add_norm_backward"):
-        kernel = getattr(resnorm._residual, name)
-
-        def spy(*args, kernel=kernel, name=name):
-            seen[name] = [_ptr(a) if isinstance(a, np.ndarray) else a for a in args]
-            return kernel(*args)
-        monkeypatch.setattr(resnorm._residual, name, spy)
+    _spy(monkeypatch, "add_rms_norm_forward", seen)
+    _spy(monkeypatch, "add_rms_norm_backward", seen)
     x, r, w, _, _ = _inputs((8, 32), torch.float32)
     dy, dh = torch.randn(8, 32), torch.randn(8, 32)
     y, h = rt.add_rms_norm(x, r, w, p=0.1, seed=2)
     dx, dr, dw = torch.autograd.grad((y, h), (x, r, w), (dy, dh))
-    fy, fh, fmean, frstd, fx, fr, fw = seen["add_norm_forward"][:7]
-    assert (fy, fh, fx, fr, fw) == (y.data_ptr(), h.data_ptr(), x.data_ptr(), r.data_ptr(),
-                                    w.data_ptr())
-    assert fmean is None                       # RMSNorm: the kernel gets no mean buffer
-    bdx, bdr, bdw, bdb, bda, bdy, bdh, bh, bx = seen["add_norm_backward"][:9]
-    assert (bdx, bdr, bdw, bdy, bdh, bh) == (dx.data_ptr(), dr.data_ptr(), dw.data_ptr(),
-                                             dy.data_ptr(), dh.data_ptr(), h.data_ptr())
-    assert bdb is None and bda is None and bx is None  # no bias, fixed alpha: x not kept
+    (fx, fr, fw, _), ((fy, fh), cache) = seen["add_rms_norm_forward"]
+    assert (fx, fr, fw) == (x.data_ptr(), r.data_ptr(), w.data_ptr())
+    assert (_ptr(fy), _ptr(fh), _ptr(cache.h)) == (y.data_ptr(), h.data_ptr(), h.data_ptr())
+    assert cache.x is None                     # fixed alpha: x not kept
+    (bdy, bdh, _), (bdx, bdr, bdw, bda) = seen["add_rms_norm_backward"]
+    assert (bdy, bdh) == (dy.data_ptr(), dh.data_ptr())
+    assert (_ptr(bdx), _ptr(bdr), _ptr(bdw)) == (dx.data_ptr(), dr.data_ptr(), dw.data_ptr())
+    assert bda is None
 
 
 def test_x_is_kept_only_for_a_learnable_alpha():
@@ -166,14 +171,12 @@ def test_x_is_kept_only_for_a_learnable_alpha():
 
 
 def test_unused_h_gradient_reaches_the_kernel_as_none(monkeypatch):
-    seen = []
-    kernel = resnorm._residual.add_norm_backward
-    monkeypatch.setattr(resnorm._residual, "add_norm_backward",
-                        lambda *a: seen.append(a[6]) or kernel(*a))
+    seen = {}
+    _spy(monkeypatch, "add_layer_norm_backward", seen)
     x, r, w, b, _ = _inputs((4, 8), torch.float32)
     y, h = rt.add_layer_norm(x, r, w, b)
     y.sum().backward()
-    assert seen == [None]
+    assert seen["add_layer_norm_backward"][0][1] is None
 
 
 def test_threads_bitwise_reproducible():
@@ -211,6 +214,68 @@ def test_threads_bitwise_reproducible():
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):
         call(torch.ones(4, 8), torch.ones(4, 8))
+
+
+# --------------------------------------------------------------------------- second order
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("alpha_kind", ALPHAS)
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_add_norm_gradgradcheck_float64(kind, alpha_kind, p):
+    x, r, w, b, alpha = _inputs((3, 5), torch.float64, alpha_kind)
+    tensors = [x, r, w, b] + ([alpha] if alpha_kind != "fixed" else [])
+
+    def f(x, r, w, b, *a):
+        return _fused(kind, x, r, w, b, a[0] if a else alpha, p=p, seed=11)
+    assert torch.autograd.gradgradcheck(f, tuple(tensors))
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_add_norm_gradgradcheck_with_one_output_unused(which):
+    x, r, w, _, _ = _inputs((4, 5), torch.float64)
+    assert torch.autograd.gradgradcheck(
+        lambda x, r, w: _fused("rms", x, r, w, None, 1.0, p=0.2, seed=4)[which], (x, r, w))
+
+
+def test_dropout_gradgradcheck_and_forward_mode():
+    x = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
+    f = lambda x: rt.dropout(x, 0.4, seed=5)         # noqa: E731
+    assert torch.autograd.gradgradcheck(f, (x,))
+    assert torch.autograd.gradcheck(f, (x,), check_forward_ad=True)
+
+
+# --------------------------------------------------------------------------- graphs, transforms
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_compile_fullgraph_matches_eager(kind):
+    x, r, w, b, alpha = _inputs((2, 3, 16), torch.float32, "channel")
+
+    def f(x, r, w, b, alpha):
+        y, h = _fused(kind, x, r, w, b, alpha, p=0.2, seed=2 ** 63 + 7)
+        return (y * h).sum()
+    params = (x, r, w, b, alpha)
+    assert torch._dynamo.explain(f)(*params).graph_break_count == 0
+    ref = f(*params)
+    grads = torch.autograd.grad(ref, params, allow_unused=True)
+    got = torch.compile(f, fullgraph=True, backend="aot_eager")(*params)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    for g, want in zip(torch.autograd.grad(got, params, allow_unused=True), grads):
+        if want is not None:
+            torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+def test_torch_func_transforms_are_refused_with_the_alternative():
+    x = torch.randn(3, 4, 8)
+    with pytest.raises(RuntimeError, match="add_rms_norm does not support torch.func"):
+        torch.vmap(lambda t: rt.add_rms_norm(t, t)[0])(x)
+    with pytest.raises(RuntimeError, match="dropout does not support torch.func"):
+        torch.vmap(lambda t: rt.dropout(t, 0.5, seed=1))(x)
+    import torch.autograd.forward_ad as fwad
+    with fwad.dual_level():
+        dual = fwad.make_dual(x[0], torch.ones(4, 8))
+        with pytest.raises(RuntimeError, match="add_layer_norm does not support.*forward-mode"):
+            rt.add_layer_norm(dual, x[0])
 
 
 # --------------------------------------------------------------------------- training

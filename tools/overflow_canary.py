@@ -1,10 +1,14 @@
-# A deliberate heap-buffer over-read, which tools/sanitize.sh and tools/valgrind.sh must
-# report (else their checks are not working): the RMSNorm backward kernel, called
-# directly, with an rstd of 2000 entries for 4000 rows.  The public API refuses such a
-# cache (resnorm._checks.training_cache).  Only reads: nothing is corrupted.
-import numpy as np
+# A deliberate heap-buffer overflow in the compiled core, which tools/sanitize.sh and
+# tools/valgrind.sh must report (else their checks are not working): the core's exported
+# rn_core_level_names(int *count) writes an int through a pointer to a 1-byte block.
+# The public API never makes such a call.
+import ctypes
 
-from resnorm import _norms
+from resnorm import _core
 
-x = np.ones((4000, 8))
-_norms.rms_norm_backward(np.empty_like(x), None, x, x, None, np.ones(2000), 1, False)
+core = ctypes.CDLL(_core.__file__)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+block = libc.malloc(1)
+core.rn_core_level_names.argtypes = [ctypes.c_void_p]
+core.rn_core_level_names(block)

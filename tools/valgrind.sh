@@ -11,7 +11,7 @@
 # resnorm (a frame or an allocation origin in the extension), known noise of CPython 3.11
 # and ld.so (and leaks not allocated through resnorm), or unexplained.  Clean means none
 # of the first and none of the last.  A
-# canary (tools/overflow_canary.py: a kernel over-reading an array) must be reported, or
+# canary (tools/overflow_canary.py: the core writing past a 1-byte block) must be reported, or
 # the run is DIRTY.  PYTHONMALLOC=malloc: pymalloc would hide Python objects from memcheck.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -42,9 +42,9 @@ t=$SECONDS
 memcheck canary tools/overflow_canary.py || true
 read -r ours _ _ < <(sort_reports canary)
 if [ "$ours" -gt 0 ]; then
-    echo "valgrind [canary]: the deliberate over-read is reported ($((SECONDS - t)) s)"
+    echo "valgrind [canary]: the deliberate overflow is reported ($((SECONDS - t)) s)"
 else
-    echo "valgrind [canary]: the deliberate over-read was NOT reported" >&2
+    echo "valgrind [canary]: the deliberate overflow was NOT reported" >&2
     status=1
 fi
 

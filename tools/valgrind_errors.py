@@ -9,7 +9,7 @@ through resnorm: CPython does not free everything at exit), and the unexplained 
 import re
 import sys
 
-OURS = re.compile(r"resnorm\._|resnorm_c|\.pyx|\.pxd")
+OURS = re.compile(r"resnorm[/.]_|resnorm_c|\.pyx|\.pxd|\.pxi|\brn_[a-z]")
 # CPython 3.11's maybe_small_long() reads the digit of a fresh int before it is set
 # (origin: _PyLong_New), and memcheck then flags every use of that value, in the GC too;
 # ld.so's strncmp reads whole words past the end of its strings.

@@ -1,5 +1,6 @@
 /* Rows of the residual connections and of dropout (typed template; element.h includes it
- * after vec.h).  m_k is element k's dropout multiplier, RN_KEEP(k) ? scale : 0 (vec.h). */
+ * after vec.h; the gated residual's rows, which need exp, are in vmath.h).  m_k is element
+ * k's dropout multiplier, RN_KEEP(k) ? scale : 0 (vec.h). */
 
 /* h_k = residual_k + alpha_k * (x_k * m_k): branch x, dropout multipliers m and scale alpha,
  * added onto the residual stream.  residual may be NULL (0), alpha and keep NULL (1).  The
@@ -59,17 +60,4 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dresidual, double *dalpha_part
     RN_ELEMENTWISE(d, dx, stream, PF_, B_);
 #undef PF_
 #undef B_
-}
-
-/* s_k = sigmoid(g_k) = 1/(1 + exp(-g_k)) and ds_k = s_k * (1 - s_k), both from
- * e = exp(-|g_k|) in double: nothing overflows, and ds keeps its precision where s rounds
- * to 1 (ds = e / (1 + e)^2, not 1 - s).  ds may be NULL.  Scalar: exp has no vector form
- * here that would give the same bits on every level. */
-static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
-{
-    for (Py_ssize_t k = 0; k < d; k++) {
-        double v = (double)RN_NAME(ld)(g + k), e = exp(-fabs(v)), q = 1.0 / (1.0 + e);
-        RN_NAME(st)(s + k, (RN_C)(v >= 0 ? q : e * q));
-        if (ds) RN_NAME(st)(ds + k, (RN_C)(e * q * q));
-    }
 }

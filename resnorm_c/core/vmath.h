@@ -1,6 +1,6 @@
-/* Loops of the Transformer layers that call exp or erfc once per element: GELU (exact and
- * tanh forms, forward and backward) and the exponentials of the attention softmax (typed
- * template; element.h includes it after vec.h).
+/* Loops that call exp or erfc once per element: GELU (exact and tanh forms, forward and
+ * backward), the exponentials of the attention softmax, and the sigmoid of the gated
+ * residual with its rows (typed template; element.h includes it after vec.h).
  *
  * float32: libm's expf/erff are scalar calls, which made GELU a quarter of a training step.
  * Here exp and erfc are written with +, *, / and integer bit operations only, so the loops
@@ -12,31 +12,59 @@
  * Accuracy (float32, measured against float64; docs/blocks.md): rn_expf relative error
  * <= 9e-8 (about 1.5 ulp); GELU absolute error <= 4e-7 for |x| <= 20, and relative error
  * <= 3e-6 wherever |gelu(x)| > 1e-6 (no cancellation in the negative tail: the tail is
- * computed as 0.5 * erfc(|x|/sqrt 2) directly, not as 1 + erf(x)).
+ * computed as 0.5 * erfc(|x|/sqrt 2) directly, not as 1 + erf(x)); sigmoid within 3 ulp
+ * (docs/residual.md).
  */
 #ifndef RN_VMATH_SCALARS
 #define RN_VMATH_SCALARS
 
 /* exp(x) for float: x = n ln2 + r, |r| <= ln2/2 (Cody-Waite: ln2 = hi + lo, hi has few bits
- * so n*hi is exact), exp(r) = 1 + r + r^2 q(r), then the exponent field gets n.  q is a
+ * so n*hi is exact), exp(r) = p = 1 + r + r^2 q(r), then the exponent field gets n.  q is a
  * degree-4 Chebyshev fit of (exp(r) - 1 - r) / r^2 on [-ln2/2, ln2/2] (tools/fit_vmath.py).
- * Inputs are clamped to [-87, 88]: the result stays a finite normal float (exp(-87) = 1.6e-38). */
+ * RN_EXPF_PARTS defines n and p for a float or a float vector T (the same operations for
+ * both, so a vector lane gets a scalar's bits). */
+#define RN_EXPF_PARTS(T, x, n, p)                                                        \
+    const T n = ((x) * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round(x / ln2) */  \
+    T n##_r = (x) - n * 0.693359375f;                                                    \
+    n##_r = n##_r - n * -2.12194440e-4f;                                                 \
+    T n##_q = (T){0} + 1.393364393e-03f;                                                 \
+    n##_q = n##_q * n##_r + 8.363175206e-03f;                                            \
+    n##_q = n##_q * n##_r + 4.166646674e-02f;                                            \
+    n##_q = n##_q * n##_r + 1.666657627e-01f;                                            \
+    n##_q = n##_q * n##_r + 5.000000000e-01f;                                            \
+    const T p = n##_q * n##_r * n##_r + n##_r + 1.0f
+
+/* 2^n for an integer n in [-126, 127] */
+static inline float rn_pow2f(int32_t n)
+{
+    const uint32_t bits = (uint32_t)(n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return scale;
+}
+
+/* Inputs are clamped to [-87, 88]: the result stays a finite normal float (exp(-87) =
+ * 1.6e-38). */
 static inline float rn_expf(float x)
 {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;  /* round(x / ln2) */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float q = 1.393364393e-03f;
-    q = q * r + 8.363175206e-03f;
-    q = q * r + 4.166646674e-02f;
-    q = q * r + 1.666657627e-01f;
-    q = q * r + 5.000000000e-01f;
-    const int32_t bits = ((int32_t)n + 127) << 23;                   /* 2^n */
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return (q * r * r + r + 1.0f) * scale;
+    RN_EXPF_PARTS(float, x, n, p);
+    return p * rn_pow2f((int32_t)n);
+}
+
+/* exp(x) for x <= 0, correct down to 0 (the sigmoid's e = exp(-|g|)): rn_expf's formula,
+ * except that below 2^-125, where rn_expf stops, 2^n is applied as 2^(n+64) then 2^-64
+ * (exact scalings; the last one rounds once, into the subnormals).  Below -110 exp rounds
+ * to 0 anyway, and x is clamped there. */
+#define RN_EXP_ZERO -110.0f
+static inline float rn_exp_nonposf(float x)
+{
+    x = x < RN_EXP_ZERO ? RN_EXP_ZERO : x;
+    RN_EXPF_PARTS(float, x, n, p);
+    const int tail = n < -125.0f;
+    const float e = p * rn_pow2f((int32_t)n + (tail ? 64 : 0));
+    return tail ? e * 0x1p-64f : e;
 }
 
 /* erfc(z) for z >= 0, as t exp(-z^2 + P(t)) with t = 1 / (1 + z/2).  P is a degree-9
@@ -61,6 +89,26 @@ static inline float rn_erfcf(float z, float *gauss)
     const float g = rn_expf(-z * z);
     *gauss = g;
     return t * g * rn_expf(p);
+}
+
+/* sigmoid(g) from e = exp(-|g|): 1/(1 + e) for g >= 0, e/(1 + e) below, so nothing
+ * overflows; *ds = s (1 - s) = e/(1 + e)^2, which keeps its precision where s rounds to 1
+ * (1 - s would be 0 there).  NaN stays NaN. */
+static inline float rn_sigmoidf(float g, float *ds)
+{
+    const float e = rn_exp_nonposf(-fabsf(g));
+    const float q = 1.0f / (1.0f + e);
+    *ds = e * q * q;
+    return g >= 0.0f ? q : e * q;
+}
+
+/* The same in double, with libm's exp. */
+static inline double rn_sigmoid(double g, double *ds)
+{
+    const double e = exp(-fabs(g));
+    const double q = 1.0 / (1.0 + e);
+    *ds = e * q * q;
+    return g >= 0.0 ? q : e * q;
 }
 
 #define RN_INV_SQRT2 0.70710678118654752440
@@ -149,3 +197,113 @@ static void RN_NAME(exp_shifted)(RN_T *p, const RN_T *s, RN_T m, RN_T scale, Py_
         p[j] = RN_EXP_(scale * (s[j] - m));
 }
 #undef RN_EXP_
+
+/* ---- the gated residual: h = x + s F, s = sigmoid(g), and its backward
+ *
+ * float: in vector code at every level.  The vector functions below repeat rn_exp_nonposf
+ * and rn_sigmoidf operation by operation (clamps and branches as lane selects), so an element
+ * gets the same bits from the vector body as from the scalar head and tail, on every level;
+ * -ffp-contract=off keeps a*b+c unfused everywhere.  One pass: the sigmoid is formed in
+ * registers, never stored.  double: scalar, libm exp (float64 is for checking, not speed).
+ */
+#if RN_TFLOAT
+#define RN_IVEC RN_NAME(ivec)
+
+static inline RN_VEC RN_NAME(vselect)(RN_IVEC mask, RN_VEC a, RN_VEC b)
+{
+    return (RN_VEC)((mask & (RN_IVEC)a) | (~mask & (RN_IVEC)b));
+}
+
+/* rn_exp_nonposf, lane by lane */
+static inline RN_VEC RN_NAME(vexp_nonpos)(RN_VEC x)
+{
+    const RN_VEC lo = (RN_VEC){0} + RN_EXP_ZERO;
+    x = RN_NAME(vselect)(x < lo, lo, x);
+    RN_EXPF_PARTS(RN_VEC, x, n, p);
+    const RN_IVEC tail = n < -125.0f;
+    const RN_IVEC k = __builtin_convertvector(n, RN_IVEC) + (tail & 64);
+    const RN_VEC e = p * (RN_VEC)((k + 127) << 23);
+    return RN_NAME(vselect)(tail, e * 0x1p-64f, e);
+}
+
+/* rn_sigmoidf, lane by lane */
+static inline RN_VEC RN_NAME(vsigmoid)(RN_VEC g, RN_VEC *ds)
+{
+    const RN_VEC e = RN_NAME(vexp_nonpos)(-(RN_VEC)((RN_IVEC)g & 0x7fffffff)); /* -fabsf(g) */
+    const RN_VEC q = 1.0f / (1.0f + e);
+    *ds = e * q * q;
+    return RN_NAME(vselect)(g >= 0.0f, q, e * q);
+}
+#define RN_SIG_ rn_sigmoidf
+#else
+#define RN_SIG_ rn_sigmoid
+#endif
+
+/* The loop of the rows below: vector code for float (partial vectors at the ends: the same
+ * lane operations, so the same bits), a scalar loop for double. */
+#if RN_TFLOAT
+#define RN_GATED_LOOP_(out) RN_ELEMENTWISE(d, out, stream, PF_, V_)
+#else
+#define RN_GATED_LOOP_(out) do { (void)stream; for (Py_ssize_t k = 0; k < d; k++) S_(k) } while (0)
+#endif
+
+/* s_k = sigmoid(g_k), ds_k = s_k (1 - s_k) (ds may be NULL) */
+static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
+{
+    const int stream = 0;
+#define PF_(k)
+#define S_(k) { RN_T dsk; s[k] = RN_SIG_(g[k], &dsk); if (ds) { ds[k] = dsk; } }
+#define V_(k) { RN_VEC dsk; RN_PUT(s + (k), RN_NAME(vsigmoid)(RN_GET(g + (k)), &dsk));         \
+                if (ds) { RN_PUT(ds + (k), dsk); } }
+    RN_GATED_LOOP_(s);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* h_k = x_k + F_k * sigmoid(g_k), one pass; h may be x, F or g.  x, F and g are prefetched
+ * one row ahead. */
+static void RN_NAME(gated_add)(RN_T *h, const RN_T *x, const RN_T *F, const RN_T *g,
+                               Py_ssize_t d, int stream)
+{
+#define PF_(k) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                                  \
+                 RN_NAME(prefetch_next)(F, d, (k), RN_W);                                  \
+                 RN_NAME(prefetch_next)(g, d, (k), RN_W); }
+#define S_(k) { RN_T dsk; h[k] = x[k] + F[k] * RN_SIG_(g[k], &dsk); }
+#define V_(k) { RN_VEC dsk;                                                                \
+                RN_PUT(h + (k), RN_GET(x + (k))                                            \
+                                + RN_GET(F + (k)) * RN_NAME(vsigmoid)(RN_GET(g + (k)), &dsk)); }
+    RN_GATED_LOOP_(h);
+#undef PF_
+#undef S_
+#undef V_
+}
+
+/* Backward of h = x + s F:  dx_k = dh_k,  dF_k = dh_k * s_k,  dg_k = F_k * (dh_k * ds_k),
+ * s and ds = s (1 - s) recomputed from g.  Every output may be dh itself (each element is
+ * read before it is written); none may be F or g.  dh, F and g are prefetched one row
+ * ahead. */
+static void RN_NAME(gated_bwd)(RN_T *dx, RN_T *dF, RN_T *dg, const RN_T *dh, const RN_T *F,
+                               const RN_T *g, Py_ssize_t d, int stream)
+{
+#define PF_(k) { RN_NAME(prefetch_next)(dh, d, (k), RN_W);                                 \
+                 RN_NAME(prefetch_next)(F, d, (k), RN_W);                                  \
+                 RN_NAME(prefetch_next)(g, d, (k), RN_W); }
+#define S_(k) { RN_T dsk; const RN_T dhk = dh[k], fk = F[k], sk = RN_SIG_(g[k], &dsk);    \
+                dx[k] = dhk; dF[k] = dhk * sk; dg[k] = fk * (dhk * dsk); }
+#define V_(k) { RN_VEC dsk;                                                                \
+                const RN_VEC dhk = RN_GET(dh + (k)), fk = RN_GET(F + (k));                 \
+                const RN_VEC sk = RN_NAME(vsigmoid)(RN_GET(g + (k)), &dsk);                \
+                RN_PUT(dx + (k), dhk); RN_PUT(dF + (k), dhk * sk);                         \
+                RN_PUT(dg + (k), fk * (dhk * dsk)); }
+    if (!RN_NAME(same_phase)(dx, dF) || !RN_NAME(same_phase)(dx, dg)) stream = 0;
+    RN_GATED_LOOP_(dx);
+#undef PF_
+#undef S_
+#undef V_
+}
+#undef RN_GATED_LOOP_
+#undef RN_SIG_
+#ifdef RN_IVEC
+#undef RN_IVEC
+#endif

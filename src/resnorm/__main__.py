@@ -1,8 +1,10 @@
-"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info}`` (also the
-``resnorm`` script)."""
+"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info,checks}`` (also
+the ``resnorm`` script)."""
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 
 
@@ -16,23 +18,28 @@ def _shape(text):
 
 def _bench(args):
     from . import bench
+    from .bench._machine import openblas_overrides, without_openblas_overrides
     from .bench._plot import save_png
 
     if args.png and not _has_matplotlib():
         args.parser.error("--png needs matplotlib (pip install 'resnorm[plot]')")
+    if openblas_overrides(os.environ):
+        # NumPy's OpenBLAS reads them when NumPy is imported: run again without them
+        return subprocess.call([sys.executable, "-m", "resnorm"] + args.argv,
+                               env=without_openblas_overrides(os.environ))
     budget = None
     if args.budget is not None:
         base = bench._run.QUICK if args.quick else bench._run.FULL
         budget = dataclasses.replace(base, seconds=args.budget)
     try:
         results = bench.run(ops=args.ops, shapes=args.shape, dtypes=args.dtype,
-                            threads=args.threads, quick=args.quick, use_torch=not args.no_torch,
-                            sections=args.sections, budget=budget,
-                            progress=not args.no_progress, json_path=args.json,
+                            threads=args.threads, quick=args.quick, peers=args.peers,
+                            use_torch=not args.no_torch, sections=args.sections,
+                            budget=budget, progress=not args.no_progress, json_path=args.json,
                             command=" ".join(["resnorm"] + args.argv))
     except ValueError as err:
         args.parser.error(str(err))
-    print(bench.report(results, bench.evaluate_targets(results)))
+    print(bench.report(results, bench.evaluate_goals(results) if args.goals else None))
     if args.png:
         if save_png(results, args.png):
             print(f"figure: {args.png}")
@@ -59,14 +66,29 @@ def _values(text):
     return rows[0] if len(rows) == 1 else rows
 
 
+def _alpha(args):
+    """--alpha: one value is a scalar (fixed, or learnable with --learnable-alpha), D values
+    a learnable per-channel scale."""
+    if args.alpha is None:
+        if args.learnable_alpha:
+            args.parser.error("--learnable-alpha needs --alpha")
+        return None
+    if isinstance(args.alpha, list) and len(args.alpha) == 1:
+        import numpy as np
+        return np.array(args.alpha[0]) if args.learnable_alpha else args.alpha[0]
+    if args.learnable_alpha:
+        args.parser.error("--learnable-alpha is for one value; D values are learnable anyway")
+    return args.alpha
+
+
 def _explain(args):
     from .explain import explain
 
     try:
         e = explain(args.kind, args.x, weight=args.weight, bias=args.bias, eps=args.eps,
                     dy=args.dy, dtype=args.dtype, residual=args.residual, dh=args.dh,
-                    alpha=args.alpha, p=args.p, seed=args.seed,
-                    training=False if args.eval else None)
+                    alpha=_alpha(args), p=args.p, seed=args.seed,
+                    training=False if args.eval else None, F=args.F, g=args.g)
     except (TypeError, ValueError) as err:
         args.parser.error(str(err))
     print(e.render(digits=args.digits))
@@ -100,21 +122,34 @@ def _info(args):
     return 0
 
 
+def _input_checks(args):
+    from importlib.resources import files
+
+    print(files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8"), end="")
+    return 0
+
+
 def main(argv=None):
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="resnorm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"resnorm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from .bench import SECTIONS
+    from .bench import PEERS, SECTIONS
 
     b = sub.add_parser(
-        "bench", help="time the kernels against NumPy, PyTorch and memcpy",
-        description="Times every kernel against NumPy, PyTorch CPU (when installed) and "
-        "np.copyto of the same bytes, interleaved; prints Markdown tables (kernels, thread "
-        "scaling, small-call latency) and the issue's performance targets as MET / NOT MET.",
-        epilog="For honest NumPy timings: env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "
-        "python -m resnorm bench --quick")
+        "bench", help="time the kernels against NumPy, PyTorch, numba, ONNX Runtime and memcpy",
+        description="Times every kernel against its peers (NumPy; torch eager and "
+        "torch.compile, numba, ONNX Runtime when installed) and np.copyto of the same bytes, "
+        "interleaved, after checking every output against the float64 reference; prints "
+        "Markdown tables: resnorm and its peers, small-call latency, thread scaling.",
+        epilog="Peers: pip install 'resnorm[bench]' (numba, onnxruntime, onnx) and "
+        "'resnorm[torch]'.  OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, when set, are left out "
+        "of the run (the report says so).")
     b.add_argument("--quick", action="store_true",
-                   help="main ops, 8x768 and 2048x4096 float32, table + latency: under 30 s")
+                   help="main ops, 8x768 and 2048x4096 float32, table + latency, no "
+                   "torch.compile: about half a minute")
     b.add_argument("--ops", nargs="+", help="subset of ops (default: all; --quick: the main ones)")
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
     b.add_argument("--dtype", nargs="+", choices=["float32", "float64"],
@@ -122,36 +157,52 @@ def main(argv=None):
     b.add_argument("--threads", nargs="+", type=int, help="default: 1, 2 and all cores")
     b.add_argument("--sections", nargs="+", choices=SECTIONS,
                    help="default: all (--quick: table latency)")
+    b.add_argument("--peers", nargs="+", choices=PEERS,
+                   help="peers to run (default: every installed one; --quick: all but "
+                   "torch.compile)")
     b.add_argument("--budget", type=float,
                    help="seconds of timed rounds per case (default 0.6, --quick 0.12)")
-    b.add_argument("--no-torch", action="store_true", help="skip PyTorch even if installed")
-    b.add_argument("--json", help="also write results, targets and machine info to this file")
+    b.add_argument("--no-torch", action="store_true",
+                   help="skip torch and torch.compile even if installed")
+    b.add_argument("--goals", action="store_true",
+                   help="also check the measured rows against resnorm's speed goals")
+    b.add_argument("--json", help="also write the results and machine info to this file")
     b.add_argument("--png", help="also draw the bandwidth / scaling chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=_bench, parser=b)
 
+    from .explain import KINDS
+
     e = sub.add_parser(
-        "explain", help="print every step of a norm on a small input, kernel vs reference",
+        "explain", help="print every step of a kernel on a small input, kernel vs reference",
         description="Runs the compiled kernels on a small input and prints every step, "
-        "element by element, with the float64 reference's intermediate values and a "
-        "kernel-vs-reference verdict (exit status 1 when they disagree).",
+        "element by element, with the float64 reference's intermediate values, finite-"
+        "difference checks of every gradient, and a verdict (exit status 1 when a check "
+        "fails).",
         epilog="Values: --x 1,2,3,4 (one row) or --x '1,2;3,4' (two rows). "
         "A list starting with a minus sign needs '=': --x=-1,2,3.")
-    e.add_argument("kind", choices=["rms", "layer", "add-rms", "dropout"])
+    e.add_argument("kind", choices=list(KINDS))
     e.add_argument("--x", type=_values, required=True, help="input row(s)")
     e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
     e.add_argument("--bias", type=_values, help="per-channel bias b (D values; layer only)")
     e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
     e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
     e.add_argument("--residual", type=_values,
-                   help="add-rms: the stream (shape of x); h = residual + alpha*dropout(x)")
-    e.add_argument("--alpha", type=float, help="add-rms: residual scale (default 1)")
-    e.add_argument("--dh", type=_values, help="add-rms: gradient along the stream h (default 0)")
-    e.add_argument("--p", type=float, help="add-rms, dropout: drop probability "
-                   "(required for dropout, default 0 for add-rms)")
-    e.add_argument("--seed", type=int, help="add-rms, dropout: mask seed (default 0)")
+                   help="add-*: the stream (shape of x); h = residual + alpha*dropout(x)")
+    e.add_argument("--alpha", type=_values,
+                   help="add-*, scaled: residual scale, one value (fixed) or D values "
+                   "(learnable per channel, LayerScale); add-* default 1")
+    e.add_argument("--learnable-alpha", action="store_true",
+                   help="make a one-value --alpha a learnable scalar (explains dalpha)")
+    e.add_argument("--dh", type=_values, help="add-rms, add-layer: gradient along the stream "
+                   "h (default 0); scaled, gated: gradient of the output h")
+    e.add_argument("--F", type=_values, help="scaled, gated: the branch output (shape of x)")
+    e.add_argument("--g", type=_values, help="gated: gate logits (shape of x, or D values)")
+    e.add_argument("--p", type=float, help="add-*, dropout: drop probability "
+                   "(required for dropout, default 0 for add-*)")
+    e.add_argument("--seed", type=int, help="add-*, dropout: mask seed (default 0)")
     e.add_argument("--eval", action="store_true",
-                   help="add-rms, dropout: eval mode (dropout is the identity)")
+                   help="add-*, dropout: eval mode (dropout is the identity)")
     e.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     e.add_argument("--digits", type=int, help="significant digits (default 8 for float32, "
                    "10 for float64)")
@@ -174,6 +225,11 @@ def main(argv=None):
 
     i = sub.add_parser("info", help="print build and machine facts as JSON")
     i.set_defaults(func=_info)
+
+    c = sub.add_parser("checks", help="print the reference of every argument check",
+                       description="Prints which argument checks every public function "
+                       "makes and the exception each raises (Markdown).")
+    c.set_defaults(func=_input_checks)
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -1,16 +1,35 @@
 """The steps of each kind of explain mode (the public face is explain.py).
 
-A builder runs the compiled kernels, records on the trace the inputs, the float64
-reference intermediates and the kernel outputs, and returns the kernel outputs to compare
-with resnorm.reference as (name, kernel value, reference value) triples.  Reference
-intermediates are computed from the inputs and the reference's own statistics, never from
-a kernel output.
+A builder runs the compiled kernels through the public API (resnorm.*), records on the
+trace the inputs, the float64 reference intermediates and the kernel outputs, and returns
+a Built: the kernel outputs to compare with resnorm.reference, the forward's cache, and
+what the independent checks need (a float64 forward for finite differences, the norm's
+Jacobian in closed form, the invariants).  Reference intermediates are computed from the
+inputs and the reference's own statistics, never from a kernel output.
 """
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from . import norms, reference
-from .inverted_dropout import dropout_backward, dropout_forward
-from .residual import add_rms_norm_backward, add_rms_norm_forward
+import resnorm
+
+# Jacobians are printed for rows this short (D x D numbers per row).
+JACOBIAN_MAX_D = 8
+
+
+@dataclass
+class Built:
+    comparisons: list                 # (name, kernel value, reference value)
+    cache: object = None              # the forward's cache
+    cache_arrays: dict = field(default_factory=dict)   # name -> array it may refer to
+    cache_why: str = ""
+    forward64: object = None          # values (name -> float64 array) -> outputs
+    inputs64: dict = field(default_factory=dict)       # the differentiable inputs
+    upstream: dict = field(default_factory=dict)       # output name -> its gradient
+    gradients: list = field(default_factory=list)      # (gradient, input name, kernel value)
+    jacobian: dict | None = None
+    invariants: list = field(default_factory=list)     # see _norm_invariants
+    philox: dict | None = None
 
 
 def _f64(a):
@@ -21,20 +40,43 @@ def _dropout_active(inp):
     return inp.training and inp.p > 0.0
 
 
+def _alpha_per(alpha):
+    return "column" if np.ndim(alpha) == 1 else "scalar"
+
+
+def _alpha_note(alpha):
+    if not isinstance(alpha, np.ndarray):
+        return "residual scale (fixed, no gradient)"
+    if alpha.ndim == 0:
+        return "residual scale (learnable scalar)"
+    return "residual scale per channel (learnable: LayerScale)"
+
+
+def _learnable(alpha):
+    return isinstance(alpha, np.ndarray)
+
+
 def _record_inputs(t, inp, names):
-    notes = {"x": "branch output, added to the stream" if inp.kind == "add-rms" else "",
+    branch = inp.kind.startswith("add-")
+    notes = {"x": "branch output, added to the stream" if branch else
+                  ("the residual stream" if inp.kind in ("scaled", "gated") else ""),
              "residual": "the residual stream", "w": "weight", "b": "bias",
-             "alpha": "residual scale (fixed)", "p": "drop probability",
+             "F": "branch output (the sublayer's)", "g": "gate logits",
+             "alpha": _alpha_note(inp.alpha), "p": "drop probability",
              "training": "False: dropout is the identity", "D": "row length",
              "k": "flat C-order index: the counter of the dropout mask",
-             "dy": "gradient arriving at y", "dh": "gradient arriving along the stream h"}
+             "dy": "gradient arriving at y",
+             "dh": ("gradient arriving along the stream h" if branch
+                    else "gradient arriving at h")}
     n, d = inp.x.shape
     values = {"x": inp.x, "residual": inp.residual, "w": inp.weight, "b": inp.bias,
-              "alpha": inp.alpha, "p": inp.p, "seed": inp.seed, "training": inp.training,
-              "eps": inp.eps, "D": d, "k": np.arange(n * d).reshape(n, d), "dy": inp.dy,
-              "dh": inp.dh}
-    per = {"x": "element", "residual": "element", "k": "element", "dy": "element",
-           "dh": "element", "w": "column", "b": "column"}
+              "F": inp.F, "g": inp.g, "alpha": inp.alpha, "p": inp.p, "seed": inp.seed,
+              "training": inp.training, "eps": inp.eps, "D": d,
+              "k": np.arange(n * d).reshape(n, d), "dy": inp.dy, "dh": inp.dh}
+    per = {"x": "element", "residual": "element", "F": "element", "k": "element",
+           "dy": "element", "dh": "element", "w": "column", "b": "column",
+           "g": "column" if inp.g is not None and inp.g.ndim == 1 else "element",
+           "alpha": _alpha_per(inp.alpha)}
     for name in names:
         if values[name] is not None:
             t.add(name, values[name], per.get(name, "scalar"), "input", "input",
@@ -64,7 +106,8 @@ def _rms_forward_steps(t, v, name, weight, rstd_kernel, rstd_ref, y_kernel):
 
 
 def _rms_backward_steps(t, dy, weight, vn, name):
-    """The gradient reaching the normalised rows and the row reduction m = mean(g * vn)."""
+    """The gradient reaching the normalised rows and the row reduction m = mean(g * vn).
+    Returns (g, m) and the formula of the gradient through the norm."""
     dy = _f64(dy)
     g = dy if weight is None else dy * weight
     t.add("g", g, "element", "reference", "backward", "{dy}" if weight is None else "{dy} * {w}",
@@ -73,174 +116,497 @@ def _rms_backward_steps(t, dy, weight, vn, name):
     m = (g * vn).mean(axis=1)
     t.add("m", m, "row", "reference", "backward", f"{{g_{name}n}}", "mean",
           note="the one row reduction of backward")
-    return g, m
+    return g, m, f"{{rstd}} * ({{g}} - {{{name}n}} * {{m}})"
+
+
+def _layer_forward_steps(t, v, name, weight, bias, mean_kernel, mean_ref, rstd_kernel,
+                         rstd_ref, y_kernel):
+    """LayerNorm of v (called `name`); returns the normalised rows vhat (reference)."""
+    v = _f64(v)
+    t.add(f"sum_{name}", v.sum(axis=1), "row", "reference", "forward", f"{{{name}}}", "sum",
+          note="reduction 1")
+    t.add("mean", mean_kernel, "row", "kernel", "forward", f"{{sum_{name}}} / {{D}}",
+          note="cached for backward (float64)")
+    centred = v - mean_ref[:, None]
+    t.add("centred", centred, "element", "reference", "forward", f"{{{name}}} - {{mean}}")
+    t.add("sq_dev", centred * centred, "element", "reference", "forward", "{centred}^2")
+    t.add("var", (centred * centred).mean(axis=1), "row", "reference", "forward", "{sq_dev}",
+          "mean", note="reduction 2: biased variance (divide by D), two-pass")
+    t.add("rstd", rstd_kernel, "row", "kernel", "forward", "1 / sqrt({var} + {eps})",
+          note="cached for backward (float64)")
+    vhat = centred * rstd_ref[:, None]
+    t.add(f"{name}hat", vhat, "element", "reference", "forward", "{centred} * {rstd}",
+          note="mean 0, variance 1 (up to eps)")
+    expr = f"{{{name}hat}}" + ("" if weight is None else " * {w}") + ("" if bias is None
+                                                                       else " + {b}")
+    t.add("y", y_kernel, "element", "kernel", "forward", expr)
+    return vhat
+
+
+def _layer_backward_steps(t, dy, weight, vhat, name):
+    """The two row reductions of LayerNorm's backward; returns the formula of the gradient
+    through the norm."""
+    dy64 = _f64(dy)
+    g = dy64 if weight is None else dy64 * weight
+    hat = f"{name}hat"
+    t.add("g", g, "element", "reference", "backward", "{dy}" if weight is None else "{dy} * {w}",
+          note=f"the gradient reaching {hat}")
+    t.add("mean_g", g.mean(axis=1), "row", "reference", "backward", "{g}", "mean",
+          note="backward reduction 1")
+    t.add(f"g_{hat}", g * vhat, "element", "reference", "backward", f"{{g}} * {{{hat}}}")
+    t.add(f"mean_g_{hat}", (g * vhat).mean(axis=1), "row", "reference", "backward",
+          f"{{g_{hat}}}", "mean",
+          note="backward reduction 2 (computed in the same pass as reduction 1)")
+    return g, f"{{rstd}} * ({{g}} - {{mean_g}} - {{{hat}}} * {{mean_g_{hat}}})"
 
 
 def _mask_steps(t, inp):
     """How dropout decides which elements to keep; returns (kernel mask, reference mask,
-    scale).  Only called when dropout is active."""
+    scale, philox map).  Only called when dropout is active."""
     n, d = inp.x.shape
-    _, cache = dropout_forward(inp.x, inp.p, seed=inp.seed, return_mask=True)
-    keep_ref = reference.dropout_mask(inp.x.shape, inp.p, inp.seed)
+    _, cache = resnorm.dropout_forward(inp.x, inp.p, seed=inp.seed, return_mask=True)
+    keep_ref = resnorm.reference.dropout_mask(inp.x.shape, inp.p, inp.seed)
     if inp.p == 1.0:
         t.add("keep", cache.mask, "element", "kernel", "forward", "0", note="p = 1 keeps nothing")
         t.add("scale", 0.0, "scalar", "reference", "forward", "0", note="p = 1")
-        return cache.mask, keep_ref, 0.0
+        return cache.mask, keep_ref, 0.0, None
     t.add("threshold", np.floor(inp.p * 2.0**32), "scalar", "reference", "forward",
           "floor({p} * 2^32)")
-    t.add("u", reference.dropout_uniforms(inp.seed, n * d).reshape(n, d), "element",
-          "reference", "forward", "philox({seed}, {k})",
-          note="32-bit uniform of element k (resnorm.reference.dropout_uniforms)")
+    philox = philox_map(inp.seed, n * d)
+    t.add("u", philox["u"].reshape(n, d), "element", "reference", "forward",
+          "philox({seed}, {k})",
+          note="32-bit uniform of element k: word w of the Philox block at counter c (below)")
     t.add("keep", cache.mask, "element", "kernel", "forward", "[{u} >= {threshold}]",
           note="from the kernel (dropout_forward, return_mask=True): kept with probability 1-p")
     scale = 1.0 / (1.0 - inp.p)
     t.add("scale", scale, "scalar", "reference", "forward", "1 / (1 - {p})",
           note="inverted dropout: kept elements are scaled up, so E[output] = input")
-    return cache.mask, keep_ref, scale
+    return cache.mask, keep_ref, scale, philox
 
 
-# --------------------------------------------------------------------------- the kinds
+def philox_map(seed, n):
+    """Element k -> its Philox-4x32-10 block counter c = 16 * (k div 64) + k mod 16 and
+    output word w = (k mod 64) div 16, under the key (seed mod 2^32, seed div 2^32); the
+    uniform is word w of philox(key, (c mod 2^32, c div 2^32, 0, 0)).  Computed here from
+    resnorm.reference.philox4x32_10 itself, so the map is shown, not assumed."""
+    k = np.arange(n, dtype=np.uint64)
+    counter = (k // np.uint64(64)) * np.uint64(16) + k % np.uint64(16)
+    word = ((k % np.uint64(64)) // np.uint64(16)).astype(np.intp)
+    low = np.uint64(0xFFFFFFFF)
+    blocks = np.stack([counter & low, counter >> np.uint64(32), np.zeros_like(counter),
+                       np.zeros_like(counter)], axis=-1)
+    key = (seed & 0xFFFFFFFF, seed >> 32)
+    out = resnorm.reference.philox4x32_10(blocks, key)
+    return {"k": k.astype(np.int64), "counter": counter.astype(np.int64), "word": word,
+            "key": key, "block": out, "u": out[np.arange(n), word]}
+
+
+def _dropped_input(t, inp, active):
+    """The dropout of the branch x (d = x * keep * scale); returns (keep, keep_ref, scale,
+    philox, d)."""
+    if active:
+        keep, keep_ref, scale, philox = _mask_steps(t, inp)
+        d = _f64(inp.x) * keep_ref * scale
+        t.add("d", d, "element", "reference", "forward", "{x} * {keep} * {scale}",
+              note="dropout(x)")
+        return keep, keep_ref, scale, philox, d
+    t.add("d", _f64(inp.x), "element", "reference", "forward", "{x}",
+          note="dropout off (p = 0 or training=False): the identity")
+    return None, np.ones(inp.x.shape, dtype=bool), 1.0, None, _f64(inp.x)
+
+
+def _dalpha_step(t, alpha, dalpha, summand):
+    if np.ndim(alpha) == 1:
+        t.add("dalpha", dalpha, "column", "kernel", "backward", summand, "sum",
+              note="summed over rows in fixed row blocks")
+    else:
+        t.add("dalpha", dalpha, "scalar", "kernel", "backward", summand, "sum",
+              note="over rows and channels")
+
+
+# --------------------------------------------------------------------------- checks' inputs
+
+def _norm_invariants(norm, v_name, grad_name, value_rows, v64, stats, g, eps):
+    """The identities the gradient through a norm satisfies, per row: the norm's output
+    does not change when v is scaled (RMSNorm) or shifted and scaled (LayerNorm), so the
+    gradient is orthogonal to those directions, up to the eps term.  value_rows: the
+    kernel's gradient through the norm.  Each: (name, formula, kernel value, exact value,
+    note, size of the summed terms)."""
+    def dot(direction):
+        terms = value_rows * direction
+        return terms.sum(axis=1), float(np.max(np.abs(terms).sum(axis=1)))
+
+    rstd = stats["rstd"]
+    if norm == "rms":
+        ms = (v64 * v64).mean(axis=1)
+        value, scale = dot(v64)
+        exact = rstd * (g * v64).sum(axis=1) * eps / (ms + eps)
+        return [(f"{grad_name} . {v_name}", f"sum_i {grad_name}_i * {v_name}_i", value, exact,
+                 f"exact: rstd * (g . {v_name}) * eps / (ms + eps); y does not change when "
+                 f"{v_name} is scaled, so the gradient is orthogonal to {v_name} up to eps",
+                 scale)]
+    mean = stats["mean"]
+    vhat = (v64 - mean[:, None]) * rstd[:, None]
+    var = ((v64 - mean[:, None]) ** 2).mean(axis=1)
+    total, total_scale = dot(np.ones_like(v64))
+    value, scale = dot(vhat)
+    exact = rstd * (g * vhat).sum(axis=1) * eps / (var + eps)
+    return [(f"sum {grad_name}", f"sum_i {grad_name}_i", total, np.zeros(len(v64)),
+             f"exact: 0; y does not change when a constant is added to {v_name}",
+             total_scale),
+            (f"{grad_name} . {v_name}hat", f"sum_i {grad_name}_i * {v_name}hat_i", value, exact,
+             f"exact: rstd * (g . {v_name}hat) * eps / (var + eps); y does not change when "
+             f"{v_name} - mean is scaled, so the gradient is orthogonal to {v_name}hat up to "
+             f"eps", scale)]
+
+
+def _jacobian(norm, v_name, v64, w, b, eps, stats, through_norm, dy):
+    """The Jacobian dy/dv of each row in closed form (reference statistics) and the
+    function finite differences need, for rows of at most JACOBIAN_MAX_D elements."""
+    n, d = v64.shape
+    if d > JACOBIAN_MAX_D:
+        return None
+    w64 = np.ones(d) if w is None else _f64(w)
+    eye = np.eye(d)
+    closed = []
+    for r in range(n):
+        rstd = stats["rstd"][r]
+        if norm == "rms":
+            vn = v64[r] * rstd
+            closed.append(w64[:, None] * rstd * (eye - np.outer(vn, vn) / d))
+            formula = (f"J_ij = w_i * rstd * ([i == j] - {v_name}n_i * {v_name}n_j / D)")
+        else:
+            vhat = (v64[r] - stats["mean"][r]) * rstd
+            closed.append(w64[:, None] * rstd * (eye - 1.0 / d - np.outer(vhat, vhat) / d))
+            formula = (f"J_ij = w_i * rstd * ([i == j] - 1/D - {v_name}hat_i * "
+                       f"{v_name}hat_j / D)")
+
+    def norm_row(row):
+        if norm == "rms":
+            return resnorm.rms_norm(row, None if w is None else w64, eps)
+        return resnorm.layer_norm(row, None if w is None else w64, None if b is None
+                                  else _f64(b), eps)
+
+    return {"of": "y", "wrt": v_name, "formula": formula, "closed": closed,
+            "norm_row": norm_row, "rows": v64, "through_norm": _f64(through_norm),
+            "dy": _f64(dy)}
+
+
+# --------------------------------------------------------------------------- the norms
 
 def rms(t, inp):
     x, w, eps = inp.x, inp.weight, inp.eps
+    y, cache = resnorm.rms_norm_forward(x, w, eps)
     _record_inputs(t, inp, ["x", "w", "eps", "D", "dy"])
-    y, cache = norms.rms_norm_forward(x, w, eps)
-    y_ref, rstd_ref = reference.rms_norm_forward(x, w, eps)
-    out = [("y", y, y_ref), ("rstd", cache.rstd, rstd_ref)]
+    y_ref, rstd_ref = resnorm.reference.rms_norm_forward(x, w, eps)
     xn = _rms_forward_steps(t, x, "x", w, cache.rstd, rstd_ref, y)
+    built = Built([("y", y, y_ref), ("rstd", cache.rstd, rstd_ref)], cache, {"x": x, "w": w},
+                  "backward needs xn = x * rstd: x is the input (kept by reference, no copy) "
+                  "and rstd one float64 per row, so recomputing xn costs one multiply per "
+                  "element instead of storing and re-reading an N x D array")
     if inp.dy is None:
-        return out
-    dx, dw = norms.rms_norm_backward(inp.dy, cache)
-    dx_ref, dw_ref = reference.rms_norm_backward(inp.dy, x, w, rstd_ref)
-    _rms_backward_steps(t, inp.dy, w, xn, "x")
-    t.add("dx", dx, "element", "kernel", "backward", "{rstd} * ({g} - {xn} * {m})")
-    out.append(("dx", dx, dx_ref))
+        return built
+    dx, dw = resnorm.rms_norm_backward(inp.dy, cache)
+    dx_ref, dw_ref = resnorm.reference.rms_norm_backward(inp.dy, x, w, rstd_ref)
+    g, _, through = _rms_backward_steps(t, inp.dy, w, xn, "x")
+    t.add("dx", dx, "element", "kernel", "backward", through)
+    built.comparisons.append(("dx", dx, dx_ref))
+    built.gradients.append(("dx", "x", dx))
     if w is not None:
         t.add("dw", dw, "column", "kernel", "backward", "{dy} * {xn}", "sum",
               note="summed over rows in fixed row blocks")
-        out.append(("dw", dw, dw_ref))
-    return out
+        built.comparisons.append(("dw", dw, dw_ref))
+        built.gradients.append(("dw", "w", dw))
+    x64 = _f64(x)
+    built.forward64 = lambda v: {"y": resnorm.rms_norm(v["x"], v.get("w"), eps)}
+    built.inputs64 = {"x": x64, "w": _f64(w)}
+    built.upstream = {"y": _f64(inp.dy)}
+    built.jacobian = _jacobian("rms", "x", x64, w, None, eps, {"rstd": rstd_ref}, dx, inp.dy)
+    built.invariants = _norm_invariants("rms", "x", "dx", _f64(dx), x64, {"rstd": rstd_ref},
+                                        g, eps)
+    return built
 
 
 def layer(t, inp):
     x, w, b, eps = inp.x, inp.weight, inp.bias, inp.eps
+    y, cache = resnorm.layer_norm_forward(x, w, b, eps)
     _record_inputs(t, inp, ["x", "w", "b", "eps", "D", "dy"])
-    x64 = _f64(x)
-    y, cache = norms.layer_norm_forward(x, w, b, eps)
-    y_ref, mean_ref, rstd_ref = reference.layer_norm_forward(x, w, b, eps)
-    out = [("y", y, y_ref), ("mean", cache.mean, mean_ref), ("rstd", cache.rstd, rstd_ref)]
-
-    t.add("sum_x", x64.sum(axis=1), "row", "reference", "forward", "{x}", "sum",
-          note="reduction 1")
-    t.add("mean", cache.mean, "row", "kernel", "forward", "{sum_x} / {D}",
-          note="cached for backward (float64)")
-    centred = x64 - mean_ref[:, None]
-    t.add("centred", centred, "element", "reference", "forward", "{x} - {mean}")
-    t.add("sq_dev", centred * centred, "element", "reference", "forward", "{centred}^2")
-    t.add("var", (centred * centred).mean(axis=1), "row", "reference", "forward", "{sq_dev}",
-          "mean", note="reduction 2: biased variance (divide by D), two-pass")
-    t.add("rstd", cache.rstd, "row", "kernel", "forward", "1 / sqrt({var} + {eps})",
-          note="cached for backward (float64)")
-    xhat = centred * rstd_ref[:, None]
-    t.add("xhat", xhat, "element", "reference", "forward", "{centred} * {rstd}",
-          note="mean 0, variance 1 (up to eps)")
-    expr = "{xhat}" + ("" if w is None else " * {w}") + ("" if b is None else " + {b}")
-    t.add("y", y, "element", "kernel", "forward", expr)
+    y_ref, mean_ref, rstd_ref = resnorm.reference.layer_norm_forward(x, w, b, eps)
+    xhat = _layer_forward_steps(t, x, "x", w, b, cache.mean, mean_ref, cache.rstd, rstd_ref, y)
+    built = Built([("y", y, y_ref), ("mean", cache.mean, mean_ref),
+                   ("rstd", cache.rstd, rstd_ref)], cache, {"x": x, "w": w},
+                  "backward needs xhat = (x - mean) * rstd: x is the input (kept by "
+                  "reference) and mean, rstd one float64 each per row, so recomputing xhat "
+                  "costs two flops per element instead of storing and re-reading an N x D "
+                  "array")
     if inp.dy is None:
-        return out
-
-    dx, dw, db = norms.layer_norm_backward(inp.dy, cache)
-    dx_ref, dw_ref, db_ref = reference.layer_norm_backward(inp.dy, x, w, mean_ref, rstd_ref)
-    out.append(("dx", dx, dx_ref))
-    dy64 = _f64(inp.dy)
-    g = dy64 if w is None else dy64 * w
-    t.add("g", g, "element", "reference", "backward", "{dy}" if w is None else "{dy} * {w}",
-          note="the gradient reaching xhat")
-    t.add("mean_g", g.mean(axis=1), "row", "reference", "backward", "{g}", "mean",
-          note="backward reduction 1")
-    t.add("g_xhat", g * xhat, "element", "reference", "backward", "{g} * {xhat}")
-    t.add("mean_g_xhat", (g * xhat).mean(axis=1), "row", "reference", "backward", "{g_xhat}",
-          "mean", note="backward reduction 2 (computed in the same pass as reduction 1)")
-    t.add("dx", dx, "element", "kernel", "backward",
-          "{rstd} * ({g} - {mean_g} - {xhat} * {mean_g_xhat})")
+        return built
+    dx, dw, db = resnorm.layer_norm_backward(inp.dy, cache)
+    dx_ref, dw_ref, db_ref = resnorm.reference.layer_norm_backward(inp.dy, x, w, mean_ref,
+                                                                   rstd_ref)
+    built.comparisons.append(("dx", dx, dx_ref))
+    g, through = _layer_backward_steps(t, inp.dy, w, xhat, "x")
+    t.add("dx", dx, "element", "kernel", "backward", through)
+    built.gradients.append(("dx", "x", dx))
     if w is not None:
         t.add("dw", dw, "column", "kernel", "backward", "{dy} * {xhat}", "sum")
-        out.append(("dw", dw, dw_ref))
+        built.comparisons.append(("dw", dw, dw_ref))
+        built.gradients.append(("dw", "w", dw))
     if b is not None:
         t.add("db", db, "column", "kernel", "backward", "{dy}", "sum")
-        out.append(("db", db, db_ref))
-    return out
+        built.comparisons.append(("db", db, db_ref))
+        built.gradients.append(("db", "b", db))
+    x64 = _f64(x)
+    stats = {"mean": mean_ref, "rstd": rstd_ref}
+    built.forward64 = lambda v: {"y": resnorm.layer_norm(v["x"], v.get("w"), v.get("b"), eps)}
+    built.inputs64 = {"x": x64, "w": _f64(w), "b": _f64(b)}
+    built.upstream = {"y": _f64(inp.dy)}
+    built.jacobian = _jacobian("layer", "x", x64, w, b, eps, stats, dx, inp.dy)
+    built.invariants = _norm_invariants("layer", "x", "dx", _f64(dx), x64, stats, g, eps)
+    return built
 
 
-def add_rms(t, inp):
-    x, res, w, eps, alpha = inp.x, inp.residual, inp.weight, inp.eps, inp.alpha
-    active = _dropout_active(inp)
-    _record_inputs(t, inp, ["x", "residual", "w", "alpha", "p", "seed", "training", "eps", "D"]
-                   + (["k"] if active else []) + ["dy", "dh"])
+# --------------------------------------------------------------------------- fused add + norm
+
+FUSED = {  # kind -> (norm, Pre-Norm?, forward, backward, reference forward, reference backward)
+    "add-rms": ("rms", True, "add_rms_norm_forward", "add_rms_norm_backward"),
+    "add-layer": ("layer", True, "add_layer_norm_forward", "add_layer_norm_backward"),
+    "add-rms-post": ("rms", False, "add_rms_norm_post_forward", "add_rms_norm_post_backward"),
+    "add-layer-post": ("layer", False, "add_layer_norm_post_forward",
+                       "add_layer_norm_post_backward"),
+}
+
+
+def _fused_forward64(kind, eps, p, seed, training):
+    """The float64 fused forward as a function of its differentiable inputs."""
+    norm, prenorm, fwd_name, _ = FUSED[kind]
+    fwd = getattr(resnorm, fwd_name)
+
+    def forward(v):
+        extra = () if norm == "rms" else (v.get("b"),)
+        outputs, _ = fwd(v["x"], v["residual"], v.get("w"), *extra, eps,
+                         alpha=v.get("alpha", 1.0), p=p, seed=seed, training=training)
+        return {"y": outputs[0], "h": outputs[1]} if prenorm else {"y": outputs}
+    return forward
+
+
+def add_norm(t, inp):
+    """Pre-Norm (h = residual + alpha * dropout(x), y = norm(h); both returned) and
+    Post-Norm (y = norm(residual + alpha * dropout(x)); h stays inside)."""
+    norm, prenorm, fwd_name, bwd_name = FUSED[inp.kind]
+    x, res, w, b, eps, alpha = inp.x, inp.residual, inp.weight, inp.bias, inp.eps, inp.alpha
     kw = dict(alpha=alpha, p=inp.p, seed=inp.seed, training=inp.training)
-    (y, h), cache = add_rms_norm_forward(x, res, w, eps, **kw)
-    y_ref, h_ref, rstd_ref, keep_ref = reference.add_rms_norm_forward(x, res, w, eps, **kw)
-    out = [("y", y, y_ref), ("h", h, h_ref), ("rstd", cache.rstd, rstd_ref)]
+    bias_arg = () if norm == "rms" else (b,)
+    outputs, cache = getattr(resnorm, fwd_name)(x, res, w, *bias_arg, eps, **kw)
+    active = _dropout_active(inp)
+    _record_inputs(t, inp, ["x", "residual", "w", "b", "alpha", "p", "seed", "training", "eps",
+                            "D"] + (["k"] if active else []) + ["dy", "dh"])
+    y, h = outputs if prenorm else (outputs, None)
+    ref_fwd = getattr(resnorm.reference, fwd_name)
+    ref = ref_fwd(x, res, w, *bias_arg, eps, **kw)
+    y_ref, h_ref, keep_ref_fwd = ref[0], ref[1], ref[-1]
+    stats_ref = {"rstd": ref[2]} if norm == "rms" else {"mean": ref[2], "rstd": ref[3]}
+    comparisons = [("y", y, y_ref)] + ([("h", h, h_ref)] if prenorm else [])
+    if norm == "layer":
+        comparisons.append(("mean", cache.mean, stats_ref["mean"]))
+    comparisons.append(("rstd", cache.rstd, stats_ref["rstd"]))
 
+    keep, keep_ref, scale, philox, d = _dropped_input(t, inp, active)
     if active:
-        keep, keep_check, scale = _mask_steps(t, inp)
-        out.append(("keep", keep, keep_check))
-        t.add("d", _f64(x) * keep_ref * scale, "element", "reference", "forward",
-              "{x} * {keep} * {scale}", note="dropout(x)")
+        comparisons.append(("keep", keep, keep_ref))
+    if prenorm:
+        t.add("h", h, "element", "kernel", "forward", "{residual} + {alpha} * {d}",
+              note="the new residual stream")
     else:
-        t.add("d", _f64(x), "element", "reference", "forward", "{x}",
-              note="dropout off (p = 0 or training=False): the identity")
-    t.add("h", h, "element", "kernel", "forward", "{residual} + {alpha} * {d}",
-          note="the new residual stream")
-    hn = _rms_forward_steps(t, h_ref, "h", w, cache.rstd, rstd_ref, y)
+        t.add("h", h_ref, "element", "reference", "forward", "{residual} + {alpha} * {d}",
+              note="Post-Norm: not an output; backward recomputes it row by row")
+    if norm == "rms":
+        vn = _rms_forward_steps(t, h_ref, "h", w, cache.rstd, stats_ref["rstd"], y)
+    else:
+        vn = _layer_forward_steps(t, h_ref, "h", w, b, cache.mean, stats_ref["mean"],
+                                  cache.rstd, stats_ref["rstd"], y)
+    why = ("h is an output anyway (kept by reference: no extra memory) and the norm's "
+           "statistics are one float64 per row" if prenorm else
+           "x and residual are kept by reference and h is recomputed in backward: no N x D "
+           "buffer lives between the passes") + \
+          "; the dropout mask is regenerated from (seed, k), never stored" + \
+          ("; x is kept only because alpha is learnable (dalpha needs dropout(x))"
+           if prenorm and _learnable(alpha) else "")
+    arrays = {"x": x, "residual": res, "w": w, "h": h, "alpha": alpha}
+    built = Built(comparisons, cache, arrays, why, philox=philox)
     if inp.dy is None:
-        return out
+        return built
 
-    dx, dres, dw, _ = add_rms_norm_backward(inp.dy, inp.dh, cache)
-    dx_ref, dres_ref, dw_ref, _ = reference.add_rms_norm_backward(
-        inp.dy, inp.dh, x, h_ref, w, rstd_ref, alpha, keep_ref, inp.p if active else 0.0)
-    g, m = _rms_backward_steps(t, inp.dy, w, hn, "h")
-    through_norm = rstd_ref[:, None] * (g - hn * m[:, None])
-    gh = through_norm if inp.dh is None else _f64(inp.dh) + through_norm
+    dh = inp.dh if prenorm else None
+    grads = getattr(resnorm, bwd_name)(*((inp.dy, dh, cache) if prenorm else (inp.dy, cache)))
+    ref_bwd = getattr(resnorm.reference, bwd_name)
+    stats_list = [stats_ref["rstd"]] if norm == "rms" else [stats_ref["mean"],
+                                                              stats_ref["rstd"]]
+    ref_args = ((inp.dy, dh) if prenorm else (inp.dy,)) + (x, h_ref, w, *stats_list, alpha,
+                                                            keep_ref_fwd,
+                                                            inp.p if active else 0.0)
+    refs = ref_bwd(*ref_args)
+    dx, dres, dw = grads[0], grads[1], grads[2]
+    db = grads[3] if norm == "layer" else None
+    dalpha = grads[-1]
+    dx_ref, dres_ref, dw_ref = refs[0], refs[1], refs[2]
+    db_ref = refs[3] if norm == "layer" else None
+    dalpha_ref = refs[-1]
+
+    if norm == "rms":
+        g, _, through = _rms_backward_steps(t, inp.dy, w, vn, "h")
+        m = (g * vn).mean(axis=1)
+        through_value = stats_ref["rstd"][:, None] * (g - vn * m[:, None])
+    else:
+        g, through = _layer_backward_steps(t, inp.dy, w, vn, "h")
+        through_value = stats_ref["rstd"][:, None] * (
+            g - g.mean(axis=1, keepdims=True) - vn * (g * vn).mean(axis=1, keepdims=True))
+    gh = through_value if dh is None else _f64(dh) + through_value
     t.add("gh", gh, "element", "reference", "backward",
-          ("" if inp.dh is None else "{dh} + ") + "{rstd} * ({g} - {hn} * {m})",
+          ("" if dh is None else "{dh} + ") + through,
           note="the gradient reaching h: through the norm" +
-               ("" if inp.dh is None else " plus along the stream"))
+               ("" if dh is None else " plus along the stream"))
     t.add("dresidual", dres, "element", "kernel", "backward", "{gh}",
           note="the skip path passes gh unchanged")
     t.add("dx", dx, "element", "kernel", "backward",
           "{gh} * {alpha} * {keep} * {scale}" if active else "{gh} * {alpha}",
           note="the same mask, regenerated from (seed, k)" if active else "")
-    out += [("dx", dx, dx_ref), ("dresidual", dres, dres_ref)]
+    built.comparisons += [("dx", dx, dx_ref), ("dresidual", dres, dres_ref)]
+    built.gradients += [("dx", "x", dx), ("dresidual", "residual", dres)]
+    hat = "hn" if norm == "rms" else "hhat"
     if w is not None:
-        t.add("dw", dw, "column", "kernel", "backward", "{dy} * {hn}", "sum")
-        out.append(("dw", dw, dw_ref))
-    return out
+        t.add("dw", dw, "column", "kernel", "backward", f"{{dy}} * {{{hat}}}", "sum")
+        built.comparisons.append(("dw", dw, dw_ref))
+        built.gradients.append(("dw", "w", dw))
+    if b is not None:
+        t.add("db", db, "column", "kernel", "backward", "{dy}", "sum")
+        built.comparisons.append(("db", db, db_ref))
+        built.gradients.append(("db", "b", db))
+    if _learnable(alpha):
+        _dalpha_step(t, alpha, dalpha, "{gh} * {d}")
+        built.comparisons.append(("dalpha", dalpha, dalpha_ref))
+        built.gradients.append(("dalpha", "alpha", dalpha))
 
+    built.forward64 = _fused_forward64(inp.kind, eps, inp.p, inp.seed, inp.training)
+    built.inputs64 = {"x": _f64(x), "residual": _f64(res), "w": _f64(w), "b": _f64(b),
+                      "alpha": _f64(alpha) if _learnable(alpha) else alpha}
+    built.upstream = {"y": _f64(inp.dy)}
+    if prenorm and dh is not None:
+        built.upstream["h"] = _f64(dh)
+    # the kernel's gradient through the norm alone: dresidual minus what came along h
+    through_kernel = _f64(dres) - (0.0 if dh is None else _f64(dh))
+    built.jacobian = _jacobian(norm, "h", h_ref, w, b, eps, stats_ref, through_kernel, inp.dy)
+    name = "dresidual" if dh is None else "(dresidual - dh)"
+    built.invariants = _norm_invariants(norm, "h", name, through_kernel, h_ref, stats_ref, g,
+                                        eps)
+    return built
+
+
+# --------------------------------------------------------------------------- dropout
 
 def dropout(t, inp):
     x = inp.x
+    y, cache = resnorm.dropout_forward(x, inp.p, seed=inp.seed, training=inp.training)
     active = _dropout_active(inp)
     _record_inputs(t, inp, ["x", "p", "seed", "training"] + (["k"] if active else []) + ["dy"])
-    y, cache = dropout_forward(x, inp.p, seed=inp.seed, training=inp.training)
-    y_ref, keep_ref = reference.dropout_forward(x, inp.p, inp.seed, inp.training)
-    out = [("y", y, y_ref)]
+    y_ref, keep_ref = resnorm.reference.dropout_forward(x, inp.p, inp.seed, inp.training)
+    built = Built([("y", y, y_ref)], cache, {"x": x},
+                  "only p, seed and the shape: backward regenerates the mask from "
+                  "(seed, k), so nothing of size N x D is kept between the passes")
     if active:
-        keep, keep_check, _ = _mask_steps(t, inp)
-        out.append(("keep", keep, keep_check))
+        keep, keep_check, _, built.philox = _mask_steps(t, inp)
+        built.comparisons.append(("keep", keep, keep_check))
         t.add("y", y, "element", "kernel", "forward", "{x} * {keep} * {scale}")
     else:
         t.add("y", y, "element", "kernel", "forward", "{x}",
               note="p = 0 or training=False: the identity")
     if inp.dy is None:
-        return out
-    dx = dropout_backward(inp.dy, cache)
-    dx_ref = reference.dropout_backward(inp.dy, keep_ref, inp.p if active else 0.0)
+        return built
+    dx = resnorm.dropout_backward(inp.dy, cache)
+    dx_ref = resnorm.reference.dropout_backward(inp.dy, keep_ref, inp.p if active else 0.0)
     t.add("dx", dx, "element", "kernel", "backward",
           "{dy} * {keep} * {scale}" if active else "{dy}",
           note="the same mask, regenerated from (seed, k), never stored" if active else "")
-    out.append(("dx", dx, dx_ref))
-    return out
+    built.comparisons.append(("dx", dx, dx_ref))
+    built.gradients.append(("dx", "x", dx))
+    p, seed, training = inp.p, inp.seed, inp.training
+    built.forward64 = lambda v: {"y": resnorm.dropout(v["x"], p, seed=seed, training=training)}
+    built.inputs64 = {"x": _f64(x)}
+    built.upstream = {"y": _f64(inp.dy)}
+    return built
 
 
-BUILDERS = {"rms": rms, "layer": layer, "add-rms": add_rms, "dropout": dropout}
+# --------------------------------------------------------------------------- scaled, gated
+
+def _skip_and_branch(t, built, dx, dF, dF_expr):
+    """dx = dh (the skip path) and dF, each a (kernel, reference) pair."""
+    t.add("dx", dx[0], "element", "kernel", "backward", "{dh}",
+          note="the skip path: the identity (a new array, not dh itself)")
+    t.add("dF", dF[0], "element", "kernel", "backward", dF_expr)
+    built.comparisons += [("dx", *dx), ("dF", *dF)]
+    built.gradients += [("dx", "x", dx[0]), ("dF", "F", dF[0])]
+
+
+def scaled(t, inp):
+    x, F, alpha = inp.x, inp.F, inp.alpha
+    h, cache = resnorm.scaled_residual_forward(x, F, alpha)
+    _record_inputs(t, inp, ["x", "F", "alpha", "D", "dh"])
+    h_ref = resnorm.reference.scaled_residual_forward(x, F, alpha)
+    t.add("h", h, "element", "kernel", "forward", "{x} + {alpha} * {F}")
+    built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "alpha": alpha},
+                  "alpha, and F by reference only when alpha is learnable (dalpha = "
+                  "sum dh * F); with a fixed alpha backward needs no array at all")
+    if inp.dh is None:
+        return built
+    dx, dF, dalpha = resnorm.scaled_residual_backward(inp.dh, cache)
+    dx_ref, dF_ref, dalpha_ref = resnorm.reference.scaled_residual_backward(inp.dh, F, alpha)
+    _skip_and_branch(t, built, (dx, dx_ref), (dF, dF_ref), "{alpha} * {dh}")
+    if _learnable(alpha):
+        _dalpha_step(t, alpha, dalpha, "{dh} * {F}")
+        built.comparisons.append(("dalpha", dalpha, dalpha_ref))
+        built.gradients.append(("dalpha", "alpha", dalpha))
+    built.forward64 = lambda v: {"h": resnorm.scaled_residual(v["x"], v["F"], v["alpha"])}
+    built.inputs64 = {"x": _f64(x), "F": _f64(F),
+                      "alpha": _f64(alpha) if _learnable(alpha) else alpha}
+    built.upstream = {"h": _f64(inp.dh)}
+    return built
+
+
+def gated(t, inp):
+    x, F, g = inp.x, inp.F, inp.g
+    h, cache = resnorm.gated_residual_forward(x, F, g)
+    _record_inputs(t, inp, ["x", "F", "g", "D", "dh"])
+    h_ref = resnorm.reference.gated_residual_forward(x, F, g)
+    per = "column" if g.ndim == 1 else "element"
+    e = np.exp(-np.abs(_f64(g)))
+    t.add("e", e, per, "reference", "forward", "exp(-|{g}|)", note="at most 1")
+    t.add("s", resnorm.reference.sigmoid(g), per, "reference", "forward",
+          "1 / (1 + exp(-{g}))", note="sigmoid(g) in double: 1/(1+e) for g >= 0, e/(1+e) "
+                                      "below, so exp never overflows")
+    t.add("h", h, "element", "kernel", "forward", "{x} + {s} * {F}")
+    built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "g": g},
+                  "F and g by reference: dg needs both; a per-channel gate keeps sigmoid(g) "
+                  "and its derivative as (D,) vectors instead, computed once per call")
+    if inp.dh is None:
+        return built
+    dx, dF, dg = resnorm.gated_residual_backward(inp.dh, cache)
+    dx_ref, dF_ref, dg_ref = resnorm.reference.gated_residual_backward(inp.dh, F, g)
+    t.add("ds", resnorm.reference.sigmoid_grad(g), per, "reference", "backward",
+          "{e} / (1 + {e})^2", note="s * (1 - s), without the cancellation of 1 - s")
+    _skip_and_branch(t, built, (dx, dx_ref), (dF, dF_ref), "{s} * {dh}")
+    if per == "column":
+        t.add("dg", dg, "column", "kernel", "backward", "{dh} * {F} * {ds}", "sum",
+              note="summed over rows in fixed row blocks")
+    else:
+        t.add("dg", dg, "element", "kernel", "backward", "{dh} * {F} * {ds}")
+    built.comparisons.append(("dg", dg, dg_ref))
+    built.gradients.append(("dg", "g", dg))
+    built.forward64 = lambda v: {"h": resnorm.gated_residual(v["x"], v["F"], v["g"])}
+    built.inputs64 = {"x": _f64(x), "F": _f64(F), "g": _f64(g)}
+    built.upstream = {"h": _f64(inp.dh)}
+    return built
+
+
+BUILDERS = {"rms": rms, "layer": layer, "add-rms": add_norm, "add-layer": add_norm,
+            "add-rms-post": add_norm, "add-layer-post": add_norm, "dropout": dropout,
+            "scaled": scaled, "gated": gated}

@@ -5,11 +5,18 @@ import numpy as np
 MAX_TERMS = 8
 HEAD_TERMS = 3
 
+_MASK = ", mask: resnorm.dropout_forward(return_mask=True)"
 KERNELS = {"rms": "resnorm.rms_norm_forward / rms_norm_backward",
            "layer": "resnorm.layer_norm_forward / layer_norm_backward",
-           "add-rms": "resnorm.add_rms_norm_forward / add_rms_norm_backward, "
-                      "mask: resnorm.dropout_forward(return_mask=True)",
-           "dropout": "resnorm.dropout_forward / dropout_backward"}
+           "add-rms": "resnorm.add_rms_norm_forward / add_rms_norm_backward" + _MASK,
+           "add-layer": "resnorm.add_layer_norm_forward / add_layer_norm_backward" + _MASK,
+           "add-rms-post": "resnorm.add_rms_norm_post_forward / add_rms_norm_post_backward"
+                           + _MASK,
+           "add-layer-post": "resnorm.add_layer_norm_post_forward / "
+                             "add_layer_norm_post_backward" + _MASK,
+           "dropout": "resnorm.dropout_forward / dropout_backward",
+           "scaled": "resnorm.scaled_residual_forward / scaled_residual_backward",
+           "gated": "resnorm.gated_residual_forward / gated_residual_backward"}
 PHASES = ("input", "forward", "backward")
 
 
@@ -58,6 +65,9 @@ class _Printer:
         """The summands of a reduction step, as text, shortened when there are many."""
         if step.per == "column":
             texts = [self.substitute(step.expr, row, i) for row in range(self.n_rows)]
+        elif step.per == "scalar":
+            texts = [self.substitute(step.expr, row, j) for row in range(self.n_rows)
+                     for j in range(self.d)]
         else:
             texts = [self.substitute(step.expr, r, j) for j in range(self.d)]
         if len(texts) > MAX_TERMS:
@@ -107,6 +117,91 @@ class _Printer:
             value = _num(s.value, self.digits)
         self.lines.append(f"  {s.name} = {value}{note}")
 
+    def label(self, name, per, r, i):
+        """How one value of a gradient is named in a line: dx_3, row 1: dx_3, dw_3, dalpha."""
+        if per == "scalar":
+            return name
+        if per == "column" or self.n_rows == 1:
+            return f"{name}_{i}"
+        return f"row {r}: {name}_{i}"
+
+    def philox(self):
+        m = self.e.philox
+        if m is None:
+            return
+        key = m["key"]
+        self.lines += ["", "dropout mask: element k -> Philox-4x32-10 block counter c and "
+                       "output word w",
+                       f"  key = (seed mod 2^32, seed div 2^32) = ({key[0]}, {key[1]})",
+                       "  c = 16 * floor(k / 64) + k mod 16,  w = floor((k mod 64) / 16),  "
+                       "u_k = word w of philox(key, (c mod 2^32, c div 2^32, 0, 0))"]
+        for k, c, w, block, u in zip(m["k"], m["counter"], m["word"], m["block"], m["u"]):
+            words = ", ".join(str(int(v)) for v in block)
+            self.lines.append(f"    k = {k}: c = {c}, w = {w}: philox(key, ({c & 0xFFFFFFFF}, "
+                              f"{c >> 32}, 0, 0)) = [{words}] -> u = {int(u)}")
+
+    def cache(self):
+        e = self.e
+        if not e.cache:
+            return
+        self.lines += ["", "cache (what forward keeps for backward)"]
+        for name, what in e.cache:
+            self.lines.append(f"  {name}: {what}")
+        self.lines.append(f"  why: {e.cache_why}")
+
+    def gradient_checks(self):
+        e = self.e
+        if not e.gradient_checks:
+            return
+        from .explain import FD_STEP
+        self.lines += ["", "finite differences: an independent check of every gradient "
+                       f"(central differences of the float64 forward kernel, step {FD_STEP:g} "
+                       f"* max(1, |value|), of the loss {e.gradient_loss})"]
+        for c in e.gradient_checks:
+            mark = "ok" if c.agree else "DIFFERENT"
+            self.lines.append(f"  {c.name} (with respect to {c.wrt}): max |kernel - finite "
+                              f"difference| = {c.max_abs_diff:.3g}   (tolerance "
+                              f"{c.tolerance:.3g})  {mark}")
+            per = self.steps[c.name].per
+            for idx in np.ndindex(c.kernel.shape):
+                r, i = (idx + (0, 0))[:2] if per == "element" else (0, idx[0] if idx else 0)
+                label = self.label(c.name, per, r, i)
+                self.lines.append(f"    {label}: kernel {_num(c.kernel[idx], self.digits)}   "
+                                  f"finite difference {_num(c.finite_difference[idx], self.digits)}")
+
+    def jacobians(self):
+        e = self.e
+        if not e.jacobians:
+            return
+        j0 = e.jacobians[0]
+        self.lines += ["", f"Jacobian d{j0.of}/d{j0.wrt} of each row (closed form from the "
+                       f"reference statistics): {j0.formula}"]
+        for j in e.jacobians:
+            prefix = "" if self.n_rows == 1 else f"row {j.row}: "
+            self.lines.append(f"  {prefix}J =")
+            for row in j.closed_form:
+                self.lines.append("    [" + ", ".join(f"{v:>11.{min(self.digits, 6)}g}"
+                                                     for v in row) + "]")
+            mark = "ok" if j.agree else "DIFFERENT"
+            through = "dx" if j.wrt == "x" else "the kernel's gradient through the norm"
+            self.lines.append(f"  {prefix}finite differences of the forward kernel: max |J - "
+                              f"J_fd| = {j.max_abs_diff_fd:.3g};  J^T dy against {through}: "
+                              f"max diff {j.max_abs_diff_backward:.3g}   (tolerance "
+                              f"{j.tolerance:.3g})  {mark}")
+
+    def invariants(self):
+        e = self.e
+        if not e.invariants:
+            return
+        self.lines += ["", "invariants of the gradient through the norm"]
+        for inv in e.invariants:
+            mark = "ok" if inv.agree else "DIFFERENT"
+            self.lines.append(f"  {inv.formula}  -- {inv.note}")
+            for r, (v, x) in enumerate(zip(inv.value, inv.exact)):
+                prefix = "" if self.n_rows == 1 else f"row {r}: "
+                self.lines.append(f"    {prefix}{inv.name} = {v:.3g}   (exact arithmetic: "
+                                  f"{x:.3g})  {mark}")
+
     def checks(self):
         e = self.e
         self.lines.append("kernel vs reference (resnorm.reference, float64 NumPy)")
@@ -117,8 +212,11 @@ class _Printer:
         from .explain import TOLERANCE_ULPS
         self.lines.append(f"  tolerance = {TOLERANCE_ULPS} * eps({e.dtype.name}) * "
                           "max(1, max |reference value|)")
-        verdict = ("AGREE: the kernel outputs match the reference" if e.agree else
-                   "DISAGREE: at least one kernel output differs from the reference")
+        extra = (", every gradient matches finite differences" if e.gradient_checks else "") + \
+            (", the Jacobians and invariants hold" if e.jacobians or e.invariants else "")
+        verdict = (f"AGREE: the kernel outputs match the reference{extra}" if e.agree else
+                   "DISAGREE: at least one kernel output differs from the reference, or a "
+                   "gradient from finite differences, or a Jacobian or invariant fails")
         self.lines.append(f"  verdict: {verdict}")
 
     def render(self):
@@ -137,6 +235,12 @@ class _Printer:
             self.lines.append("inputs" if phase == "input" else phase)
             for s in steps:
                 self.input(s) if phase == "input" else self.step(s)
+            if phase == "input":
+                self.philox()
+        self.cache()
+        self.gradient_checks()
+        self.jacobians()
+        self.invariants()
         self.lines.append("")
         self.checks()
         return "\n".join(self.lines)

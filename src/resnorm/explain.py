@@ -1,51 +1,106 @@
 """Explain mode: one kernel on a small input, step by step, as data and as text.
 
 ``resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])`` runs the compiled kernels
-(forward, and backward when ``dy`` is given) and records every step of the computation.
-Kinds: "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" (h = residual + alpha *
-dropout(x), y = RMSNorm(h): the fused Pre-Norm add) and "dropout" (inverted dropout).
+(forward, and backward when a gradient is given) and records every step of the
+computation.  Kinds: "rms" (RMSNorm), "layer" (LayerNorm), the fused residual add + norm
+"add-rms" and "add-layer" (Pre-Norm: h = residual + alpha * dropout(x), y = norm(h)) and
+"add-rms-post" and "add-layer-post" (Post-Norm: y = norm(residual + alpha * dropout(x))),
+"dropout" (inverted dropout), "scaled" (h = x + alpha * F) and "gated"
+(h = x + sigmoid(g) * F).  alpha is fixed (a real number), a learnable scalar (a 0-d
+array) or learnable per channel (D values: LayerScale); a learnable alpha gets its dalpha.
 
-* the outputs (y, h, rstd, mean, the keep-mask, dx, dresidual, dweight, dbias) are the
-  numbers the compiled kernels returned (``source == "kernel"``);
-* the intermediate values (squares, centred values, the row reductions of backward...)
-  are computed in float64 NumPy exactly as ``resnorm.reference`` computes them, from the
-  inputs and the reference's own row statistics, never from kernel outputs
-  (``source == "reference"``);
-* each kernel output is compared with its ``resnorm.reference`` twin; the result says
-  whether they agree (max |difference| against a tolerance scaled to the dtype).
+* the outputs (y, h, rstd, mean, the keep-mask, and every gradient) are the numbers the
+  compiled kernels returned (``source == "kernel"``);
+* the intermediate values are computed in float64 NumPy exactly as ``resnorm.reference``
+  computes them, from the inputs and the reference's own row statistics, never from kernel
+  outputs (``source == "reference"``);
+* each kernel output is compared with its ``resnorm.reference`` twin (``.checks``);
+* each gradient is also compared with central finite differences of the forward kernel run
+  in float64 (``.gradient_checks``): an independent check, which needs no backward formula;
+* for the norms, with a gradient: the Jacobian dy/dx of each short row in closed form,
+  checked by finite differences (``.jacobians``), and the identities the gradient obeys
+  (``.invariants``: LayerNorm sum dx = 0 and dx . xhat = 0, RMSNorm dx . x = 0, up to eps);
+* what the forward's cache keeps for backward, and why (``.cache``, ``.cache_why``);
+* with dropout: how each element index becomes a Philox counter and output word
+  (``.philox``).
 
-``print(explanation)`` renders the steps element by element (``python -m resnorm explain``
-prints the same text).  The page docs/explain.md walks through an example.
+``print(explanation)`` renders all of it (``python -m resnorm explain`` prints the same
+text).  The page docs/explain.md walks through examples.
 """
+from __future__ import annotations
+
+import dataclasses
 import numbers
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from . import _checks, _explain_steps
+from . import _explain_steps
+from ._docstrings import complete_parameters, parameter_entries
 
-KINDS = ("rms", "layer", "add-rms", "dropout")
+Kind = Literal["rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post",
+               "dropout", "scaled", "gated"]
+KINDS = get_args(Kind)
 KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm",
-               "add-rms": "Residual add + RMSNorm (Pre-Norm)", "dropout": "Inverted dropout"}
-DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5, "add-rms": 1e-6}   # the library's defaults
+               "add-rms": "Residual add + RMSNorm (Pre-Norm)",
+               "add-layer": "Residual add + LayerNorm (Pre-Norm)",
+               "add-rms-post": "Residual add + RMSNorm (Post-Norm)",
+               "add-layer-post": "Residual add + LayerNorm (Post-Norm)",
+               "dropout": "Inverted dropout", "scaled": "Scaled residual",
+               "gated": "Gated residual"}
+DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5, "add-rms": 1e-6, "add-layer": 1e-5,
+               "add-rms-post": 1e-6, "add-layer-post": 1e-5}   # the library's defaults
 
 # Kernel and reference agree when every max |difference| <= TOLERANCE_ULPS * eps(dtype) *
 # max(1, max |reference value|): a few rounding errors per operation on a short row.
 TOLERANCE_ULPS = 128
+# Finite differences: central, step FD_STEP * max(1, |value|), on the float64 forward
+# kernel.  Their error (step^2 truncation, rounding / step) stays far below FD_RELATIVE *
+# max(1, max |gradient|), the tolerance added to the kernel's own rounding tolerance.
+FD_STEP = 1e-5
+FD_RELATIVE = 1e-6
 
 
 @dataclass(frozen=True)
 class Step:
-    """One named value of the computation.
+    """One named value of an explained computation (an element of `Explanation.steps`).
 
-    per: what one value belongs to: "element" (shape (N, D)), "row" (N,), "column" (D,) or
-    "scalar".  source: "input", "reference" (float64 NumPy) or "kernel" (compiled).
-    formula: the general form, e.g. "y_i = x_i * rstd * w_i".  expr: the right-hand side
-    with {operand} slots naming earlier steps (used to print each element with its numbers);
-    for a reduction (reduce = "sum" or "mean") expr is the summand.
+    Parameters
+    ----------
+    name : str
+        The value's name, e.g. ``"rstd"``.
+    value : ndarray
+        The value: shape (N, D) per element, (N,) per row, (D,) per column, or 0-d.
+    per : {"element", "row", "column", "scalar"}
+        What one value belongs to.
+    source : {"input", "reference", "kernel"}
+        Where the value comes from: an input, float64 NumPy (as `resnorm.reference`
+        computes it), or the compiled kernels.
+    phase : {"input", "forward", "backward"}
+        The part of the computation it belongs to.
+    formula : str
+        The general form, e.g. ``"y_i = x_i * rstd * w_i"``.
+    expr : str, default ""
+        The right-hand side with ``{operand}`` slots naming earlier steps (used to print
+        every element with its numbers); for a reduction, the summand.
+    reduce : {"", "sum", "mean"}, default ""
+        The reduction over the row (or over rows, for a column), if any.
+    note : str, default ""
+        A short remark printed with the step.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> step = resnorm.explain("rms", [1, 2, 3, 4]).step("rstd")
+    >>> step.formula, step.per, step.source, step.phase
+    ('rstd = 1 / sqrt(ms + eps)', 'row', 'kernel', 'forward')
+    >>> step.value.round(6), step.note
+    (array([0.365148]), 'cached for backward (float64)')
     """
     name: str
-    value: np.ndarray
+    value: NDArray[Any]
     per: str
     source: str
     phase: str
@@ -57,47 +112,293 @@ class Step:
 
 @dataclass(frozen=True)
 class Check:
-    """A kernel output against its float64 reference twin."""
+    """A kernel output against its float64 `resnorm.reference` twin (in
+    `Explanation.checks`).
+
+    They agree when max_abs_diff <= tolerance, ``TOLERANCE_ULPS * eps(dtype) * max(1,
+    max |reference|)``: a few rounding errors per operation on a short row.
+
+    Parameters
+    ----------
+    name : str
+        The name of the step checked, e.g. ``"y"`` or ``"dx"``.
+    max_abs_diff : float
+        The largest absolute difference between the two sides.
+    tolerance : float
+        The largest difference that counts as agreement.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> check = resnorm.explain("layer", [1, 2, 3, 4]).checks[0]
+    >>> check.name, check.agree, check.max_abs_diff <= check.tolerance
+    ('y', True, True)
+    """
     name: str
     max_abs_diff: float
     tolerance: float
 
     @property
-    def agree(self):
+    def agree(self) -> bool:
+        """True when max_abs_diff <= tolerance."""
         return self.max_abs_diff <= self.tolerance
+
+
+# The record classes below document only their own fields; those of Check are filled in.
+_check_fields = complete_parameters(parameter_entries(Check.__doc__))
+
+
+@_check_fields
+@dataclass(frozen=True)
+class GradientCheck(Check):
+    """A kernel gradient against central finite differences of the float64 forward kernel,
+    element by element (in `Explanation.gradient_checks`).
+
+    The finite differences differentiate the loss `Explanation.gradient_loss`
+    (``sum(dy * y)``, plus ``sum(dh * h)`` where h has a gradient), with the step
+    ``FD_STEP * max(1, |value|)``; no backward formula is involved.
+
+    Parameters
+    ----------
+    tolerance : float
+        The kernel's rounding tolerance (as `Check`'s) plus ``FD_RELATIVE * max(1,
+        max |finite difference|)`` for the error of the differences themselves.
+    wrt : str, default ""
+        The input the gradient belongs to, e.g. ``"x"`` for dx.
+    kernel : ndarray, optional
+        The kernel's gradient (float64).
+    finite_difference : ndarray, optional
+        Its finite-difference twin, the same shape.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1.0, 2.0, 3.0], weight=[1.0, 0.5, 2.0], dy=[1.0, 0.0, 0.0])
+    >>> [(c.name, c.wrt, c.agree) for c in e.gradient_checks]
+    [('dx', 'x', True), ('dw', 'w', True)]
+    >>> c = e.gradient_checks[0]
+    >>> bool(abs(c.kernel - c.finite_difference).max() < 1e-8)
+    True
+    """
+    wrt: str = ""
+    kernel: NDArray[np.float64] | None = None
+    finite_difference: NDArray[np.float64] | None = None
+
+
+@_check_fields
+@dataclass(frozen=True)
+class Jacobian(Check):
+    """The Jacobian of one row of a norm (in `Explanation.jacobians`): d y / d v with
+    v = x, or h for the fused kinds.
+
+    The closed form, from the reference's row statistics, is checked two ways: against
+    its finite-difference twin (central differences of the forward kernel in float64),
+    and, as ``J^T dy``, against the kernel's gradient through the norm.
+
+    Parameters
+    ----------
+    name : str
+        ``"J row r"``.
+    max_abs_diff : float
+        The larger of max_abs_diff_fd and max_abs_diff_backward.
+    tolerance : float
+        ``FD_RELATIVE * max(1, max |J|)`` plus the kernel's rounding tolerance.
+    row : int, default 0
+        The row r.
+    of : str, default "y"
+        The output differentiated.
+    wrt : str, default "x"
+        The value it is differentiated by: ``"x"``, or ``"h"`` for the fused kinds.
+    formula : str, default ""
+        The closed form of element (i, j).
+    closed_form : ndarray, optional
+        J, shape (D, D), ``J[i, j] = d y_i / d v_j``.
+    max_abs_diff_fd : float, default 0.0
+        max |J - its finite-difference twin|.
+    max_abs_diff_backward : float, default 0.0
+        max |J^T dy - the kernel's gradient through the norm|.
+
+    Examples
+    --------
+    >>> import numpy as np, resnorm
+    >>> e = resnorm.explain("layer", [1.0, 2.0, 6.0], dy=[1.0, 0.0, 0.0])
+    >>> j = e.jacobians[0]
+    >>> j.name, j.formula
+    ('J row 0', 'J_ij = w_i * rstd * ([i == j] - 1/D - xhat_i * xhat_j / D)')
+    >>> bool(np.allclose(j.closed_form.sum(axis=1), 0)), j.agree   # a shift of x: no change
+    (True, True)
+    """
+    row: int = 0
+    of: str = "y"
+    wrt: str = "x"
+    formula: str = ""
+    closed_form: NDArray[np.float64] | None = None
+    max_abs_diff_fd: float = 0.0
+    max_abs_diff_backward: float = 0.0
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """An identity the gradient of a norm obeys, per row (in `Explanation.invariants`):
+    the kernel's value against the value exact arithmetic gives (0, or a term
+    proportional to eps).
+
+    Parameters
+    ----------
+    name : str
+        E.g. ``"sum dx"``.
+    formula : str
+        What is computed per row, e.g. ``"sum_i dx_i"``.
+    value : ndarray
+        Its value from the kernel's gradient, one per row (float64).
+    exact : ndarray
+        The value exact arithmetic gives, the same shape.
+    note : str
+        Why the identity holds.
+    tolerance : float
+        The largest difference that counts as agreement (the kernel's rounding
+        tolerance, as `Check`'s).
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("layer", [1.0, 2.0, 6.0], dy=[1.0, 0.0, 0.0])
+    >>> inv = e.invariants[0]
+    >>> inv.formula, inv.exact, inv.agree
+    ('sum_i dx_i', array([0.]), True)
+    >>> inv.note
+    'exact: 0; y does not change when a constant is added to x'
+    """
+    name: str
+    formula: str
+    value: NDArray[np.float64]
+    exact: NDArray[np.float64]
+    note: str
+    tolerance: float
+
+    @property
+    def agree(self) -> bool:
+        """True when every row's value is within tolerance of the exact value."""
+        return bool(np.all(np.abs(self.value - self.exact) <= self.tolerance))
 
 
 @dataclass(frozen=True)
 class Explanation:
+    """Every step of one explained computation and its checks, as `explain` returns it.
+
+    ``e[name]`` is the value of the step called name; ``print(e)`` renders every step
+    element by element and every check (the text of ``python -m resnorm explain``).
+
+    Parameters
+    ----------
+    kind : str
+        What was explained: one of `resnorm.explain.KINDS`.
+    dtype : numpy.dtype
+        float32 or float64: the dtype the kernels ran in.
+    eps : float or None
+        The norm's eps (None for "dropout", "scaled" and "gated").
+    steps : tuple of Step
+        Inputs, reference intermediates and kernel outputs, in computation order.
+    checks : tuple of Check
+        Every kernel output against its reference twin.
+    gradient_checks : tuple of GradientCheck, default ()
+        Every gradient against finite differences (with a gradient given).
+    jacobians : tuple of Jacobian, default ()
+        The norm's Jacobian of each row (the norm kinds, with a gradient given).
+    invariants : tuple of Invariant, default ()
+        The identities the norm's gradient obeys (the norm kinds, with a gradient given).
+    cache : tuple of (str, str), default ()
+        (field, what it holds) of the forward's cache.
+    cache_why : str, default ""
+        Why the cache holds what it holds.
+    philox : dict or None, default None
+        With dropout: the element index k, Philox counter, output word, key, block and
+        uniform u of every element.
+    gradient_loss : str, default ""
+        The scalar the finite differences differentiate, e.g. ``"sum(dy * y)"``.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])
+    >>> e.names
+    ['x', 'eps', 'D', 'dy', 'squares', 'sum_sq', 'ms', 'rstd', 'xn', 'y', 'g', 'g_xn', 'm', 'dx']
+    >>> e["rstd"]
+    array([0.36514835])
+    >>> e.agree, e.gradient_loss, [i.name for i in e.invariants]
+    (True, 'sum(dy * y)', ['dx . x'])
+    >>> str(e).splitlines()[0]
+    'RMSNorm (float64), 1 row of D = 4, eps = 1e-06'
+    """
     kind: str
     dtype: np.dtype
-    eps: float | None           # None for dropout
-    steps: tuple
-    checks: tuple
+    eps: float | None
+    steps: tuple[Step, ...]
+    checks: tuple[Check, ...]
+    gradient_checks: tuple[GradientCheck, ...] = ()
+    jacobians: tuple[Jacobian, ...] = ()
+    invariants: tuple[Invariant, ...] = ()
+    cache: tuple[tuple[str, str], ...] = ()
+    cache_why: str = ""
+    philox: dict[str, Any] | None = None
+    gradient_loss: str = ""
 
     @property
-    def agree(self):
-        """True when every kernel output matches the reference within tolerance."""
-        return all(c.agree for c in self.checks)
+    def agree(self) -> bool:
+        """True when every kernel output matches the reference, every gradient matches
+        finite differences, and every Jacobian and invariant holds, within tolerance."""
+        return all(c.agree for c in (*self.checks, *self.gradient_checks, *self.jacobians,
+                                     *self.invariants))
 
     @property
-    def names(self):
+    def names(self) -> list[str]:
+        """The names of the steps, in order."""
         return [s.name for s in self.steps]
 
-    def step(self, name):
+    def step(self, name: str) -> Step:
+        """The step called name.
+
+        Parameters
+        ----------
+        name : str
+            One of `names`.
+
+        Returns
+        -------
+        Step
+            The step.
+
+        Raises
+        ------
+        KeyError
+            If there is no step of that name (the message lists the names).
+        """
         for s in self.steps:
             if s.name == name:
                 return s
         raise KeyError(f"no step named {name!r}; steps are {self.names}")
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> NDArray[Any]:
         return self.step(name).value
 
-    def render(self, digits=None):
+    def render(self, digits: int | None = None) -> str:
+        """The explanation as text: every step, element by element, with its numbers, then
+        the cache and every check with its verdict.
+
+        Parameters
+        ----------
+        digits : int, optional
+            Significant digits of the numbers (default 8 for float32, 10 for float64).
+
+        Returns
+        -------
+        str
+            The text ``print(e)`` shows.
+        """
         from ._explain_text import render
         return render(self, digits)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.render()
 
 
@@ -107,6 +408,7 @@ class _Trace:
     """Collects steps; writes each formula from the kinds of the operands it names."""
 
     SYMBOL = {"element": "{}_i", "column": "{}_i", "row": "{}", "scalar": "{}"}
+    OVER = {"column": "rows", "row": "i", "element": "i", "scalar": "rows,i"}
 
     def __init__(self):
         self.steps = []
@@ -117,8 +419,7 @@ class _Trace:
         self.per[name] = per
         rhs = self.symbolic(expr)
         if reduce:
-            over = "rows" if per == "column" else "i"
-            rhs = f"{reduce}_{over} {rhs}"
+            rhs = f"{reduce}_{self.OVER[per]} {rhs}"
         lhs = self.SYMBOL[per].format(name)
         formula = f"{lhs} = {rhs}" if rhs else lhs
         self.steps.append(Step(name, np.asarray(value), per, source, phase, formula, expr,
@@ -128,28 +429,42 @@ class _Trace:
         return expr.format(**{n: self.SYMBOL[p].format(n) for n, p in self.per.items()})
 
 
+_FUSED = {"residual", "weight", "eps", "alpha", "p", "seed", "training"}
 # The arguments each kind takes besides x, dy and dtype (anything else must stay None).
 ARGUMENTS = {"rms": {"weight", "eps"}, "layer": {"weight", "bias", "eps"},
-             "add-rms": {"residual", "weight", "eps", "alpha", "p", "seed", "training", "dh"},
-             "dropout": {"p", "seed", "training"}}
+             "add-rms": _FUSED | {"dh"}, "add-layer": _FUSED | {"bias", "dh"},
+             "add-rms-post": _FUSED, "add-layer-post": _FUSED | {"bias"},
+             "dropout": {"p", "seed", "training"}, "scaled": {"F", "alpha", "dh"},
+             "gated": {"F", "g", "dh"}}
+REQUIRED = {"add-rms": ("residual", "the stream x is added to"),
+            "add-layer": ("residual", "the stream x is added to"),
+            "add-rms-post": ("residual", "the stream x is added to"),
+            "add-layer-post": ("residual", "the stream x is added to"),
+            "dropout": ("p", "the drop probability"),
+            "scaled": ("F", "the branch output added to x"),
+            "gated": ("F", "the branch output added to x")}
+OUTPUT_GRADIENT = {"scaled": "dh", "gated": "dh"}    # kinds whose output is h, not y
 
 
 @dataclass(frozen=True)
-class Inputs:
-    """Checked inputs: arrays as 2-D rows (N, D) of one float dtype, scalars resolved."""
+class _Inputs:
+    """Arrays as 2-D rows (N, D) of one float dtype; scalars as given (the library's
+    functions check them when the builder calls them)."""
     kind: str
     dtype: np.dtype
     x: np.ndarray
     residual: np.ndarray | None
     weight: np.ndarray | None
     bias: np.ndarray | None
+    F: np.ndarray | None
+    g: np.ndarray | None
     dy: np.ndarray | None
     dh: np.ndarray | None
-    eps: float | None
-    alpha: float
-    p: float
-    seed: int
-    training: bool
+    eps: object
+    alpha: object               # a real number (fixed) or an array of dtype (learnable)
+    p: object
+    seed: object
+    training: object
 
 
 def _as_float(a, name, dtype):
@@ -162,6 +477,17 @@ def _as_float(a, name, dtype):
     return arr.astype(dtype, copy=False)
 
 
+def _alpha(alpha, dtype):
+    if alpha is None:
+        return 1.0
+    if isinstance(alpha, (list, tuple, np.ndarray)):
+        return _as_float(alpha, "alpha", dtype)
+    if isinstance(alpha, (bool, np.bool_)) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a real number (fixed), a 0-d array (learnable scalar) "
+                        f"or D values (learnable per channel), got {type(alpha).__name__}")
+    return float(alpha)
+
+
 def _inputs(kind, x, dy, dtype, given):
     if not isinstance(kind, str):
         raise TypeError(f"kind must be a str, one of {KINDS}, got {type(kind).__name__}")
@@ -169,81 +495,258 @@ def _inputs(kind, x, dy, dtype, given):
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     for name, value in given.items():
         if value is not None and name not in ARGUMENTS[kind]:
-            users = [k for k in KINDS if name in ARGUMENTS[k]]
-            raise ValueError(f"{name} is used only with kind {' or '.join(map(repr, users))}, "
-                             f"not with kind={kind!r}")
+            users = [repr(k) for k in KINDS if name in ARGUMENTS[k]]
+            listed = users[0] if len(users) == 1 else f"{', '.join(users[:-1])} or {users[-1]}"
+            raise ValueError(f"{name} is used only with kind {listed}, not with kind={kind!r}")
+    if kind in OUTPUT_GRADIENT and dy is not None:
+        raise ValueError(f"kind={kind!r} outputs h: give its gradient as dh, not dy")
+    if kind in REQUIRED and given[REQUIRED[kind][0]] is None:
+        name, what = REQUIRED[kind]
+        raise ValueError(f"kind={kind!r} needs {name} ({what})")
+    if kind == "gated" and given["g"] is None:
+        raise ValueError("kind='gated' needs g (the gate logits)")
+    if kind == "scaled" and given["alpha"] is None:
+        raise ValueError("kind='scaled' needs alpha (the residual scale)")
+    if given.get("dh") is not None and dy is None and kind not in OUTPUT_GRADIENT:
+        raise ValueError("dh (the gradient along the residual stream) needs dy as well")
     if dtype is None:
         dtype = x.dtype if isinstance(x, np.ndarray) and x.dtype.kind == "f" else np.float64
-    dtype = np.dtype(dtype)
-    if dtype not in _checks.FLOAT_DTYPES:
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-    x = _checks.float_array(_as_float(x, "x", dtype), "x")
-    if x.ndim > 2:
+    x = _as_float(x, "x", dtype)
+    if x.ndim == 0 or x.ndim > 2:
         raise ValueError(f"x must be one row (D,) or a few rows (N, D), got shape {x.shape}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last axis, got shape {x.shape}")
+    d = x.shape[-1]
 
     def partner(a, name):
-        """An array of x's shape (residual, dy, dh), as rows."""
+        """An array of x's shape (residual, F, dy, dh), as rows."""
         a = _as_float(a, name, dtype)
         if a is None:
             return None
-        return _checks.like_array(a, name, x.shape, dtype).reshape(-1, x.shape[-1])
+        if a.shape != x.shape:
+            raise ValueError(f"{name} must have shape {x.shape}, got {a.shape}")
+        return a.reshape(-1, d)
 
-    if kind == "add-rms" and given["residual"] is None:
-        raise ValueError("kind='add-rms' needs residual (the stream x is added to)")
-    if kind == "dropout" and given["p"] is None:
-        raise ValueError("kind='dropout' needs p (the drop probability)")
-    if given["dh"] is not None and dy is None:
-        raise ValueError("dh (the gradient along the residual stream) needs dy as well")
-    alpha = 1.0 if given["alpha"] is None else given["alpha"]
-    if isinstance(alpha, (bool, np.bool_, np.ndarray)) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"alpha must be a real number (explain shows a fixed alpha), "
-                        f"got {type(alpha).__name__}")
-    return Inputs(
-        kind=kind, dtype=dtype, x=x.reshape(-1, x.shape[-1]),
+    g = _as_float(given["g"], "g", dtype)
+    if g is not None and g.shape not in (x.shape, (d,)):
+        raise ValueError(f"g must have the shape of x {x.shape} (one gate per element) or "
+                         f"({d},) (per channel), got {g.shape}")
+    if g is not None and g.shape != (d,):
+        g = g.reshape(-1, d)
+    eps = given["eps"]
+    return _Inputs(
+        kind=kind, dtype=dtype, x=x.reshape(-1, d),
         residual=partner(given["residual"], "residual"),
         weight=_as_float(given["weight"], "weight", dtype),
         bias=_as_float(given["bias"], "bias", dtype),
+        F=partner(given["F"], "F"), g=g,
         dy=partner(dy, "dy"), dh=partner(given["dh"], "dh"),
-        eps=None if kind == "dropout" else (DEFAULT_EPS[kind] if given["eps"] is None
-                                            else _checks.eps_value(given["eps"])),
-        alpha=float(alpha),
-        p=0.0 if given["p"] is None else _checks.probability(given["p"]),
-        seed=0 if given["seed"] is None else _checks.seed_value(given["seed"]),
-        training=True if given["training"] is None else _checks.flag(given["training"], "training"))
+        eps=DEFAULT_EPS.get(kind) if eps is None else eps,
+        alpha=_alpha(given["alpha"], dtype),
+        p=0.0 if given["p"] is None else given["p"],
+        seed=0 if given["seed"] is None else given["seed"],
+        training=True if given["training"] is None else given["training"])
+
+
+def _tolerance(reference_value, dtype):
+    scale = max(1.0, float(np.max(np.abs(reference_value), initial=0.0)))
+    return TOLERANCE_ULPS * float(np.finfo(dtype).eps) * scale
 
 
 def _check(name, kernel_value, reference_value, dtype):
     ref = np.asarray(reference_value, dtype=np.float64)
     diff = float(np.max(np.abs(np.asarray(kernel_value, dtype=np.float64) - ref)))
-    scale = max(1.0, float(np.max(np.abs(ref))))
-    return Check(name, diff, TOLERANCE_ULPS * float(np.finfo(dtype).eps) * scale)
+    return Check(name, diff, _tolerance(ref, dtype))
 
 
-def explain(kind, x, weight=None, bias=None, eps=None, dy=None, *, dtype=None, residual=None,
-            dh=None, alpha=None, p=None, seed=None, training=None):
+def _loss(built, values):
+    out = built.forward64(values)
+    return sum(float(np.sum(built.upstream[k] * out[k])) for k in built.upstream)
+
+
+def _finite_difference(built, wrt):
+    """d loss / d values[wrt], element by element, by central differences."""
+    base = built.inputs64[wrt]
+    grad = np.empty(np.shape(base))
+    for idx in np.ndindex(grad.shape):
+        step = FD_STEP * max(1.0, abs(float(base[idx])))
+        sides = []
+        for sign in (1.0, -1.0):
+            moved = np.array(base, dtype=np.float64, copy=True)
+            moved[idx] += sign * step
+            sides.append(_loss(built, {**built.inputs64, wrt: moved}))
+        grad[idx] = (sides[0] - sides[1]) / (2 * step)
+    return grad
+
+
+def _gradient_checks(built, dtype):
+    checks = []
+    for name, wrt, kernel in built.gradients:
+        fd = _finite_difference(built, wrt)
+        k = np.asarray(kernel, dtype=np.float64).reshape(fd.shape)
+        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(fd), initial=0.0))) + \
+            _tolerance(fd, dtype)
+        checks.append(GradientCheck(name, float(np.max(np.abs(k - fd))), tol, wrt, k, fd))
+    return tuple(checks)
+
+
+def _jacobians(built, dtype):
+    jac = built.jacobian
+    if jac is None:
+        return ()
+    out = []
+    for r, (closed, v) in enumerate(zip(jac["closed"], jac["rows"])):
+        d = len(v)
+        fd = np.empty((d, d))
+        for j in range(d):
+            step = FD_STEP * max(1.0, abs(v[j]))
+            hi, lo = v.copy(), v.copy()
+            hi[j] += step
+            lo[j] -= step
+            fd[:, j] = (jac["norm_row"](hi[None]) - jac["norm_row"](lo[None]))[0] / (2 * step)
+        backward = jac["dy"][r] @ closed
+        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(closed)))) + _tolerance(closed, dtype)
+        diff_fd = float(np.max(np.abs(fd - closed)))
+        diff_backward = float(np.max(np.abs(backward - jac["through_norm"][r])))
+        out.append(Jacobian(f"J row {r}", max(diff_fd, diff_backward), tol, r, jac["of"],
+                            jac["wrt"], jac["formula"], closed, diff_fd, diff_backward))
+    return tuple(out)
+
+
+def _invariants(built, dtype):
+    out = []
+    for name, formula, value, exact, note, scale in built.invariants:
+        out.append(Invariant(name, formula, np.asarray(value, dtype=np.float64),
+                             np.asarray(exact, dtype=np.float64), note,
+                             _tolerance(scale, dtype)))
+    return tuple(out)
+
+
+def _describe(value, arrays):
+    """What a cache field holds: an array's shape, dtype and whether it is one of the
+    named arrays (kept by reference), a nested record's fields, or a plain value."""
+    if isinstance(value, np.ndarray):
+        refs = [n for n, a in arrays.items()
+                if isinstance(a, np.ndarray) and a.size and np.shares_memory(value, a)]
+        where = f"a reference to {refs[0]}" if refs else "its own array"
+        return f"{value.dtype.name} array of shape {value.shape}, {where}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = [f"{f.name}: {_describe(getattr(value, f.name), arrays)}"
+                 for f in dataclasses.fields(value) if getattr(value, f.name) is not None]
+        return "(" + "; ".join(parts) + ")"
+    if isinstance(value, np.dtype):
+        return value.name
+    return repr(value)
+
+
+def _cache(built):
+    if built.cache is None:
+        return ()
+    return tuple((f.name, _describe(getattr(built.cache, f.name), built.cache_arrays))
+                 for f in dataclasses.fields(built.cache)
+                 if getattr(built.cache, f.name) is not None)
+
+
+def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
+            bias: ArrayLike | None = None, eps: float | None = None, dy: ArrayLike | None = None,
+            *, dtype: DTypeLike | None = None, residual: ArrayLike | None = None,
+            dh: ArrayLike | None = None, alpha: float | ArrayLike | None = None,
+            p: float | None = None, seed: int | None = None, training: bool | None = None,
+            F: ArrayLike | None = None, g: ArrayLike | None = None) -> Explanation:
     """Runs one kernel on a small input and returns every step of its computation.
 
-    kind: "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" (h = residual + alpha *
-    dropout(x), y = RMSNorm(h): the fused Pre-Norm add) or "dropout" (inverted dropout).
-    x: one row (D,) or a few rows (N, D) of real numbers.  weight, bias: (D,) or None
-    (bias only for "layer"; neither for "dropout").  eps: None for the library default
-    (1e-6 for RMSNorm, 1e-5 for LayerNorm).  dy: gradient of y (x's shape) to explain
-    backward too.  dtype: float32 or float64 (None: x's float dtype, else float64); every
-    input is converted to it.
-    add-rms only: residual (x's shape, required), alpha (a real number, default 1), dh (the
-    gradient arriving along the stream h; None: 0).  add-rms and dropout: p (drop
-    probability; required for "dropout", default 0 for "add-rms"), seed (default 0),
-    training (default True; False: dropout is the identity).
+    Parameters
+    ----------
+    kind : {"rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post", \
+"dropout", "scaled", "gated"}
+        "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" / "add-layer" (Pre-Norm:
+        h = residual + alpha * dropout(x), y = norm(h)), "add-rms-post" / "add-layer-post"
+        (Post-Norm: y = norm(residual + alpha * dropout(x))), "dropout" (inverted
+        dropout), "scaled" (h = x + alpha * F) or "gated" (h = x + sigmoid(g) * F).
+    x : array_like
+        One row (D,) or a few rows (N, D) of real numbers (for "scaled" and "gated": the
+        residual stream; for the fused kinds: the branch output added to it).
+    weight, bias : array_like of shape (D,), optional
+        The norm's gain and bias (bias only for the LayerNorm kinds).
+    eps : float, optional
+        None for the library default (1e-6 for RMSNorm, 1e-5 for LayerNorm).
+    dy : array_like, optional
+        Gradient of y (x's shape): explains backward too (not for "scaled" and "gated",
+        whose output is h: give dh).
+    dtype : {"float32", "float64"}, optional
+        Every input is converted to it; None: x's float dtype, else float64.
+    residual : array_like, optional
+        The fused kinds (required): the stream x is added to.
+    dh : array_like, optional
+        Pre-Norm fused kinds: the gradient arriving along the stream h (None: 0).
+        "scaled" and "gated": the gradient of the output h (explains backward).
+    alpha : float or array_like, optional
+        Fused kinds and "scaled" (required there): a real number is a fixed scale; a 0-d
+        array a learnable scalar; D values a learnable per-channel scale (LayerScale).
+        Learnable scales get dalpha.  Default 1 for the fused kinds.
+    p : float, optional
+        Fused kinds and "dropout": the drop probability of x (required for "dropout";
+        default 0).
+    seed : int, optional
+        Fused kinds and "dropout": the mask seed, in [0, 2**64) (default 0).
+    training : bool, optional
+        Fused kinds and "dropout": default True; False: dropout is the identity.
+    F : array_like, optional
+        "scaled" and "gated" (required): the branch output, x's shape.
+    g : array_like, optional
+        "gated" (required): gate logits, x's shape or (D,) (per channel).
 
-    Returns an Explanation: ``.steps`` (named values: inputs, reference intermediates,
-    kernel outputs), ``.checks`` (kernel vs resnorm.reference, max |difference|) and
-    ``.agree``; ``e["rstd"]`` gives a step's value; ``print(e)`` renders it.  Values are
-    per row: an (N, D) array per element, (N,) per row statistic, even for one row.
+    Returns
+    -------
+    Explanation
+        ``.steps`` (inputs, reference intermediates, kernel outputs), ``.checks`` (kernel
+        vs resnorm.reference), ``.gradient_checks`` (kernel gradients vs finite
+        differences), ``.jacobians``, ``.invariants``, ``.cache`` / ``.cache_why``,
+        ``.philox`` and ``.agree``; ``e["rstd"]`` gives a step's value; ``print(e)``
+        renders it.  Values are per row: an (N, D) array per element, (N,) per row
+        statistic, even for one row.
+
+    Raises
+    ------
+    TypeError
+        For an argument of the wrong type (kind, x, alpha, dtype, ...).
+    ValueError
+        For a wrong value or shape, an argument the kind does not take, or a missing one.
+
+    Examples
+    --------
+    >>> import resnorm
+    >>> e = resnorm.explain("rms", [1.0, 2.0, 3.0, 4.0], dy=[1.0, 0.0, 0.0, 0.0])
+    >>> float(e["ms"][0]), e.agree
+    (7.5, True)
+    >>> [c.name for c in e.gradient_checks]
+    ['dx']
+
+    A learnable residual scale (a 0-d alpha) gets its gradient, checked like every other:
+
+    >>> import numpy as np
+    >>> s = resnorm.explain("scaled", [1.0, 2.0], F=[3.0, 4.0], alpha=np.array(0.5),
+    ...                     dh=[1.0, 1.0])
+    >>> s["h"], s["dalpha"], [c.name for c in s.gradient_checks], s.agree
+    (array([[2.5, 4. ]]), array(7.), ['dx', 'dF', 'dalpha'], True)
     """
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
-             "alpha": alpha, "p": p, "seed": seed, "training": training}
+             "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}
     inp = _inputs(kind, x, dy, dtype, given)
     t = _Trace()
-    comparisons = _explain_steps.BUILDERS[kind](t, inp)
-    checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in comparisons)
-    return Explanation(kind, inp.dtype, inp.eps, tuple(t.steps), checks)
+    built = _explain_steps.BUILDERS[kind](t, inp)
+    checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in built.comparisons)
+    backward = bool(built.gradients)
+    return Explanation(
+        kind, inp.dtype, None if inp.eps is None else float(inp.eps), tuple(t.steps), checks,
+        gradient_checks=_gradient_checks(built, inp.dtype) if backward else (),
+        jacobians=_jacobians(built, inp.dtype) if backward else (),
+        invariants=_invariants(built, inp.dtype) if backward else (),
+        cache=_cache(built), cache_why=built.cache_why, philox=built.philox,
+        gradient_loss=" + ".join(f"sum(d{k} * {k})" for k in built.upstream))

@@ -18,6 +18,11 @@ layer)): the same seed gives the same mask for every array of the same size.
 
 Each function is one call into the compiled call path (resnorm._api).
 """
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
 from . import _api
 from ._api import DropoutCache, DropoutSpec, dropout_spec, valid_spec
 
@@ -25,7 +30,9 @@ __all__ = ["DropoutCache", "DropoutSpec", "dropout", "dropout_backward", "dropou
            "dropout_spec", "valid_spec"]
 
 
-def dropout_forward(x, p, *, seed, training=True, out=None, n_threads=None, return_mask=False):
+def dropout_forward(x: ArrayLike, p: float, *, seed: int, training: bool = True,
+                    out: NDArray[np.floating] | None = None, n_threads: int | None = None,
+                    return_mask: bool = False) -> tuple[NDArray[np.floating], DropoutCache]:
     """Inverted dropout, keeping what backward needs (the site, never the mask).
 
     ``y = x * keep / (1 - p)`` in training, with ``keep_k = [uniform(seed, k) >=
@@ -71,7 +78,9 @@ def dropout_forward(x, p, *, seed, training=True, out=None, n_threads=None, retu
     return _api.dropout_forward(x, p, seed, training, out, n_threads, return_mask)
 
 
-def dropout(x, p, *, seed, training=True, out=None, n_threads=None):
+def dropout(x: ArrayLike, p: float, *, seed: int, training: bool = True,
+            out: NDArray[np.floating] | None = None,
+            n_threads: int | None = None) -> NDArray[np.floating]:
     """Inverted dropout: ``y = x * keep / (1 - p)`` in training, ``y = x`` in eval.
 
     The inference form of :func:`dropout_forward` (same arguments, no cache).
@@ -103,7 +112,9 @@ def dropout(x, p, *, seed, training=True, out=None, n_threads=None):
     return _api.dropout(x, p, seed, training, out, n_threads)
 
 
-def dropout_backward(dy, cache, *, out=None, n_threads=None):
+def dropout_backward(dy: ArrayLike, cache: DropoutCache, *,
+                     out: NDArray[np.floating] | None = None,
+                     n_threads: int | None = None) -> NDArray[np.floating]:
     """Gradient of :func:`dropout_forward`: ``dx = dy * keep / (1 - p)``, the same mask,
     regenerated from (seed, k).
 

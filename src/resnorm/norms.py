@@ -10,13 +10,22 @@ The cache holds the input rows (a reference, not a copy, when the input was alre
 C-contiguous: do not modify x between forward and backward) and the row statistics in
 float64 (RMSNorm: rstd; LayerNorm: mean and rstd).  Everything else is recomputed.
 
-Inputs of any rank (..., D) are normalised over the last axis.  Non-contiguous (or
-misaligned) inputs are copied once into a contiguous buffer; contiguous inputs are read
-in place.  Inputs are never modified, unless ``out`` is the input itself.
+Inputs of any rank (..., D) are normalised over the last axis, or with
+``normalized_shape`` (as in torch) over several trailing axes together: for x of shape
+(..., 5, 64) and ``normalized_shape=(5, 64)`` each row is those 320 elements, and weight
+and bias have shape (5, 64).  ``zero_centered_weight=True`` applies ``1 + weight``
+instead of ``weight`` (Gemma's RMSNorm: a weight initialised at 0 is the identity gain).
+Non-contiguous (or misaligned) inputs are copied once into a contiguous buffer; contiguous
+inputs are read in place.  Inputs are never modified, unless ``out`` is the input itself.
 
 Each function is one call into the compiled call path (resnorm._api), which checks the
 arguments (docs/input-checks.md), picks threads and output buffers, and runs the kernel.
 """
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
 from . import _api
 from ._api import LayerNormCache, RMSNormCache
 
@@ -26,7 +35,11 @@ __all__ = ["LayerNormCache", "RMSNormCache", "layer_norm", "layer_norm_backward"
 
 # --------------------------------------------------------------------------- RMSNorm
 
-def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
+def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *,
+                     normalized_shape: int | tuple[int, ...] | None = None,
+                     zero_centered_weight: bool = False,
+                     out: NDArray[np.floating] | None = None,
+                     n_threads: int | None = None) -> tuple[NDArray[np.floating], RMSNormCache]:
     """RMSNorm over the last axis, keeping what backward needs.
 
     ``y = x * rstd * w``, ``rstd = 1 / sqrt(mean(x**2) + eps)`` per row.
@@ -39,6 +52,12 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
         The per-channel gain ``w``, of x's dtype; None means 1.
     eps : float, default 1e-6
         Added to the mean square; finite and at least the dtype's smallest normal number.
+    normalized_shape : int or tuple of int, optional
+        The normalised trailing axes of x, as in torch (e.g. ``(5, 64)`` for x of shape
+        (..., 5, 64)); None: the last axis.  weight (and bias) then have this shape.
+    zero_centered_weight : bool, default False
+        Apply ``1 + weight`` (rounded once in x's dtype) instead of ``weight``: the weight
+        is then a deviation from the identity gain, initialised at 0 (Gemma's RMSNorm).
     out : ndarray, optional
         Buffer for y (x's shape and dtype); it must share no memory with x or weight.
     n_threads : int, optional
@@ -50,7 +69,8 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     y : ndarray
         The normalised rows, x's shape and dtype (``out`` when given).
     cache : RMSNormCache
-        What :func:`rms_norm_backward` needs: x's rows (by reference) and rstd (float64).
+        What :func:`rms_norm_backward` needs: x's rows (by reference), rstd (float64, one
+        per row) and the gain applied.
 
     Raises
     ------
@@ -68,10 +88,15 @@ def rms_norm_forward(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     >>> y.round(4), cache.rstd.round(4)
     (array([[0.8485, 1.1314]]), array([0.2828]))
     """
-    return _api.rms_norm_forward(x, weight, eps, out, n_threads)
+    return _api.rms_norm_forward(x, weight, eps, normalized_shape, zero_centered_weight, out,
+                                 n_threads)
 
 
-def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
+def rms_norm(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *,
+             normalized_shape: int | tuple[int, ...] | None = None,
+             zero_centered_weight: bool = False,
+             out: NDArray[np.floating] | None = None,
+             n_threads: int | None = None) -> NDArray[np.floating]:
     """RMSNorm over the last axis: ``y = x * rstd * w``, ``rstd = 1/sqrt(mean(x**2) + eps)``.
 
     The inference form of :func:`rms_norm_forward` (same arguments; no cache), and
@@ -80,8 +105,11 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     Parameters
     ----------
     x : array_like of float32 or float64, shape (..., D)
-    weight : ndarray, shape (D,), optional
+    weight : ndarray, shape (D,) (or normalized_shape), optional
     eps : float, default 1e-6
+    normalized_shape : int or tuple of int, optional
+    zero_centered_weight : bool, default False
+        As in :func:`rms_norm_forward`.
     out : ndarray, optional
         Buffer for y; it may be x itself.
     n_threads : int, optional
@@ -102,11 +130,19 @@ def rms_norm(x, weight=None, eps=1e-6, *, out=None, n_threads=None):
     >>> x = np.array([[1.0, -1.0, 1.0, -1.0]], np.float32)
     >>> resnorm.rms_norm(x, eps=1e-6)
     array([[ 0.9999995, -0.9999995,  0.9999995, -0.9999995]], dtype=float32)
+
+    A zero-centred weight (Gemma) applies 1 + w:
+
+    >>> resnorm.rms_norm(x, np.full(4, 0.5, np.float32), zero_centered_weight=True)
+    array([[ 1.4999993, -1.4999993,  1.4999993, -1.4999993]], dtype=float32)
     """
-    return _api.rms_norm(x, weight, eps, out, n_threads)
+    return _api.rms_norm(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads)
 
 
-def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
+def rms_norm_backward(dy: ArrayLike, cache: RMSNormCache, *,
+                      out: NDArray[np.floating] | None = None,
+                      n_threads: int | None = None
+                      ) -> tuple[NDArray[np.floating], NDArray[np.floating] | None]:
     """Gradients of :func:`rms_norm_forward`.
 
     With ``g = dy * w`` and ``xn = x * rstd``: ``dx = rstd * (g - xn * m)``,
@@ -126,7 +162,8 @@ def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
     -------
     dx : ndarray
     dweight : ndarray or None
-        None when forward had no weight.
+        Of the weight's shape; None when forward had no weight.  For a zero-centred weight
+        this is the gradient of the weight itself (the same sums: 1 + w has w's gradient).
 
     Raises
     ------
@@ -140,13 +177,26 @@ def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
     >>> dx, dw = resnorm.rms_norm_backward(np.ones((1, 2)), cache)
     >>> dx.round(4), dw.round(4)
     (array([[ 0.0453, -0.0339]]), array([0.8485, 1.1314]))
+
+    With ``normalized_shape``, dweight has the weight's shape:
+
+    >>> y, cache = resnorm.rms_norm_forward(np.ones((2, 2, 3)), np.zeros((2, 3)),
+    ...                                     normalized_shape=(2, 3), zero_centered_weight=True)
+    >>> resnorm.rms_norm_backward(np.ones((2, 2, 3)), cache)[1].shape
+    (2, 3)
     """
     return _api.rms_norm_backward(dy, cache, out, n_threads)
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
-def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
+def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
+                       bias: ArrayLike | None = None, eps: float = 1e-5, *,
+                       normalized_shape: int | tuple[int, ...] | None = None,
+                       zero_centered_weight: bool = False,
+                       out: NDArray[np.floating] | None = None,
+                       n_threads: int | None = None
+                       ) -> tuple[NDArray[np.floating], LayerNormCache]:
     """LayerNorm over the last axis, keeping what backward needs.
 
     ``y = (x - mean) * rstd * w + b``, ``rstd = 1 / sqrt(var + eps)`` per row, with the
@@ -155,9 +205,13 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threa
     Parameters
     ----------
     x : array_like of float32 or float64, shape (..., D)
-    weight, bias : ndarray, shape (D,), optional
+    weight, bias : ndarray, shape (D,) (or normalized_shape), optional
         Of x's dtype, each None independently (w = 1, b = 0).
     eps : float, default 1e-5
+    normalized_shape : int or tuple of int, optional
+    zero_centered_weight : bool, default False
+        As in :func:`rms_norm_forward`: the normalised trailing axes (weight and bias have
+        their shape), and the gain ``1 + weight``.
     out : ndarray, optional
         Buffer for y; it must share no memory with x, weight or bias.
     n_threads : int, optional
@@ -184,10 +238,16 @@ def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threa
     >>> y.round(4), cache.mean, cache.rstd.round(4)
     (array([[-1.2247,  0.    ,  1.2247]]), array([2.]), array([1.2247]))
     """
-    return _api.layer_norm_forward(x, weight, bias, eps, out, n_threads)
+    return _api.layer_norm_forward(x, weight, bias, eps, normalized_shape, zero_centered_weight,
+                                   out, n_threads)
 
 
-def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None):
+def layer_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike | None = None,
+               eps: float = 1e-5, *,
+               normalized_shape: int | tuple[int, ...] | None = None,
+               zero_centered_weight: bool = False,
+               out: NDArray[np.floating] | None = None,
+               n_threads: int | None = None) -> NDArray[np.floating]:
     """LayerNorm over the last axis: ``y = (x - mean) * rstd * w + b``.
 
     The inference form of :func:`layer_norm_forward` (same arguments; no cache), and
@@ -196,8 +256,11 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None)
     Parameters
     ----------
     x : array_like of float32 or float64, shape (..., D)
-    weight, bias : ndarray, shape (D,), optional
+    weight, bias : ndarray, shape (D,) (or normalized_shape), optional
     eps : float, default 1e-5
+    normalized_shape : int or tuple of int, optional
+    zero_centered_weight : bool, default False
+        As in :func:`layer_norm_forward`.
     out : ndarray, optional
         Buffer for y; it may be x itself.
     n_threads : int, optional
@@ -216,11 +279,23 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, out=None, n_threads=None)
     >>> import numpy as np, resnorm
     >>> resnorm.layer_norm(np.array([[1.0, 2.0, 3.0]]), bias=np.full(3, 10.0)).round(4)
     array([[ 8.7753, 10.    , 11.2247]])
+
+    Over the last two axes together, as torch's ``normalized_shape=(2, 3)``:
+
+    >>> x = np.arange(12.0).reshape(2, 2, 3)
+    >>> resnorm.layer_norm(x, normalized_shape=(2, 3))[0].round(4)
+    array([[-1.4638, -0.8783, -0.2928],
+           [ 0.2928,  0.8783,  1.4638]])
     """
-    return _api.layer_norm(x, weight, bias, eps, out, n_threads)
+    return _api.layer_norm(x, weight, bias, eps, normalized_shape, zero_centered_weight, out,
+                           n_threads)
 
 
-def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
+def layer_norm_backward(dy: ArrayLike, cache: LayerNormCache, *,
+                        out: NDArray[np.floating] | None = None,
+                        n_threads: int | None = None
+                        ) -> tuple[NDArray[np.floating], NDArray[np.floating] | None,
+                                   NDArray[np.floating] | None]:
     """Gradients of :func:`layer_norm_forward`.
 
     With ``g = dy * w`` and ``xhat = (x - mean) * rstd``:
@@ -242,7 +317,7 @@ def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
     -------
     dx : ndarray
     dweight, dbias : ndarray or None
-        None when forward had no weight / no bias.
+        Of the parameters' shape; None when forward had no weight / no bias.
 
     Raises
     ------
@@ -255,6 +330,6 @@ def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
     >>> y, cache = resnorm.layer_norm_forward(np.array([[1.0, 2.0, 3.0]]), bias=np.zeros(3))
     >>> dx, dw, db = resnorm.layer_norm_backward(np.array([[1.0, 0.0, 0.0]]), cache)
     >>> dx.round(4), dw, db
-    (array([[ 0.4082, -0.4082, -0.    ]]), None, array([1., 0., 0.]))
+    (array([[ 0.2041, -0.4082,  0.2041]]), None, array([1., 0., 0.]))
     """
     return _api.layer_norm_backward(dy, cache, out, n_threads)

@@ -4,30 +4,51 @@ A case is one op at one shape and dtype, with its data allocated once.  It holds
 
 * ``out(n)`` / ``alloc(n)``: resnorm on n threads writing into preallocated outputs / into
   outputs it allocates (``out`` is None for ops whose API always allocates);
-* ``numpy()``: the same computation as a NumPy user would write it, in the same dtype;
-* ``torch()``: PyTorch CPU (None when torch is not installed or has no equivalent);
+* ``reference(rows, keep)``: the float64 reference (resnorm.reference) of the op's outputs
+  for a slice of rows, in the order resnorm returns them; the outputs listed in ``summed``
+  are sums over rows (parameter gradients), the others have one row per input row.
+  ``keep`` is the dropout mask of the output being checked (random ops only, else None);
+* ``peers``: name -> bind(threads, used) -> call(): the same computation as another library
+  runs it (``used``: the threads resnorm's call runs on), each returning outputs in
+  resnorm's order (None where it has no such output);
+* ``torch``: the PyTorch computation (a _peers_torch.TorchSpec), from which torch eager and
+  torch.compile are made; None without torch;
 * ``traffic``: the op's minimum memory traffic in bytes: every input read once, every
   output written once (the resnorm API's outputs, parameter gradients included).
 """
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable
 
 import numpy as np
 
-FORWARD, BACKWARD, FUSED_PRENORM = "forward", "backward", "fused Pre-Norm"
+# fused: add + norm forward (Pre-Norm and Post-Norm)
+FORWARD, BACKWARD, FUSED = "forward", "backward", "fused"
+
+
+def parts(result):
+    """A call's outputs as a tuple (one array -> a tuple of one)."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
 
 
 @dataclass
 class Case:
     traffic: int                         # bytes
     alloc: Callable[[int], object]
-    numpy: Callable[[], object]
+    reference: Callable[[slice, object], tuple]
     out: Callable[[int], object] | None = None
-    torch: Callable[[], object] | None = None
-    op: str = ""                         # filled in by setup() from the registry
-    kind: str = ""                       # FORWARD, BACKWARD or FUSED_PRENORM
+    peers: dict = field(default_factory=dict)
+    torch: object = None                 # a _peers_torch.TorchSpec, or None
+    summed: tuple = ()                   # indices of outputs that are sums over rows
+    flat: Callable[[object], tuple] = parts   # resnorm's result -> its outputs in order
+    p: float = 0.0                       # random ops: the dropout probability
+    keep: Callable[[tuple], np.ndarray] | None = None   # random ops: outputs -> kept mask
+    op: str = ""                         # op, kind, shape, dtype: filled in by setup()
+    kind: str = ""                       # FORWARD, BACKWARD or FUSED
+    shape: tuple = ()
+    dtype: np.dtype = None
+    memo: dict = field(default_factory=dict, repr=False)   # the checker's cached reference
 
     def resnorm(self, n_threads, preallocated=True):
         """resnorm's call bound to n_threads (preallocated outputs when the op takes them)."""
@@ -39,20 +60,31 @@ class Case:
         return ([(True, self.out)] if self.out is not None else []) + [(False, self.alloc)]
 
 
+def fixed(fn):
+    """A peer whose call does not depend on the thread count (NumPy runs on one thread)."""
+    return lambda threads, used: fn
+
+
 _REGISTRY = {}
 
 
-def register(name, kind):
+def register(name, kind, table=True):
     """Decorator: setup(shape, dtype, torch) -> Case of kind, listed under name in
-    resnorm.bench.OPS."""
+    resnorm.bench.OPS.  table=False: left out of the default table (the training forms,
+    which run the inference form's kernel and also return its statistics)."""
     def deco(setup):
-        _REGISTRY[name] = (kind, setup)
+        _REGISTRY[name] = (kind, table, setup)
         return setup
     return deco
 
 
 def ops():
     return list(_REGISTRY)
+
+
+def table_ops():
+    """The ops of the default table: every op but the training forms."""
+    return [op for op, (_, table, _) in _REGISTRY.items() if table]
 
 
 def kind(op):
@@ -63,8 +95,9 @@ def setup(op, shape, dtype, torch=None):
     """The Case of op at shape (N, D) and dtype; torch is the torch module or None."""
     if op not in _REGISTRY:
         raise ValueError(f"unknown op {op!r}; known: {', '.join(_REGISTRY)}")
-    kind, make = _REGISTRY[op]
-    return replace(make(tuple(shape), np.dtype(dtype), torch), op=op, kind=kind)
+    kind, _, make = _REGISTRY[op]
+    shape, dtype = tuple(shape), np.dtype(dtype)
+    return replace(make(shape, dtype, torch), op=op, kind=kind, shape=shape, dtype=dtype)
 
 
 # --------------------------------------------------------------------------- data
@@ -95,16 +128,9 @@ def arrays(shape, dtype, names):
     return [made[name] for name in names]
 
 
-def tensors(torch, arrays, grad=False):
-    """torch views of numpy arrays (None without torch); leaves that require grad if asked."""
-    if torch is None:
-        return [None] * len(arrays)
-    return [torch.from_numpy(a).requires_grad_(grad) for a in arrays]
-
-
-def autograd(torch, outputs, inputs, grads):
-    """A call of torch's backward through a graph built once (what a training step pays)."""
-    return lambda: torch.autograd.grad(outputs, inputs, grads, retain_graph=True)
+def f64_sum(a, b):
+    """a + b in float64 (the reference's h of a Post-Norm block, which resnorm recomputes)."""
+    return a.astype(np.float64) + b
 
 
 # --------------------------------------------------------------------------- NumPy versions

@@ -6,10 +6,27 @@ from importlib import metadata
 
 import numpy as np
 
-from .. import _core
+from .. import build_flags, get_num_threads, openmp_enabled, simd_level
 
 # installed versions (Cython: the one installed now; cython_build: the one that built us)
-_VERSIONED = ["numpy", "scipy", "torch", "Cython", "matplotlib", "threadpoolctl"]
+_VERSIONED = ["numpy", "scipy", "torch", "numba", "onnxruntime", "onnx", "Cython",
+              "matplotlib", "threadpoolctl"]
+# They override what OpenBLAS (NumPy's BLAS) detects about the CPU.  The command line runs
+# the benchmark without them and names what it left out in UNSET_MARK.
+OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+UNSET_MARK = "RESNORM_BENCH_UNSET"
+
+
+def openblas_overrides(env):
+    """The OPENBLAS_VARS set in env, {name: value}."""
+    return {k: env[k] for k in OPENBLAS_VARS if k in env}
+
+
+def without_openblas_overrides(env):
+    """env without OPENBLAS_VARS, the names left out recorded in UNSET_MARK."""
+    clean = {k: v for k, v in env.items() if k not in OPENBLAS_VARS}
+    clean[UNSET_MARK] = ",".join(openblas_overrides(env))
+    return clean
 
 
 def _cpuinfo():
@@ -59,7 +76,7 @@ def _version(dist):
 def _cython_build_version():
     """The Cython that generated the extension, read from the ABI module name of its
     function type ('_cython_3_3_1' -> '3.3.1'); None when it does not look like that."""
-    module = type(_core.simd_level).__module__
+    module = type(simd_level).__module__
     return module[len("_cython_"):].replace("_", ".") if module.startswith("_cython_") else None
 
 
@@ -82,17 +99,18 @@ def machine_info():
         "cores": os.cpu_count(),
         "caches": _cache_sizes(),
         "cpu_simd_flags": simd_flags,
-        "simd_level": _core.simd_level(),
-        "openmp": _core.openmp_enabled(),
-        "omp_max_threads": _core.get_max_threads(),
-        "build_flags": _core.build_flags(),
+        "simd_level": simd_level(),
+        "openmp": openmp_enabled(),
+        "omp_max_threads": get_num_threads(),
+        "build_flags": build_flags(),
         "compiler": sysconfig.get_config_var("CC"),
         "cython_build": _cython_build_version(),
         "python": platform.python_version(),
         "resnorm": _version("resnorm") or "source tree",
         **versions,
         "omp_env": {k: v for k, v in os.environ.items()
-                    if k.startswith(("OMP_", "GOMP_", "OPENBLAS_", "MKL_"))},
+                    if k.startswith(("OMP_", "GOMP_", "OPENBLAS_", "MKL_", "NUMBA_"))},
+        "openblas_unset": [k for k in os.environ.get(UNSET_MARK, "").split(",") if k],
         "platform": platform.platform(),
         "load_average": load_average(),
     }

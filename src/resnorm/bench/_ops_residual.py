@@ -1,19 +1,31 @@
 """The residual ops of the benchmark: fused add + norm (Pre-Norm and Post-Norm), dropout,
-scaled and gated residual, forward and backward.
+scaled and gated residual, inference and training forms, forward and backward.
 
 Traffic in units of one (N, D) array: Pre-Norm forward reads x, r and writes h, y (4);
 Post-Norm forward does not write h (3); their backward reads dy, dh, h (Post-Norm: dy, x,
-r) and writes dx, dresidual (5).  Fused backward ops have no ``out`` argument: they always
-allocate.  The NumPy versions keep what a NumPy user would keep (h, the dropout mask).
+r) and writes dx, dresidual (5).  The NumPy versions keep what a NumPy user would keep
+(h, the dropout mask).  Random ops (dropout): every library draws its own mask, so their
+outputs are checked with the mask read back from the output (Case.keep).
 """
 import numpy as np
 
-from .. import inverted_dropout, residual
-from ._cases import (BACKWARD, FORWARD, FUSED_PRENORM, Case, arrays, autograd, column,
-                     numpy_layer, numpy_layer_backward, numpy_rms, numpy_rms_backward,
-                     register, tensors)
+from .. import (add_layer_norm, add_layer_norm_backward, add_layer_norm_forward,
+                add_layer_norm_post, add_layer_norm_post_backward,
+                add_layer_norm_post_forward, add_rms_norm, add_rms_norm_backward,
+                add_rms_norm_forward, add_rms_norm_post, add_rms_norm_post_backward,
+                add_rms_norm_post_forward, dropout, dropout_backward, dropout_forward,
+                gated_residual, gated_residual_backward, gated_residual_forward, reference,
+                scaled_residual, scaled_residual_backward, scaled_residual_forward)
+from . import _peers_numba as nb
+from . import _peers_onnx as onnx
+from ._cases import (BACKWARD, FORWARD, FUSED, Case, arrays, column, f64_sum, fixed,
+                     numpy_layer, numpy_layer_backward, numpy_rms, numpy_rms_backward, parts,
+                     register)
+from ._ops_norms import LAYER_EPS, RMS_EPS
+from ._peers_torch import TorchSpec
 
 P_DROP = 0.1
+SEED = 7
 
 
 def _numpy_dropout(x, p, rng):
@@ -21,102 +33,210 @@ def _numpy_dropout(x, p, rng):
     return x * (keep / x.dtype.type(1 - p)).astype(x.dtype)
 
 
+def _dropped(x, keep, p):
+    """float64 dropout(x) with the given mask (x itself for p = 0)."""
+    return x.astype(np.float64) if keep is None else reference.dropout_backward(x, keep, p)
+
+
+def _norm_reference(h, w, b, layer):
+    """(y, [mean,] rstd) of the float64 reference at h."""
+    if layer:
+        return reference.layer_norm_forward(h, w, b, LAYER_EPS)
+    return reference.rms_norm_forward(h, w, RMS_EPS)
+
+
+def _with_stats(training, layer):
+    """resnorm's result -> outputs: training forms add the cache's row statistics."""
+    if not training:
+        return parts
+
+    def flat(res):
+        out, cache = res
+        stats = (cache.mean, cache.rstd) if layer else (cache.rstd,)
+        return parts(out) + stats
+    return flat
+
+
 # --------------------------------------------------------------------------- forward
 
-def _prenorm(name, layer, p):
-    @register(name, FUSED_PRENORM)
+def _prenorm(name, layer, p, training=False):
+    @register(name, FUSED, table=not training)
     def setup(shape, dtype, torch):
         x, r, w, b = arrays(shape, dtype, ["x", "r", "w", "b"])
         y, h = np.empty_like(x), np.empty_like(x)
-        np_rng = np.random.default_rng(1)
-        add = residual.add_layer_norm if layer else residual.add_rms_norm
+        eps = LAYER_EPS if layer else RMS_EPS
         params = (w, b) if layer else (w,)
-        F = None if torch is None else torch.nn.functional
-        tx, tr, tw, tb = tensors(torch, [x, r, w, b])
-        drop = (lambda a: _numpy_dropout(a, p, np_rng)) if p else (lambda a: a)
-        tdrop = (lambda a: F.dropout(a, p)) if p else (lambda a: a)
-        if layer:
-            ref = lambda: numpy_layer(r + drop(x), w, b)
-            tfn = torch and (lambda: F.layer_norm(tr + tdrop(tx), (shape[1],), tw, tb, 1e-5))
+        if training:
+            add = add_layer_norm_forward if layer else add_rms_norm_forward
         else:
-            ref = lambda: numpy_rms(r + drop(x), w)
-            tfn = torch and (lambda: F.rms_norm(tr + tdrop(tx), (shape[1],), tw, 1e-6))
+            add = add_layer_norm if layer else add_rms_norm
+
+        def ref(rows, keep):
+            hr = f64_sum(r[rows], _dropped(x[rows], None if keep is None else keep[rows], p))
+            y_ref, *stats = _norm_reference(hr, w, b, layer)
+            return (y_ref, hr, *stats) if training else (y_ref, hr)
+
+        peers = {}
+        if not p:
+            peers["numba"] = (nb.layer_norm(x, w, b, eps, training, res=r, prenorm=True)
+                              if layer else nb.rms_norm(x, w, eps, training, res=r, prenorm=True))
+        if not training:
+            np_rng = np.random.default_rng(1)
+            drop = (lambda a: _numpy_dropout(a, p, np_rng)) if p else (lambda a: a)
+            norm = (lambda a: numpy_layer(a, w, b, eps)) if layer else (lambda a: numpy_rms(a, w, eps))
+
+            def numpy_add():
+                hn = r + drop(x)
+                return norm(hn), hn
+            peers["numpy"] = fixed(numpy_add)
+            if not p:
+                peers["onnxruntime"] = (onnx.add_layer_norm(x, r, w, b, eps) if layer
+                                        else onnx.add_rms_norm(x, r, w, eps))
+        spec = None
+        if torch is not None and not training:
+            F = torch.nn.functional
+
+            def torch_add(tx, tr, tw, tb=None):
+                th = tr + (F.dropout(tx, p) if p else tx)
+                ty = (F.layer_norm(th, (shape[1],), tw, tb, eps) if layer
+                      else F.rms_norm(th, (shape[1],), tw, eps))
+                return ty, th
+            spec = TorchSpec(torch_add, [x, r, *params])
+        n_stats = (2 if layer else 1) if training else 0
         return Case(
-            4 * x.nbytes + len(params) * w.nbytes,
-            out=lambda n: add(x, r, *params, p=p, seed=7, out=y, residual_out=h, n_threads=n),
-            alloc=lambda n: add(x, r, *params, p=p, seed=7, n_threads=n),
-            numpy=ref, torch=tfn)
+            4 * x.nbytes + len(params) * w.nbytes + n_stats * shape[0] * 8,
+            out=lambda n: add(x, r, *params, p=p, seed=SEED, out=y, residual_out=h,
+                              n_threads=n),
+            alloc=lambda n: add(x, r, *params, p=p, seed=SEED, n_threads=n),
+            reference=ref, flat=_with_stats(training, layer), peers=peers, torch=spec,
+            p=p, keep=(lambda outputs: outputs[1] != r) if p else None)
 
 
 _prenorm("add_rms_norm", layer=False, p=0.0)
+_prenorm("add_rms_norm_forward", layer=False, p=0.0, training=True)
 _prenorm("add_rms_norm_dropout", layer=False, p=P_DROP)
 _prenorm("add_layer_norm", layer=True, p=0.0)
+_prenorm("add_layer_norm_forward", layer=True, p=0.0, training=True)
 
 
-def _postnorm(name, layer):
-    @register(name, FORWARD)
+def _postnorm(name, layer, training=False):
+    @register(name, FUSED, table=not training)
     def setup(shape, dtype, torch):
         x, r, w, b = arrays(shape, dtype, ["x", "r", "w", "b"])
         y = np.empty_like(x)
-        add = residual.add_layer_norm_post if layer else residual.add_rms_norm_post
+        eps = LAYER_EPS if layer else RMS_EPS
         params = (w, b) if layer else (w,)
-        F = None if torch is None else torch.nn.functional
-        tx, tr, tw, tb = tensors(torch, [x, r, w, b])
-        if layer:
-            ref = lambda: numpy_layer(x + r, w, b)
-            tfn = torch and (lambda: F.layer_norm(tx + tr, (shape[1],), tw, tb, 1e-5))
+        if training:
+            add = add_layer_norm_post_forward if layer else add_rms_norm_post_forward
         else:
-            ref = lambda: numpy_rms(x + r, w)
-            tfn = torch and (lambda: F.rms_norm(tx + tr, (shape[1],), tw, 1e-6))
-        return Case(3 * x.nbytes + len(params) * w.nbytes,
+            add = add_layer_norm_post if layer else add_rms_norm_post
+
+        def ref(rows, keep):
+            return _norm_reference(f64_sum(x[rows], r[rows]), w, b, layer)[
+                :None if training else 1]
+
+        peers = {"numba": (nb.layer_norm(x, w, b, eps, training, res=r) if layer
+                           else nb.rms_norm(x, w, eps, training, res=r))}
+        spec = None
+        if not training:
+            peers["numpy"] = fixed((lambda: numpy_layer(x + r, w, b, eps)) if layer
+                                   else (lambda: numpy_rms(x + r, w, eps)))
+            peers["onnxruntime"] = (onnx.add_layer_norm(x, r, w, b, eps, prenorm=False) if layer
+                                    else onnx.add_rms_norm(x, r, w, eps, prenorm=False))
+            if torch is not None:
+                F = torch.nn.functional
+                spec = TorchSpec(
+                    (lambda tx, tr, tw, tb: F.layer_norm(tx + tr, (shape[1],), tw, tb, eps))
+                    if layer else (lambda tx, tr, tw: F.rms_norm(tx + tr, (shape[1],), tw, eps)),
+                    [x, r, *params])
+        n_stats = (2 if layer else 1) if training else 0
+        return Case(3 * x.nbytes + len(params) * w.nbytes + n_stats * shape[0] * 8,
                     out=lambda n: add(x, r, *params, out=y, n_threads=n),
-                    alloc=lambda n: add(x, r, *params, n_threads=n), numpy=ref, torch=tfn)
+                    alloc=lambda n: add(x, r, *params, n_threads=n), reference=ref,
+                    flat=_with_stats(training, layer), peers=peers, torch=spec)
 
 
 _postnorm("add_rms_norm_post", layer=False)
+_postnorm("add_rms_norm_post_forward", layer=False, training=True)
 _postnorm("add_layer_norm_post", layer=True)
+_postnorm("add_layer_norm_post_forward", layer=True, training=True)
 
 
-@register("dropout", FORWARD)
-def _dropout(shape, dtype, torch):
-    (x,) = arrays(shape, dtype, ["x"])
-    y = np.empty_like(x)
-    np_rng = np.random.default_rng(1)
-    (tx,) = tensors(torch, [x])
-    return Case(
-        2 * x.nbytes,
-        out=lambda n: inverted_dropout.dropout(x, P_DROP, seed=7, out=y, n_threads=n),
-        alloc=lambda n: inverted_dropout.dropout(x, P_DROP, seed=7, n_threads=n),
-        numpy=lambda: _numpy_dropout(x, P_DROP, np_rng),
-        torch=torch and (lambda: torch.nn.functional.dropout(tx, P_DROP)))
+def _dropout(name, training):
+    @register(name, FORWARD, table=not training)
+    def setup(shape, dtype, torch):
+        (x,) = arrays(shape, dtype, ["x"])
+        y = np.empty_like(x)
+        fn = dropout_forward if training else dropout
+        peers, spec = {}, None
+        if not training:
+            np_rng = np.random.default_rng(1)
+            peers["numpy"] = fixed(lambda: _numpy_dropout(x, P_DROP, np_rng))
+            if torch is not None:
+                spec = TorchSpec(lambda tx: torch.nn.functional.dropout(tx, P_DROP), [x])
+        return Case(
+            2 * x.nbytes,
+            out=lambda n: fn(x, P_DROP, seed=SEED, out=y, n_threads=n),
+            alloc=lambda n: fn(x, P_DROP, seed=SEED, n_threads=n),
+            reference=lambda rows, keep: (reference.dropout_backward(x[rows], keep[rows],
+                                                                     P_DROP),),
+            flat=(lambda res: (res[0],)) if training else parts, peers=peers, torch=spec,
+            p=P_DROP, keep=lambda outputs: outputs[0] != 0)
 
 
-@register("scaled_residual", FORWARD)
-def _scaled_residual(shape, dtype, torch):
+_dropout("dropout", training=False)
+_dropout("dropout_forward", training=True)
+
+
+def _scaled(name, training):
     """LayerScale: h = x + alpha * F with a per-channel alpha."""
-    x, f = arrays(shape, dtype, ["x", "F"])
-    alpha = np.linspace(0.5, 1.5, shape[1]).astype(dtype)
-    h = np.empty_like(x)
-    tx, tf, ta = tensors(torch, [x, f, alpha])
-    return Case(
-        3 * x.nbytes + alpha.nbytes,
-        out=lambda n: residual.scaled_residual(x, f, alpha, out=h, n_threads=n),
-        alloc=lambda n: residual.scaled_residual(x, f, alpha, n_threads=n),
-        numpy=lambda: x + alpha * f, torch=torch and (lambda: tx + ta * tf))
+    @register(name, FORWARD, table=not training)
+    def setup(shape, dtype, torch):
+        x, f = arrays(shape, dtype, ["x", "F"])
+        alpha = np.linspace(0.5, 1.5, shape[1]).astype(dtype)
+        h = np.empty_like(x)
+        fn = scaled_residual_forward if training else scaled_residual
+        peers, spec = {"numba": nb.scaled_residual(x, f, alpha)}, None
+        if not training:
+            peers["numpy"] = fixed(lambda: x + alpha * f)
+            if torch is not None:
+                spec = TorchSpec(lambda tx, tf, ta: tx + ta * tf, [x, f, alpha])
+        return Case(
+            3 * x.nbytes + alpha.nbytes,
+            out=lambda n: fn(x, f, alpha, out=h, n_threads=n),
+            alloc=lambda n: fn(x, f, alpha, n_threads=n),
+            reference=lambda rows, keep: (reference.scaled_residual_forward(
+                x[rows], f[rows], alpha),),
+            flat=(lambda res: (res[0],)) if training else parts, peers=peers, torch=spec)
 
 
-@register("gated_residual", FORWARD)
-def _gated_residual(shape, dtype, torch):
+_scaled("scaled_residual", training=False)
+_scaled("scaled_residual_forward", training=True)
+
+
+def _gated(name, training):
     """h = x + sigmoid(g) * F with a full-shape gate g."""
-    x, f, g = arrays(shape, dtype, ["x", "F", "g"])
-    h = np.empty_like(x)
-    tx, tf, tg = tensors(torch, [x, f, g])
-    return Case(
-        4 * x.nbytes,
-        out=lambda n: residual.gated_residual(x, f, g, out=h, n_threads=n),
-        alloc=lambda n: residual.gated_residual(x, f, g, n_threads=n),
-        numpy=lambda: x + f / (1 + np.exp(-g)),
-        torch=torch and (lambda: tx + torch.sigmoid(tg) * tf))
+    @register(name, FORWARD, table=not training)
+    def setup(shape, dtype, torch):
+        x, f, g = arrays(shape, dtype, ["x", "F", "g"])
+        h = np.empty_like(x)
+        fn = gated_residual_forward if training else gated_residual
+        peers, spec = {"numba": nb.gated_residual(x, f, g)}, None
+        if not training:
+            peers["numpy"] = fixed(lambda: x + f / (1 + np.exp(-g)))
+            if torch is not None:
+                spec = TorchSpec(lambda tx, tf, tg: tx + torch.sigmoid(tg) * tf, [x, f, g])
+        return Case(
+            4 * x.nbytes,
+            out=lambda n: fn(x, f, g, out=h, n_threads=n),
+            alloc=lambda n: fn(x, f, g, n_threads=n),
+            reference=lambda rows, keep: (reference.gated_residual_forward(
+                x[rows], f[rows], g[rows]),),
+            flat=(lambda res: (res[0],)) if training else parts, peers=peers, torch=spec)
+
+
+_gated("gated_residual", training=False)
+_gated("gated_residual_forward", training=True)
 
 
 # --------------------------------------------------------------------------- backward
@@ -128,49 +248,59 @@ def _add_norm_backward(name, layer, prenorm):
         params = (w, b) if layer else (w,)
         dx, dres = np.empty_like(x), np.empty_like(x)
         if prenorm:
-            forward = residual.add_layer_norm_forward if layer else residual.add_rms_norm_forward
+            forward = add_layer_norm_forward if layer else add_rms_norm_forward
             (_, h), cache = forward(x, r, *params)
-            backward = residual.add_layer_norm_backward if layer else residual.add_rms_norm_backward
+            backward = add_layer_norm_backward if layer else add_rms_norm_backward
             call = lambda n, **buf: backward(dy, dh, cache, n_threads=n, **buf)
         else:
-            forward = (residual.add_layer_norm_post_forward if layer
-                       else residual.add_rms_norm_post_forward)
+            forward = add_layer_norm_post_forward if layer else add_rms_norm_post_forward
             _, cache = forward(x, r, *params)
             h = x + r   # a NumPy user keeps h; resnorm recomputes it from x and r
-            backward = (residual.add_layer_norm_post_backward if layer
-                        else residual.add_rms_norm_post_backward)
+            backward = add_layer_norm_post_backward if layer else add_rms_norm_post_backward
             call = lambda n, **buf: backward(dy, cache, n_threads=n, **buf)
         rstd = column(cache.rstd, dtype)
-        if layer:
-            mean = column(cache.mean, dtype)
-            norm_backward = lambda: numpy_layer_backward(dy, h, w, mean, rstd)
-        else:
-            norm_backward = lambda: numpy_rms_backward(dy, h, w, rstd)
+        mean = column(cache.mean, dtype) if layer else None
 
-        def ref():
-            gh, *dparams = norm_backward()
+        def ref(rows, keep):
+            # alpha = 1 and no dropout: the mask keeps everything (keep=True, p=0)
+            hr = h[rows] if prenorm else f64_sum(x[rows], r[rows])
+            stats = ((cache.mean[rows],) if layer else ()) + (cache.rstd[rows],)
+            if prenorm:
+                fn = reference.add_layer_norm_backward if layer else reference.add_rms_norm_backward
+                return fn(dy[rows], dh[rows], x[rows], hr, w, *stats, 1.0, True, 0.0)
+            fn = (reference.add_layer_norm_post_backward if layer
+                  else reference.add_rms_norm_post_backward)
+            return fn(dy[rows], x[rows], hr, w, *stats, 1.0, True, 0.0)
+
+        def numpy_backward():
+            gh, *dparams = (numpy_layer_backward(dy, h, w, mean, rstd) if layer
+                            else numpy_rms_backward(dy, h, w, rstd))
             if prenorm:
                 gh = gh + dh
             return (gh, gh, *dparams)   # dx = dresidual = gh (alpha = 1, no dropout)
 
-        tfn = None
+        stats32 = ((cache.mean.astype(dtype),) if layer else ()) + (cache.rstd.astype(dtype),)
+        loop = nb.layer_norm_backward if layer else nb.rms_norm_backward
+        # Pre-Norm: the norm's backward at the stored h, plus dh; Post-Norm: at x + r
+        numba_peer = (loop(dy, h, w, *stats32, dh=dh, fused=True) if prenorm
+                      else loop(dy, x, w, *stats32, res=r, fused=True))
+        spec = None
         if torch is not None:
             F = torch.nn.functional
-            tx, tr, tw, tb = tensors(torch, [x, r, w, b], grad=True)
-            th = tx + tr
-            if layer:
-                ty, leaves = F.layer_norm(th, (shape[1],), tw, tb, 1e-5), (tx, tr, tw, tb)
-            else:
-                ty, leaves = F.rms_norm(th, (shape[1],), tw, 1e-6), (tx, tr, tw)
-            tdy, tdh = torch.from_numpy(dy), torch.from_numpy(dh)
-            tfn = (autograd(torch, (ty, th), leaves, (tdy, tdh)) if prenorm
-                   else autograd(torch, ty, leaves, tdy))
+
+            def torch_add(tx, tr, tw, tb=None):
+                th = tx + tr
+                ty = (F.layer_norm(th, (shape[1],), tw, tb, LAYER_EPS) if layer
+                      else F.rms_norm(th, (shape[1],), tw, RMS_EPS))
+                return (ty, th) if prenorm else ty
+            spec = TorchSpec(torch_add, [x, r, *params], grads=[dy, dh] if prenorm else [dy])
         # reads dy, dh, h (Post-Norm: dy, x, r), w; writes dx, dresidual, the parameter
         # gradients; reads the float64 row statistics
         n_stats = 2 if layer else 1
         traffic = 5 * x.nbytes + (1 + len(params)) * w.nbytes + n_stats * shape[0] * 8
         return Case(traffic, out=lambda n: call(n, out=dx, dresidual_out=dres), alloc=call,
-                    numpy=ref, torch=tfn)
+                    reference=ref, summed=(2, 3, 4) if layer else (2, 3),
+                    peers={"numpy": fixed(numpy_backward), "numba": numba_peer}, torch=spec)
 
 
 _add_norm_backward("add_rms_norm_backward", layer=False, prenorm=True)
@@ -183,18 +313,20 @@ _add_norm_backward("add_layer_norm_post_backward", layer=True, prenorm=False)
 def _dropout_backward(shape, dtype, torch):
     x, dy = arrays(shape, dtype, ["x", "dy"])
     dx = np.empty_like(x)
-    _, cache = inverted_dropout.dropout_forward(x, P_DROP, seed=7)
+    _, cache = dropout_forward(x, P_DROP, seed=SEED)
     keep = np.random.default_rng(1).random(shape, dtype=np.float32) >= P_DROP
     scaled_mask = (keep / dtype.type(1 - P_DROP)).astype(dtype)   # kept from NumPy's forward
-    tfn = None
+    spec = None
     if torch is not None:
-        (tx,) = tensors(torch, [x], grad=True)
-        tfn = autograd(torch, torch.nn.functional.dropout(tx, P_DROP), tx, torch.from_numpy(dy))
+        spec = TorchSpec(lambda tx: torch.nn.functional.dropout(tx, P_DROP), [x], grads=[dy])
     return Case(
         2 * x.nbytes,
-        out=lambda n: inverted_dropout.dropout_backward(dy, cache, out=dx, n_threads=n),
-        alloc=lambda n: inverted_dropout.dropout_backward(dy, cache, n_threads=n),
-        numpy=lambda: dy * scaled_mask, torch=tfn)
+        out=lambda n: dropout_backward(dy, cache, out=dx, n_threads=n),
+        alloc=lambda n: dropout_backward(dy, cache, n_threads=n),
+        reference=lambda rows, keep: (reference.dropout_backward(dy[rows], keep[rows],
+                                                                 P_DROP),),
+        peers={"numpy": fixed(lambda: dy * scaled_mask)}, torch=spec,
+        p=P_DROP, keep=lambda outputs: outputs[0] != 0)
 
 
 @register("scaled_residual_backward", BACKWARD)
@@ -202,33 +334,43 @@ def _scaled_residual_backward(shape, dtype, torch):
     """LayerScale backward: dx = dh, dF = alpha * dh, dalpha = sum_rows dh * F."""
     x, f, dh = arrays(shape, dtype, ["x", "F", "dh"])
     alpha = np.linspace(0.5, 1.5, shape[1]).astype(dtype)
-    _, cache = residual.scaled_residual_forward(x, f, alpha)
-    tfn = None
+    _, cache = scaled_residual_forward(x, f, alpha)
+    spec = None
     if torch is not None:
-        tx, tf, ta = tensors(torch, [x, f, alpha], grad=True)
-        tfn = autograd(torch, tx + ta * tf, (tx, tf, ta), torch.from_numpy(dh))
+        spec = TorchSpec(lambda tx, tf, ta: tx + ta * tf, [x, f, alpha], grads=[dh])
     # reads dh, F, alpha; writes dx, dF and the float64 dalpha
     return Case(
         4 * x.nbytes + alpha.nbytes + shape[1] * 8,
-        alloc=lambda n: residual.scaled_residual_backward(dh, cache, n_threads=n),
-        numpy=lambda: (dh, alpha * dh, (dh * f).sum(axis=0)), torch=tfn)
+        alloc=lambda n: scaled_residual_backward(dh, cache, n_threads=n),
+        reference=lambda rows, keep: reference.scaled_residual_backward(dh[rows], f[rows],
+                                                                        alpha),
+        summed=(2,),
+        peers={"numpy": fixed(lambda: (dh, alpha * dh, (dh * f).sum(axis=0))),
+               "numba": nb.scaled_residual_backward(dh, f, alpha)},
+        torch=spec)
 
 
 @register("gated_residual_backward", BACKWARD)
 def _gated_residual_backward(shape, dtype, torch):
     """dx = dh, dF = s * dh, dg = dh * F * s * (1 - s), s = sigmoid(g) (full-shape gate)."""
     x, f, g, dh = arrays(shape, dtype, ["x", "F", "g", "dh"])
-    _, cache = residual.gated_residual_forward(x, f, g)
+    dx, df, dg = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    _, cache = gated_residual_forward(x, f, g)
 
-    def ref():
+    def numpy_backward():
         s = 1 / (1 + np.exp(-g))
         return dh, s * dh, dh * f * s * (1 - s)
 
-    tfn = None
+    spec = None
     if torch is not None:
-        tx, tf, tg = tensors(torch, [x, f, g], grad=True)
-        tfn = autograd(torch, tx + torch.sigmoid(tg) * tf, (tx, tf, tg), torch.from_numpy(dh))
+        spec = TorchSpec(lambda tx, tf, tg: tx + torch.sigmoid(tg) * tf, [x, f, g], grads=[dh])
     # reads dh, F, g; writes dx, dF, dg
     return Case(6 * x.nbytes,
-                alloc=lambda n: residual.gated_residual_backward(dh, cache, n_threads=n),
-                numpy=ref, torch=tfn)
+                out=lambda n: gated_residual_backward(dh, cache, out=dx, dbranch_out=df,
+                                                      dgate_out=dg, n_threads=n),
+                alloc=lambda n: gated_residual_backward(dh, cache, n_threads=n),
+                reference=lambda rows, keep: reference.gated_residual_backward(
+                    dh[rows], f[rows], g[rows]),
+                peers={"numpy": fixed(numpy_backward),
+                       "numba": nb.gated_residual_backward(dh, f, g)},
+                torch=spec)

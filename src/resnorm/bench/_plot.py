@@ -1,8 +1,13 @@
-"""The PNG chart of a run (needs matplotlib): achieved GB/s of every op against the copy
-bandwidth of the same bytes, one panel per thread count, and the thread scaling."""
+"""The PNG chart of a run (needs matplotlib): achieved GB/s of every op, resnorm's and each
+peer's, against the copy bandwidth of the same bytes, one panel per thread count, and the
+thread scaling.  The legends sit below the panels, where they cover no point."""
 import os
 
+from ._results import OK, PEERS, one_per_cell
 from ._run import LARGE
+
+MARKERS = {"resnorm": "o", "numpy": "x", "torch": "^", "torch.compile": "v", "numba": "s",
+           "onnxruntime": "D"}
 
 
 def _plotted_rows(rows):
@@ -11,38 +16,54 @@ def _plotted_rows(rows):
     dtype = "float32" if any(r.dtype == "float32" for r in rows) else rows[0].dtype
     rows = [r for r in rows if r.dtype == dtype]
     large = [r for r in rows if r.shape[0] * r.shape[1] >= LARGE]
-    chosen = {}
-    for r in large or rows:
-        key = (r.op, tuple(r.shape), r.threads)
-        if key not in chosen or r.preallocated:
-            chosen[key] = r
-    return dtype, list(chosen.values())
+    return dtype, one_per_cell(large or rows)
+
+
+def _points(r):
+    """[(library, GB/s)] of a row: resnorm's and every timed peer's."""
+    points = [] if r.gbps is None else [("resnorm", r.gbps)]
+    points += [(name, r.traffic_bytes / p["us"] / 1e3) for name, p in r.peers.items()
+               if p["status"] == OK]
+    return points
 
 
 def _bandwidth_panel(ax, rows, ops, shapes, threads, dtype):
-    colors = {s: f"C{i}" for i, s in enumerate(shapes)}
     y = {op: i for i, op in enumerate(ops)}
-    for s in shapes:
+    # shapes side by side within an op's band, so their points do not sit on each other
+    offset = {s: 0.6 * (i - (len(shapes) - 1) / 2) / max(len(shapes), 1)
+              for i, s in enumerate(shapes)}
+    for i, s in enumerate(shapes):
         here = [r for r in rows if tuple(r.shape) == s and r.threads == threads]
         if not here:
             continue
-        c = colors[s]
+        color = f"C{i}"
         copy = sorted(r.copy_gbps for r in here)[len(here) // 2]
-        ax.axvline(copy, color=c, ls="--", lw=1)
-        ax.scatter([r.gbps for r in here], [y[r.op] for r in here], color=c, marker="o",
-                   label=f"resnorm {s[0]}x{s[1]} (copy: dashed)")
-        ax.scatter([r.traffic_bytes / r.numpy_us / 1e3 for r in here],
-                   [y[r.op] for r in here], color=c, marker="x", s=20)
-        torch = [r for r in here if r.torch_us is not None]
-        ax.scatter([r.traffic_bytes / r.torch_us / 1e3 for r in torch],
-                   [y[r.op] for r in torch], facecolors="none", edgecolors=c, marker="^", s=25)
+        ax.axvline(copy, color=color, ls="--", lw=1)
+        for r in here:
+            for library, gbps in _points(r):
+                # resnorm filled, x a line marker, the other peers hollow
+                style = ({"color": color} if library in ("resnorm", "numpy")
+                         else {"facecolors": "none", "edgecolors": color})
+                ax.scatter([gbps], [y[r.op] + offset[s]], marker=MARKERS[library], s=30,
+                           linewidths=1.0, zorder=3 if library == "resnorm" else 2, **style)
     ax.set_yticks(range(len(ops)), ops, fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(ops) - 0.5, -0.5)
     ax.set_xscale("log")
-    ax.set_xlabel("GB/s of the op's minimum traffic (o resnorm, x numpy, ^ torch)")
+    ax.set_xlabel("GB/s of the op's minimum traffic (more is faster)")
     ax.set_title(f"{dtype}, {threads} thread{'s' if threads > 1 else ''}")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+
+
+def _legend_handles(shapes, libraries):
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=f"C{i}", marker="o", ls="--", lw=1,
+                      label=f"{s[0]}x{s[1]} (dashed: its np.copyto)")
+               for i, s in enumerate(shapes)]
+    handles += [Line2D([], [], color="black", marker=MARKERS[lib], ls="none",
+                       markerfacecolor="black" if lib in ("resnorm", "numpy") else "none",
+                       label=lib) for lib in libraries]
+    return handles
 
 
 def _scaling_panel(ax, scaling):
@@ -58,7 +79,7 @@ def _scaling_panel(ax, scaling):
     ax.set_xlabel("threads (more than cores: oversubscribed)")
     ax.set_ylabel("speedup over 1 thread")
     ax.set_title(f"thread scaling (resnorm), {shape[0]}x{shape[1]} {rows[0].dtype}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
     ax.grid(True, alpha=0.3)
 
 
@@ -80,7 +101,7 @@ def save_png(results, path):
         shapes = list(dict.fromkeys(tuple(r.shape) for r in rows))
         threads = sorted({r.threads for r in rows})
     n = len(threads) + bool(results.scaling)
-    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 6.5), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(6.5 * n, 7.5), squeeze=False)
     bandwidth_axes = axes[0][:len(threads)]
     for ax, t in zip(bandwidth_axes, threads):
         _bandwidth_panel(ax, rows, ops, shapes, t, dtype)
@@ -89,10 +110,15 @@ def save_png(results, path):
         hi = max(ax.get_xlim()[1] for ax in bandwidth_axes)
         for ax in bandwidth_axes:
             ax.set_xlim(lo, hi)
+        libraries = ["resnorm"] + [p for p in PEERS if any(
+            name == p for r in rows for name, _ in _points(r))]
+        fig.legend(handles=_legend_handles(shapes, libraries), loc="lower center",
+                   ncol=len(shapes) + len(libraries), fontsize=8, frameon=False)
     if results.scaling:
         _scaling_panel(axes[0][-1], results.scaling)
-    fig.suptitle("resnorm: achieved bandwidth vs np.copyto of the same bytes (dashed)")
-    fig.tight_layout()
+    fig.suptitle("resnorm and its peers: achieved bandwidth against np.copyto of the same "
+                 "bytes (dashed)")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)

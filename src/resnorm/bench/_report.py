@@ -1,8 +1,14 @@
-"""Markdown for a benchmark run: the main table, thread scaling, small-call latency and the
-target check.  Used by the CLI (stdout) and benchmarks/make_results.py (RESULTS.md)."""
+"""Markdown for a benchmark run: resnorm against its peers first, then what the peers are,
+thread scaling, small-call latency and (when asked) the goals.  Used by the CLI (stdout)
+and benchmarks/make_results.py (RESULTS.md)."""
+from statistics import median
+
 from .._parallel import PARALLEL_MIN_ELEMENTS
-from ._targets import SHAPES as TARGET_SHAPES
-from ._targets import THREADS as TARGET_THREADS
+from . import _check, _peers
+from ._machine import OPENBLAS_VARS
+from ._results import OK, PEERS, UNSUPPORTED, WRONG, one_per_cell
+
+LATENCY_VARIANTS = ["preallocated", "allocating"]
 
 
 def _us(t):
@@ -25,15 +31,122 @@ def _table(header, lines):
     return "\n".join(out) + "\n"
 
 
+def _peer_cell(p, best):
+    """A peer's time (bold when it is the fastest), 'wrong', 'n/a' or '-' (no such peer)."""
+    if p is None:
+        return "-"
+    if p["status"] == WRONG:
+        return "wrong"
+    if p["status"] != OK:
+        return "n/a"
+    return f"**{_us(p['us'])}**" if best else _us(p["us"])
+
+
+def _columns(rows):
+    """The peers that appear in any of the rows, in table order."""
+    seen = {name for r in rows for name in r.peers}
+    return [name for name in PEERS if name in seen]
+
+
 def markdown_table(rows):
-    """One line per Row."""
-    header = ["op", "shape", "dtype", "threads", "prealloc", "resnorm us", "GB/s", "x copy",
-              "copy GB/s", "numpy us", "vs numpy", "torch us", "vs torch"]
-    return _table(header, [
-        [r.op, _shape(r.shape), r.dtype, r.threads, "yes" if r.preallocated else "no",
-         _us(r.resnorm_us), f"{r.gbps:.1f}", f"{r.x_copy:.2f}", f"{r.copy_gbps:.1f}",
-         _us(r.numpy_us), _ratio(r.vs_numpy), _us(r.torch_us), _ratio(r.vs_torch)]
-        for r in rows])
+    """One line per Row: resnorm, copy, each peer's time and the fastest peer."""
+    peers = _columns(rows)
+    header = (["op", "shape", "dtype", "threads", "prealloc", "resnorm us", "GB/s", "x copy"]
+              + [f"{p} us" for p in peers] + ["fastest peer", "vs best"])
+    lines = []
+    for r in rows:
+        resnorm = "WRONG" if r.resnorm_us is None else _us(r.resnorm_us)
+        lines.append(
+            [r.op, _shape(r.shape), r.dtype, r.threads, "yes" if r.preallocated else "no",
+             resnorm, "-" if r.gbps is None else f"{r.gbps:.1f}",
+             "-" if r.x_copy is None else f"{r.x_copy:.2f}"]
+            + [_peer_cell(r.peers.get(p), p == r.best_peer) for p in peers]
+            + [r.best_peer or "-", _ratio(r.vs_best)])
+    return _table(header, lines)
+
+
+def standing(rows, worst=5):
+    """One paragraph: in how many cells resnorm is ahead of the fastest peer, the median
+    ratio, the cells where it is furthest behind, and the peers whose output was wrong."""
+    judged = [r for r in one_per_cell(rows) if r.vs_best is not None]
+    text = ""
+    if judged:
+        ahead = sum(r.vs_best > 1 for r in judged)
+        behind = sorted((r for r in judged if r.vs_best <= 1), key=lambda r: r.vs_best)[:worst]
+        text = (f"resnorm (preallocated outputs where the op takes them) is faster than the "
+                f"fastest peer in {ahead} of {len(judged)} cells (op, shape, dtype, threads); "
+                f"median vs best {median(r.vs_best for r in judged):.2f}x.")
+        if behind:
+            text += " Furthest behind: " + "; ".join(
+                f"{r.op} {_shape(r.shape)} {r.dtype} {r.threads} thr {r.vs_best:.2f}x "
+                f"({r.best_peer})" for r in behind) + "."
+    own = sorted({f"{r.op} {_shape(r.shape)} {r.dtype}" for r in rows if r.resnorm_us is None})
+    if own:
+        text += f" resnorm's own output failed the check, so not timed: {'; '.join(own)}."
+    wrong = sorted({name for r in rows for name, p in r.peers.items() if p["status"] == WRONG})
+    if wrong:
+        text += (f" Output failed the check, so not timed: {', '.join(wrong)} "
+                 "(see the rows marked wrong).")
+    return text.strip() + "\n" if text else ""
+
+
+X_COPY_NOTE = (
+    "Medians of interleaved rounds, in microseconds.  x copy: GB/s of the op's minimum "
+    "traffic / GB/s of np.copyto of the same bytes on as many threads, same rounds.  "
+    "vs best: the fastest peer's time / resnorm's time (above 1: resnorm is faster); the "
+    "fastest peer's time is in bold.  '-': the peer has no such op; 'wrong': its output "
+    f"was off the float64 reference by more than {_check.TOLERANCE['float32']:g} of the "
+    "output's scale (float32), so it was not timed; 'n/a': it could not run this case.  "
+    f"threads: the n_threads asked for; calls on fewer than {PARALLEL_MIN_ELEMENTS} "
+    "elements run on one thread (and so do their copy and the numba loop).\n")
+
+
+def kernels_section(rows, title="resnorm and its peers"):
+    return (f"## {title}\n\n" + standing(rows) + "\n" + markdown_table(rows) + "\n"
+            + X_COPY_NOTE)
+
+
+def _unsupported(results, name):
+    """{reason: ["op (dtype)", ...]} of the cases the peer could not run."""
+    failed = [(r.op, r.dtype, r.peers[name]["note"]) for r in results.rows
+              if r.peers.get(name, {}).get("status") == UNSUPPORTED]
+    failed += [(r.op, r.dtype, r.note) for r in results.latency
+               if r.variant == name and r.status == UNSUPPORTED]
+    found = {}
+    for op, dtype, note in failed:
+        cases = found.setdefault(note.rstrip("."), [])
+        if f"{op} ({dtype})" not in cases:
+            cases.append(f"{op} ({dtype})")
+    return found
+
+
+def peers_section(results):
+    """What each peer is and how it runs, which were left out and why, and which ops of
+    the run have no such peer."""
+    meta_peers = results.meta.get("peers", {})
+    ops = list(dict.fromkeys([r.op for r in results.rows]
+                             + [r.op for r in results.latency]))
+    have = {}
+    for r in results.rows:
+        for name in r.peers:
+            have.setdefault(name, set()).add(r.op)
+    for r in results.latency:
+        have.setdefault(r.variant, set()).add(r.op)
+    lines = []
+    for name in PEERS:
+        info = meta_peers.get(name, {})
+        version = info.get("version") or "not installed"
+        if info.get("left_out"):
+            lines.append(f"* {name} ({version}): left out: {info['left_out']}.")
+            continue
+        line = f"* {name} {version}: {_peers.HOW[name]}."
+        missing = [op for op in ops if op not in have.get(name, set())]
+        if missing and ops:
+            line += f" No {name} version of: {', '.join(missing)}."
+        for note, cases in _unsupported(results, name).items():
+            line += f" Could not run {', '.join(cases)}: {note}."
+        lines.append(line)
+    return "## Peers\n\n" + "\n".join(lines) + "\n"
 
 
 def scaling_table(scaling):
@@ -53,79 +166,30 @@ def scaling_table(scaling):
     return _table(header, lines)
 
 
+def _latency_cell(r):
+    if r is None:
+        return "-"
+    return _us(r.us) if r.status == OK else "wrong" if r.status == WRONG else "n/a"
+
+
 def latency_table(latency):
-    """One line per op: us per call for each variant."""
-    variants = ["preallocated", "allocating", "torch"]
+    """One line per (op, shape): us per call of resnorm's forms and of each peer, the
+    fastest peer and its time / resnorm's (preallocated, else allocating)."""
+    peers = [p for p in PEERS if any(r.variant == p for r in latency)]
     groups = {}
     for r in latency:
-        groups.setdefault((r.op, tuple(r.shape), r.dtype), {})[r.variant] = r.us
-    header = ["op", "shape", "dtype"] + [f"{v} us/call" for v in variants]
-    return _table(header, [[op, _shape(s), dt] + [_us(by_v.get(v)) for v in variants]
-                           for (op, s, dt), by_v in groups.items()])
-
-
-def _cell(t):
-    if t.measured is None:
-        return "-"
-    value = f"{t.measured:.2f}x" if "torch" in t.target else f"{t.measured:.2f}"
-    status = "MET" if t.status == "MET" else f"**{t.status}**"
-    extra = f" ({t.note})" if "torch" in t.target and t.note else ""
-    return f"{value} {status}{extra}"
-
-
-def targets_table(targets):
-    """The per-shape targets as one line per (target, op) measured at least once, then the
-    small-call targets, then the counts."""
-    columns = [(s, t) for s in TARGET_SHAPES for t in TARGET_THREADS]
-    groups, notes = {}, {}
-    for t in targets:
-        if t.threads is not None and t.measured is not None:
-            groups.setdefault((t.target, t.op), {})[(tuple(t.shape), t.threads)] = t
-            if "torch" not in t.target:
-                notes[(t.target, t.op)] = t.note
-    header = ["target", "op"] + [f"{_shape(s)} {t} thr" for s, t in columns] + ["row used"]
-    lines = [[target, op] + [_cell(by_c[c]) if c in by_c else "-" for c in columns]
-             + [notes.get((target, op), "allocating (like torch)")]
-             for (target, op), by_c in groups.items()]
-    text = _table(header, lines) if lines else ""
-    small = [t for t in targets if t.threads is None and t.measured is not None]
-    if small:
-        text += "\n" + _table(
-            ["target", "op", "shape", "measured us/call", "status", "how"],
-            [[t.target, t.op, _shape(t.shape), _us(t.measured), t.status, t.note]
-             for t in small])
-    counts = {s: sum(t.status == s for t in targets) for s in ("MET", "NOT MET", "NOT MEASURED")}
-    text += ("\n" + ", ".join(f"{n} {s}" for s, n in counts.items())
-             + " (not measured: shape, thread count, op or torch not in this run)\n")
-    return text
-
-
-def headline(machine):
-    m = machine
-    return (f"{m['cpu']}, {m['cores']} cores, simd={m['simd_level']}, openmp={m['openmp']}, "
-            f"numpy {m['numpy']}, torch {m['torch'] or 'not installed'}, python {m['python']}")
-
-
-def caveat(results):
-    """How busy the machine was, and what that does to the rows."""
-    meta, cores = results.meta, results.machine.get("cores")
-    return (f"The 1-minute load average was {meta.get('load_average_start')} when the run "
-            f"started and {meta.get('load_average_end')} when it ended, on {cores} cores.  "
-            "Where other work holds a core, rows with as many threads as cores measure "
-            "contention (OpenMP threads wait at the end of every parallel region for the "
-            "slowest one), not the kernel.  Compare ratios within a row (same rounds), not "
-            "absolute times across runs.\n")
-
-
-X_COPY_NOTE = (
-    "x copy: GB/s of the op's minimum traffic / GB/s of np.copyto of the same bytes on as "
-    "many threads, same interleaved rounds.  vs X: X's time / resnorm's time.  Medians.  "
-    f"threads: the n_threads asked for; calls on fewer than {PARALLEL_MIN_ELEMENTS} elements "
-    "run on one thread (and so does their copy).\n")
-
-
-def kernels_section(rows, title="Kernels vs NumPy, PyTorch and copy"):
-    return f"## {title}\n\n" + markdown_table(rows) + "\n" + X_COPY_NOTE
+        groups.setdefault((r.op, tuple(r.shape), r.dtype), {})[r.variant] = r
+    header = (["op", "shape", "dtype"] + [f"{v} us" for v in LATENCY_VARIANTS]
+              + [f"{p} us" for p in peers] + ["fastest peer", "vs best"])
+    lines = []
+    for (op, s, dt), by_v in groups.items():
+        timed = [(by_v[p].us, p) for p in peers if p in by_v and by_v[p].status == OK]
+        best_us, best = min(timed) if timed else (None, None)
+        own = by_v.get("preallocated") or by_v.get("allocating")
+        vs = None if best_us is None or own is None or own.us is None else best_us / own.us
+        lines.append([op, _shape(s), dt] + [_latency_cell(by_v.get(v)) for v in LATENCY_VARIANTS]
+                     + [_latency_cell(by_v.get(p)) for p in peers] + [best or "-", _ratio(vs)])
+    return _table(header, lines)
 
 
 def scaling_section(scaling):
@@ -134,25 +198,87 @@ def scaling_section(scaling):
 
 
 def latency_section(latency):
-    return ("## Small-call latency (from Python, argument checks included)\n\n"
-            + latency_table(latency))
+    return ("## Small-call latency\n\nMedian microseconds per call from Python, argument "
+            "checks included, float32, default n_threads (calls this small run on one "
+            "thread; the peers too).  vs best: the fastest peer's time / resnorm's "
+            "(preallocated).\n\n" + latency_table(latency))
 
 
-def targets_section(targets):
-    return ("## Targets (issue 5)\n\nfloat32.  Bandwidth targets read the preallocated-output "
-            "row; torch targets the allocating row (torch allocates its outputs too).\n\n"
-            + targets_table(targets))
+def _goal_value(g):
+    if g.measured is None:
+        return "-"
+    return f"{g.measured:.2f}"
 
 
-def report(results, targets):
-    """The whole run as Markdown sections (what the CLI prints)."""
+def goals_table(goals):
+    """Per goal: how many of its cells are MET, and each cell NOT MET (worst first)."""
+    groups = {}
+    for g in goals:
+        groups.setdefault(g.goal, []).append(g)
+    summary = [[goal, f"{sum(g.status == 'MET' for g in gs)} of {len(gs)}"]
+               for goal, gs in groups.items()]
+    text = _table(["goal", "met"], summary)
+    failed = [g for g in goals if g.status != "MET"]
+    if failed:
+        def gap(g):   # how far from the goal, relative
+            if g.measured is None:
+                return float("-inf")
+            r = g.measured / g.threshold if g.threshold else g.measured
+            return r if g.compare != "<=" else 1 / r if r else float("inf")
+        failed.sort(key=lambda g: (g.goal, gap(g)))
+        text += "\nNot met:\n\n" + _table(
+            ["goal", "op", "shape", "threads", "measured", "note"],
+            [[g.goal, g.op, "-" if g.shape is None else _shape(g.shape),
+              "-" if g.threads is None else g.threads, _goal_value(g), g.note]
+             for g in failed])
+    return text
+
+
+def goals_section(goals):
+    met = sum(g.status == "MET" for g in goals)
+    return (f"## Goals\n\nfloat32, measured in this run: {met} of {len(goals)} met.  Goals "
+            "whose shapes, ops or thread counts were not in the run are not listed.\n\n"
+            + goals_table(goals))
+
+
+def headline(machine):
+    m = machine
+    return (f"{m['cpu']}, {m['cores']} cores, simd={m['simd_level']}, openmp={m['openmp']}, "
+            f"numpy {m['numpy']}, python {m['python']}")
+
+
+def caveat(results):
+    """How busy the machine was, what that does to the rows, and the OpenBLAS settings."""
+    meta, m = results.meta, results.machine
+    text = (f"The 1-minute load average was {meta.get('load_average_start')} when the run "
+            f"started and {meta.get('load_average_end')} when it ended, on {m.get('cores')} "
+            "cores.  Where other work holds a core, rows with as many threads as cores "
+            "measure contention (OpenMP threads wait at the end of every parallel region "
+            "for the slowest one), not the kernel.  Compare ratios within a row (same "
+            "rounds), not absolute times across runs.")
+    unset = m.get("openblas_unset") or []
+    still = [k for k in m.get("omp_env", {}) if k in OPENBLAS_VARS]
+    if unset:
+        text += (f"  {' and '.join(unset)} were set in the environment; the benchmark ran "
+                 "without them, so that NumPy's OpenBLAS detects this CPU as it does by "
+                 "default.")
+    if still:
+        text += (f"  {' and '.join(still)} are set: NumPy's OpenBLAS uses them instead of "
+                 "what it detects (the command line runs without them).")
+    return text + "\n"
+
+
+def report(results, goals=None):
+    """The whole run as Markdown sections (what the CLI prints); goals: with --goals."""
     parts = [f"# resnorm benchmark\n\n{headline(results.machine)}\n"]
     if results.rows:
         parts.append(kernels_section(results.rows))
-    if results.scaling:
-        parts.append(scaling_section(results.scaling))
     if results.latency:
         parts.append(latency_section(results.latency))
-    parts.append(targets_section(targets))
+    parts.append(peers_section(results))
+    if results.scaling:
+        parts.append(scaling_section(results.scaling))
+    if goals is not None:
+        parts.append(goals_section(goals))
     parts.append(f"{results.meta.get('duration_s')} s.  " + caveat(results))
     return "\n".join(parts)

@@ -4,28 +4,66 @@ import json
 from dataclasses import asdict, dataclass, field
 
 
+# the peers, in the order of the table's columns
+PEERS = ["numpy", "torch", "torch.compile", "numba", "onnxruntime"]
+OK, WRONG, UNSUPPORTED = "ok", "wrong", "unsupported"
+
+
+def peer_result(status, us=None, error=None, note=""):
+    """One peer's entry of a row: status OK (checked, then timed: us), WRONG (its output
+    failed the check: error, not timed) or UNSUPPORTED (it could not run this case: note)."""
+    return {"status": status, "us": us, "error": error, "note": note}
+
+
+def note_of(err):
+    """An exception as a one-line note: what a peer that could not run a case says."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:160] if text else ''}"
+
+
+def fastest(peers):
+    """(name, us) of the fastest peer that was timed, or (None, None)."""
+    timed = [(p["us"], name) for name, p in peers.items() if p["status"] == OK]
+    if not timed:
+        return None, None
+    us, name = min(timed)
+    return name, us
+
+
 @dataclass
 class Row:
     """One op, shape, dtype, thread count and output form, with its peers from the same
-    interleaved rounds.  Times are medians in microseconds."""
+    interleaved rounds (torch.compile: from its own process).  Times are medians in
+    microseconds; None where the output was wrong and so not timed."""
     op: str
-    kind: str               # forward, backward or fused Pre-Norm
+    kind: str               # forward, backward or fused (add + norm forward)
     shape: tuple
     dtype: str
     threads: int
     preallocated: bool      # resnorm wrote into given outputs (False: it allocated them)
-    resnorm_us: float
+    resnorm_us: float | None
+    resnorm_error: float    # against the float64 reference (see _check)
     traffic_bytes: int      # the op's minimum traffic
-    gbps: float             # traffic / resnorm time
+    gbps: float | None      # traffic / resnorm time
     copy_us: float          # np.copyto of traffic/2 bytes (it reads and writes them)
     copy_gbps: float
     copy_threads: int       # the copy ran on as many threads as the resnorm call
-    x_copy: float           # gbps / copy_gbps = copy time / resnorm time
-    numpy_us: float
-    vs_numpy: float         # numpy time / resnorm time
-    torch_us: float | None
-    vs_torch: float | None
+    x_copy: float | None    # gbps / copy_gbps = copy time / resnorm time
+    peers: dict             # peer name -> peer_result(...); absent: no such peer
+    best_peer: str | None   # the fastest peer that was timed
+    vs_best: float | None   # best peer's time / resnorm's time (above 1: resnorm is faster)
     repeats: int
+
+
+def one_per_cell(rows):
+    """One row per (op, shape, dtype, threads): the preallocated one, or the allocating one
+    for ops without an output argument."""
+    chosen = {}
+    for r in rows:
+        key = (r.op, tuple(r.shape), r.dtype, r.threads)
+        if key not in chosen or r.preallocated:
+            chosen[key] = r
+    return list(chosen.values())
 
 
 @dataclass
@@ -48,10 +86,13 @@ class LatencyRow:
     op: str
     shape: tuple
     dtype: str
-    variant: str            # "preallocated", "allocating" or "torch"
-    us: float
+    variant: str            # "preallocated", "allocating" or a peer's name
+    us: float | None        # None: not timed (status WRONG or UNSUPPORTED)
     calls: int              # calls per timing
     repeats: int            # timings; the median is reported
+    status: str = OK
+    error: float | None = None
+    note: str = ""
 
 
 @dataclass
@@ -62,13 +103,13 @@ class Results:
     scaling: list = field(default_factory=list)
     latency: list = field(default_factory=list)
 
-    def to_json(self, targets=None):
+    def to_json(self, goals=None):
         data = {"meta": self.meta, "machine": self.machine,
                 "rows": [asdict(r) for r in self.rows],
                 "scaling": [asdict(r) for r in self.scaling],
                 "latency": [asdict(r) for r in self.latency]}
-        if targets is not None:
-            data["targets"] = [{**asdict(t), "status": t.status} for t in targets]
+        if goals is not None:
+            data["goals"] = [{**asdict(g), "status": g.status} for g in goals]
         return json.dumps(data, indent=1)
 
     @classmethod

@@ -45,15 +45,17 @@ def time_budgeted(fns, budget, lo=3, hi=201):
 
 def per_call_seconds(fns, calls, repeats):
     """Median over repeats of (time of `calls` back-to-back calls) / calls, for each
-    function, interleaved: the cost of a call too short to time one at a time."""
-    for f in fns:
-        for _ in range(calls):
+    function, interleaved: the cost of a call too short to time one at a time.  calls: one
+    count for all, or one per function."""
+    counts = list(calls) if isinstance(calls, (list, tuple)) else [calls] * len(fns)
+    for f, n in zip(fns, counts):
+        for _ in range(n):
             f()
     times = [[] for _ in fns]
     for _ in range(repeats):
-        for t, f in zip(times, fns):
+        for t, f, n in zip(times, fns, counts):
             t0 = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(n):
                 f()
-            t.append((time.perf_counter() - t0) / calls)
+            t.append((time.perf_counter() - t0) / n)
     return [float(np.median(t)) for t in times]

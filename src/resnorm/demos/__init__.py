@@ -13,6 +13,8 @@ DEMOS = {
     "batchnorm": "batchnorm",
     "rms-vs-layer": "rms_vs_layer",
     "convergence": "convergence",
+    "warmup": "warmup",
+    "deepnorm": "deepnorm",
 }
 SIZE_NAMES = ("full", "tiny")
 

@@ -66,6 +66,23 @@ def pyplot():
     return plt
 
 
+def spread(values):
+    """(median, min, max) of values, as floats: how results vary over seeds or repeats."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(np.median(v)), float(v.min()), float(v.max())
+
+
 def loglog_slope(x, y):
     """The exponent k of the best fit y ~ x^k (least squares on logs)."""
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+def plot_band(ax, x, curves, label, log=True, alpha=0.2, color=None):
+    """curves (draws, points): the median over the draws as a line, min..max as a band of
+    the same colour.  Returns the line."""
+    curves = np.asarray(curves)
+    line, = (ax.semilogy if log else ax.plot)(x, np.median(curves, axis=0), label=label,
+                                                color=color)
+    ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=line.get_color(),
+                    alpha=alpha)
+    return line

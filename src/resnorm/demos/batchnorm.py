@@ -11,7 +11,7 @@ token it is the size of the output.
 """
 import numpy as np
 
-from .. import norms
+import resnorm
 from ._common import DemoResult, markdown_table, num
 
 SIZES = {"full": {"d": 16, "lengths": {"A": 5, "B": 9, "C": 16, "E": 3}},
@@ -52,8 +52,8 @@ def _normalise(which, x, mask):
     if which == "BatchNorm, pads masked":
         return batch_norm(x, mask)
     if which == "LayerNorm":
-        return norms.layer_norm(rows, None, None, EPS).reshape(x.shape)
-    return norms.rms_norm(rows, None, EPS).reshape(x.shape)
+        return resnorm.layer_norm(rows, None, None, EPS).reshape(x.shape)
+    return resnorm.rms_norm(rows, None, EPS).reshape(x.shape)
 
 
 def _a_tokens(which, seqs, length):

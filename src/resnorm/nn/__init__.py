@@ -7,7 +7,8 @@ gradients.  Parameter names and layouts follow torch.nn.TransformerEncoderLayer
 """
 from .activations import GELU
 from .attention import CausalSelfAttention
-from .blocks import PostNormBlock, PreNormBlock, TransformerStack
+from .blocks import PostNormBlock, PreNormBlock
+from .deepnorm import DeepNormBlock, deepnorm_constants, deepnorm_init
 from .dropout import Dropout
 from .feedforward import FeedForward
 from .linear import Linear
@@ -15,20 +16,28 @@ from .losses import mse_loss
 from .module import Module
 from .norms import LayerNorm, RMSNorm
 from .optim import SGD, Adam
+from .parallel import ParallelBlock
+from .sandwich import SandwichBlock
+from .stack import TransformerStack
 
 __all__ = [
     "Adam",
     "CausalSelfAttention",
+    "DeepNormBlock",
     "Dropout",
     "FeedForward",
     "GELU",
     "LayerNorm",
     "Linear",
     "Module",
+    "ParallelBlock",
     "PostNormBlock",
     "PreNormBlock",
     "RMSNorm",
     "SGD",
+    "SandwichBlock",
     "TransformerStack",
+    "deepnorm_constants",
+    "deepnorm_init",
     "mse_loss",
 ]

@@ -5,8 +5,9 @@ resnorm's fused residual kernels (resnorm/residual.py, resnorm/inverted_dropout.
 
 * ``pre_add_norm_forward/backward``: h = x + alpha * dropout(f), y = norm(h), returning y
   and h, in one pass over memory: resnorm.add_rms_norm_forward / add_layer_norm_forward;
-* ``post_add_norm_forward/backward``: y = norm(x + alpha * dropout(f)):
-  resnorm.add_rms_norm_post_forward / add_layer_norm_post_forward;
+* ``post_add_norm_forward/backward``: y = norm(x + alpha * dropout(f)), and DeepNorm's
+  y = norm(skip * x + dropout(f)): resnorm.add_rms_norm_post_forward /
+  add_layer_norm_post_forward;
 * ``Residual.forward/backward`` (an add with no norm after it, and the gated and "none"
   connections, which have no fused add + norm kernel): resnorm.dropout,
   resnorm.scaled_residual, resnorm.gated_residual, then the norm module.
@@ -149,15 +150,26 @@ def pre_add_norm_backward(residual, norm, dy, dh):
     return dx, df
 
 
-def post_add_norm_forward(residual, norm, x, f):
-    """y = norm(residual(x, f))  (Post-Norm)."""
+def post_add_norm_forward(residual, norm, x, f, skip=1.0):
+    """y = norm(residual(x, f))  (Post-Norm), or with skip != 1 (DeepNorm, plain residual
+    only) y = norm(skip * x + dropout(f)).
+
+    The skip scale costs no pass of its own: a norm is scale invariant up to its eps,
+    norm(skip * h') = norm(h') with eps / skip^2 (mean and deviation scale by skip, the
+    variance by skip^2), so y = norm(x + dropout(f) / skip) with eps / skip^2: the fused
+    kernel with alpha = 1/skip.  The same function, forward and backward.
+    """
+    if skip != 1.0 and residual.kind != "plain":
+        raise ValueError(f"a skip scale needs the plain residual, got {residual.kind!r}")
     if not residual.fusable:
         return norm.forward(residual.forward(x, f))
-    kw = dict(alpha=residual.alpha_arg(), **residual.dropout_args())
+    alpha = 1.0 / skip if residual.kind == "plain" else residual.alpha_arg()
+    kw = dict(alpha=alpha, **residual.dropout_args())
+    eps = norm.eps / (skip * skip)
     if isinstance(norm, RMSNorm):
-        y, cache = add_rms_norm_post_forward(f, x, norm.weight, norm.eps, **kw)
+        y, cache = add_rms_norm_post_forward(f, x, norm.weight, eps, **kw)
     else:
-        y, cache = add_layer_norm_post_forward(f, x, norm.weight, norm.bias, norm.eps, **kw)
+        y, cache = add_layer_norm_post_forward(f, x, norm.weight, norm.bias, eps, **kw)
     residual._cache = ("fused", cache)
     return y
 

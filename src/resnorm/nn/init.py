@@ -5,9 +5,14 @@ float64 model built from the same seed hold the same numbers (up to that roundin
 The distributions are torch's defaults for the same layers (the numbers differ: torch has
 its own generator).
 """
+from __future__ import annotations
+
 import math
 
 import numpy as np
+
+# What every seed= argument of resnorm.nn accepts.
+Seed = int | np.random.SeedSequence | np.random.Generator
 
 
 def generator(seed):
@@ -39,3 +44,13 @@ def linear_bound(fan_in):
 def xavier_bound(fan_in, fan_out):
     """torch.nn.init.xavier_uniform_: U(-a, a), a = sqrt(6 / (fan_in + fan_out))."""
     return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+def normal(rng, shape, std, dtype):
+    """N(0, std^2) of this shape, drawn in float64, rounded to dtype."""
+    return (std * rng.standard_normal(shape)).astype(dtype)
+
+
+def xavier_std(fan_in, fan_out):
+    """torch.nn.init.xavier_normal_ (gain 1): N(0, s^2), s = sqrt(2 / (fan_in + fan_out))."""
+    return math.sqrt(2.0 / (fan_in + fan_out))

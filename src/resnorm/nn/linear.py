@@ -1,26 +1,66 @@
 """Linear layer: y = x @ W^T + b, with W stored (out_features, in_features) as in torch."""
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _checks, _layers
 from .._parallel import threads_for
 from .._api import kernel_rows
 from . import init
 from ._blas import single_threaded_blas
+from .init import Seed
 from .module import Module
 
 
 class Linear(Module):
-    """y = x @ weight^T + bias over the last axis of x (..., in_features).
+    """A fully connected layer: ``y = x @ weight.T + bias`` over the last axis of x.
 
-    Backward: dx = dy @ weight;  dweight += dy^T @ x;  dbias += sum over rows of dy.
-    Matrix products: sgemm/dgemm from scipy's BLAS, one per row block, in parallel
-    (resnorm_c/layers.pyx, threads: resnorm.nn._blas).
-    Caches: x (a reference when x was C-contiguous, else one contiguous copy).
-    NumPy reference: resnorm.nn.reference.linear_forward / linear_backward.
-    Parameters: weight (out, in) ~ U(+-1/sqrt(in)), bias (out,) likewise (torch's default).
+    Backward: ``dx = dy @ weight``, ``dweight += dy.T @ x``, ``dbias += dy`` summed over
+    rows.  The matrix products are scipy's BLAS sgemm/dgemm, one per block of 64 rows,
+    run in parallel; the blocks depend on the shapes only, so results are bitwise the same
+    for any thread count.  Caches x (a reference when x is C-contiguous, else one copy).
+    NumPy twin: ``resnorm.nn.reference.linear_forward`` / ``linear_backward``.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Sizes of the last axis of the input and of the output.
+    bias : bool, default True
+        Whether the layer has a bias.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the parameters and of the inputs the layer accepts.
+    seed : int, numpy.random.SeedSequence or numpy.random.Generator, default 0
+        Initialisation: ``weight`` (out_features, in_features) and ``bias``
+        (out_features,) are drawn from U(-1/sqrt(in_features), 1/sqrt(in_features)),
+        torch's default (the numbers differ from torch's).
+
+    Raises
+    ------
+    TypeError
+        If a size is not an int, `dtype` is not float32 or float64, or `seed` is of
+        another type.
+    ValueError
+        If a size is not positive.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from resnorm import nn
+    >>> layer = nn.Linear(3, 2, seed=0)
+    >>> layer.weight.shape, layer.bias.shape
+    ((2, 3), (2,))
+    >>> x = np.ones((4, 3), np.float32)
+    >>> y = layer.forward(x)
+    >>> bool(np.allclose(y, x @ layer.weight.T + layer.bias))
+    True
+    >>> dx = layer.backward(np.ones_like(y))
+    >>> dx.shape, layer.dbias
+    ((4, 3), array([4., 4.], dtype=float32))
     """
 
-    def __init__(self, in_features, out_features, bias=True, *, dtype=np.float32, seed=0):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 dtype: DTypeLike = np.float32, seed: Seed = 0) -> None:
         super().__init__()
         self.in_features = _checks.positive_int(in_features, "in_features")
         self.out_features = _checks.positive_int(out_features, "out_features")
@@ -35,7 +75,7 @@ class Linear(Module):
                 "bias", init.uniform(rng, (out_features,), bound, self.dtype))
         self._cache = None
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.in_features)
         rows = kernel_rows(x)
         y = np.empty((rows.shape[0], self.out_features), self.dtype)
@@ -45,7 +85,7 @@ class Linear(Module):
         self._cache = (rows, x.shape)
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
-    def backward(self, dy):
+    def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
         rows, shape = self._take_cache()
         dy = _checks.like_array(dy, "dy", shape[:-1] + (self.out_features,), self.dtype)
         dy = kernel_rows(dy)

@@ -1,66 +1,149 @@
 """RMSNorm and LayerNorm modules over the last axis, on resnorm's compiled norm kernels."""
+from __future__ import annotations
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .. import _checks
 from ..norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from .module import Module
 
 
-class RMSNorm(Module):
-    """y = x * rstd * weight,  rstd = 1/sqrt(mean(x^2) + eps).
+def _initial_weight(d, dtype, zero_centered_weight):
+    """The weight a norm starts with: the identity gain, ones (or zeros when the gain is
+    1 + weight)."""
+    zero = _checks.flag(zero_centered_weight, "zero_centered_weight")
+    return zero, (np.zeros if zero else np.ones)(d, dtype)
 
-    Backward (resnorm.rms_norm_backward): dx = rstd * (g - xn * mean(g*xn)), g = dy*w,
-    xn = x*rstd;  dweight += sum over rows of dy*xn.
-    Caches: x (reference) and rstd (one float64 per row).   weight starts at ones.
-    NumPy reference: resnorm.reference.rms_norm_forward / rms_norm_backward.
+
+class RMSNorm(Module):
+    """RMSNorm over the last axis: ``y = x * rstd * weight``, ``rstd = 1/sqrt(mean(x^2) + eps)``.
+
+    Backward (`resnorm.rms_norm_backward`): ``dx = rstd * (g - xn * mean(g*xn))`` with
+    ``g = dy*weight``, ``xn = x*rstd``; ``dweight += sum over rows of dy*xn``.  Caches x
+    (a reference: do not modify it before backward) and rstd (one float64 per row).
+    NumPy twin: `resnorm.reference.rms_norm_forward` / `rms_norm_backward`.
+
+    Parameters
+    ----------
+    d : int
+        The size of the normalised (last) axis; ``weight`` has shape (d,) and starts at 1
+        (0 with zero_centered_weight).
+    eps : float, default 1e-6
+        Added to the mean square.
+    zero_centered_weight : bool, default False
+        Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
+        so that weight decay pulls toward the identity.  dweight is the same sum.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the weight and of the inputs.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If d is not a positive int, eps is not a finite number > 0, or dtype is not
+        float32 or float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from resnorm import nn
+    >>> norm = nn.RMSNorm(4)
+    >>> y = norm.forward(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))
+    >>> y.round(4)
+    array([[0.3651, 0.7303, 1.0954, 1.4606]], dtype=float32)
+    >>> dx = norm.backward(np.ones_like(y))
+    >>> norm.dweight.round(4)
+    array([0.3651, 0.7303, 1.0954, 1.4606], dtype=float32)
     """
 
-    def __init__(self, d, eps=1e-6, *, dtype=np.float32):
+    def __init__(self, d: int, eps: float = 1e-6, *, zero_centered_weight: bool = False,
+                 dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype)
-        self.weight, self.dweight = self.add_param("weight", np.ones(self.d, self.dtype))
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+                                                            zero_centered_weight)
+        self.weight, self.dweight = self.add_param("weight", weight)
         self._cache = None
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.d)
-        y, self._cache = rms_norm_forward(x, self.weight, self.eps)
+        y, self._cache = rms_norm_forward(x, self.weight, self.eps,
+                                          zero_centered_weight=self.zero_centered_weight)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
         dx, dw = rms_norm_backward(dy, self._take_cache())
         self.dweight += dw
         return dx
 
 
 class LayerNorm(Module):
-    """y = (x - mean) * rstd * weight + bias,  rstd = 1/sqrt(var + eps), var biased.
+    """LayerNorm over the last axis: ``y = (x - mean) * rstd * weight + bias``.
 
-    Backward (resnorm.layer_norm_backward): dx = rstd * (g - mean(g) - xhat * mean(g*xhat)),
-    g = dy*w;  dweight += sum dy*xhat;  dbias += sum dy.
-    Caches: x (reference), mean and rstd (float64, one each per row).  weight = 1, bias = 0
-    at the start, as in torch.nn.LayerNorm.
-    NumPy reference: resnorm.reference.layer_norm_forward / layer_norm_backward.
+    ``rstd = 1/sqrt(var + eps)`` with the biased variance (divided by d), computed in two
+    passes in double.  Backward (`resnorm.layer_norm_backward`):
+    ``dx = rstd * (g - mean(g) - xhat * mean(g*xhat))`` with ``g = dy*weight``;
+    ``dweight += sum dy*xhat``, ``dbias += sum dy`` over rows.  Caches x (a reference)
+    and mean and rstd (float64, one each per row).  NumPy twin:
+    `resnorm.reference.layer_norm_forward` / `layer_norm_backward`.
+
+    Parameters
+    ----------
+    d : int
+        The size of the normalised (last) axis; ``weight`` (d,) starts at 1, ``bias``
+        (d,) at 0, as in ``torch.nn.LayerNorm``.
+    eps : float, default 1e-5
+        Added to the variance.
+    bias : bool, default True
+        Whether the norm has a bias.
+    zero_centered_weight : bool, default False
+        Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
+        so that weight decay pulls toward the identity.  dweight is the same sum.
+    dtype : {numpy.float32, numpy.float64}, default numpy.float32
+        The dtype of the parameters and of the inputs.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If d is not a positive int, eps is not a finite number > 0, or dtype is not
+        float32 or float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from resnorm import nn
+    >>> norm = nn.LayerNorm(4, dtype=np.float64)
+    >>> y = norm.forward(np.array([[1.0, 2.0, 3.0, 4.0]]))
+    >>> y.round(4)
+    array([[-1.3416, -0.4472,  0.4472,  1.3416]])
+    >>> dx = norm.backward(np.ones_like(y))
+    >>> norm.dbias
+    array([1., 1., 1., 1.])
     """
 
-    def __init__(self, d, eps=1e-5, bias=True, *, dtype=np.float32):
+    def __init__(self, d: int, eps: float = 1e-5, bias: bool = True, *,
+                 zero_centered_weight: bool = False, dtype: DTypeLike = np.float32) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype)
-        self.weight, self.dweight = self.add_param("weight", np.ones(self.d, self.dtype))
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+                                                            zero_centered_weight)
+        self.weight, self.dweight = self.add_param("weight", weight)
         self.bias = self.dbias = None
         if bias:
             self.bias, self.dbias = self.add_param("bias", np.zeros(self.d, self.dtype))
         self._cache = None
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> NDArray[np.floating]:
         x = _checks.module_input(x, "x", self.dtype, self.d)
-        y, self._cache = layer_norm_forward(x, self.weight, self.bias, self.eps)
+        y, self._cache = layer_norm_forward(x, self.weight, self.bias, self.eps,
+                                            zero_centered_weight=self.zero_centered_weight)
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
         dx, dw, db = layer_norm_backward(dy, self._take_cache())
         self.dweight += dw
         if db is not None:

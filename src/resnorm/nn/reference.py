@@ -111,22 +111,28 @@ def merge_heads(a):
     return a.transpose(0, 2, 1, 3).reshape(b, t, h * dh)
 
 
-def attention_forward(qkv, n_heads, causal=True):
-    """(out, att): att = softmax(q k^T / sqrt(dh)) per head, out = concat_h att v."""
+def attention_forward(qkv, n_heads, causal=True, dropout_p=0.0, dropout_seed=0):
+    """(out, att): att = softmax(q k^T / sqrt(dh)) per head, out = concat_h dropout(att) v.
+
+    Dropout on the probabilities (dropout_p > 0) uses the mask resnorm.dropout gives the
+    (B, H, T, T) array att under dropout_seed (resnorm.reference.dropout_forward); att is
+    returned before dropout."""
     q, k, v = split_heads(qkv, n_heads)
     scale = 1.0 / np.sqrt(q.shape[-1])
     att = softmax(q @ k.transpose(0, 1, 3, 2), scale, causal)
-    return merge_heads(att @ v), att
+    dropped, _ = norm_reference.dropout_forward(att, dropout_p, dropout_seed)
+    return merge_heads(dropped @ v), att
 
 
-def attention_backward(dout, qkv, att, n_heads):
-    """dqkv (B, T, 3D) of attention_forward."""
+def attention_backward(dout, qkv, att, n_heads, dropout_p=0.0, dropout_seed=0):
+    """dqkv (B, T, 3D) of attention_forward (the same dropout_p and dropout_seed)."""
     q, k, v = split_heads(qkv, n_heads)
     b, t, d = dout.shape
     do = _f64(dout).reshape(b, t, n_heads, d // n_heads).transpose(0, 2, 1, 3)
     att = _f64(att)
-    dp = do @ v.transpose(0, 1, 3, 2)                      # dP = dO v^T
-    dv = att.transpose(0, 1, 3, 2) @ do                    # dv = P^T dO
+    dropped, keep = norm_reference.dropout_forward(att, dropout_p, dropout_seed)
+    dp = norm_reference.dropout_backward(do @ v.transpose(0, 1, 3, 2), keep, dropout_p)
+    dv = dropped.transpose(0, 1, 3, 2) @ do                # dv = dropout(P)^T dO
     ds = softmax_backward(dp, att, 1.0 / np.sqrt(q.shape[-1]))
     dq = ds @ k                                            # dq = dS k
     dk = ds.transpose(0, 1, 3, 2) @ q                      # dk = dS^T q
@@ -184,3 +190,33 @@ def post_norm_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", cau
     u = norm(residual(x, a, p, "res1", residual_kind), p, "norm1", norm_kind, eps)
     f = feed_forward(u, p, activation)
     return norm(residual(u, f, p, "res2", residual_kind), p, "norm2", norm_kind, eps)
+
+
+def parallel_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", causal=True,
+                   activation="gelu", eps=1e-5, shared_norm=True):
+    """y = x + Attn(Norm1(x)) + FFN(Norm(x)), Norm = Norm1 (shared_norm) or Norm2; the
+    sums are res1 then res2 (residual "none": y = Attn(..) + FFN(..))   (dropout off)."""
+    n1 = norm(x, p, "norm1", norm_kind, eps)
+    n2 = n1 if shared_norm else norm(x, p, "norm2", norm_kind, eps)
+    h = residual(x, self_attention(n1, p, n_heads, causal), p, "res1", residual_kind)
+    return residual(h, feed_forward(n2, p, activation), p, "res2",
+                    "plain" if residual_kind == "none" else residual_kind)
+
+
+def deepnorm_block(x, p, n_heads, alpha, norm_kind="layer", causal=True, activation="gelu",
+                   eps=1e-5):
+    """u = Norm1(alpha x + Attn(x));  y = Norm2(alpha u + FFN(u))   (dropout off)."""
+    x = _f64(x)
+    u = norm(alpha * x + self_attention(x, p, n_heads, causal), p, "norm1", norm_kind, eps)
+    return norm(alpha * u + feed_forward(u, p, activation), p, "norm2", norm_kind, eps)
+
+
+def sandwich_block(x, p, n_heads, norm_kind="layer", residual_kind="plain", causal=True,
+                   activation="gelu", eps=1e-5):
+    """u = x + Norm1_out(Attn(Norm1(x)));  y = u + Norm2_out(FFN(Norm2(u)))   (dropout off)."""
+    a = norm(self_attention(norm(x, p, "norm1", norm_kind, eps), p, n_heads, causal), p,
+             "norm1_out", norm_kind, eps)
+    u = residual(x, a, p, "res1", residual_kind)
+    f = norm(feed_forward(norm(u, p, "norm2", norm_kind, eps), p, activation), p, "norm2_out",
+             norm_kind, eps)
+    return residual(u, f, p, "res2", residual_kind)

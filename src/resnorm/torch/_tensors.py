@@ -1,124 +1,245 @@
-"""torch tensors in, kernel-ready NumPy views out: the argument checks of resnorm.torch.
+"""torch tensors in, NumPy views out: the argument checks of resnorm.torch.
 
-Same error style as resnorm._checks (which must never import torch): TypeError for a wrong
+Same error style as the rest of resnorm (which never imports torch): TypeError for a wrong
 kind, device or dtype, ValueError for a wrong value or shape; messages name the argument.
-A CPU tensor and its ``.numpy()`` view share memory, so the kernels read the tensor's own
-storage and write into tensors allocated here with torch.empty: no copies, except one
-``.contiguous()`` copy of an input that is not contiguous.
+Values (eps, p, seed, alpha, n_threads) are checked by the resnorm functions themselves.
+
+A CPU tensor and its ``.numpy()`` view share memory, so resnorm's functions read a tensor's
+own storage and write into tensors allocated here: no copies, except that a strided input
+is copied once by the function it reaches (as for any strided NumPy array).
 """
-import numbers
+import operator
 
 import numpy as np
 import torch
+from torch.autograd import forward_ad
 
-from .._parallel import streams, threads_for
-from ..norms import _rows
+# The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
+# dtype.  Half precision gets its own refusal below until the kernels take it; taking it
+# means an entry here (torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16), a
+# bit-cast in view() and tensor() (numpy() has no bfloat16: t.view(torch.int16).numpy()
+# .view(...), and back), and param_tensor's dtype rule if float32 weights are allowed.
+NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
-FLOAT_DTYPES = (torch.float32, torch.float64)
-NUMPY_DTYPE = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+
+def dtype_problem(dtype):
+    """Why resnorm's kernels cannot take tensors of this dtype (a sentence), or None."""
+    if dtype in NUMPY_DTYPES:
+        return None
+    if dtype in HALF_DTYPES:
+        return (f"resnorm has no {dtype} kernels yet (half precision): run the norm in "
+                f"float32, or leave it to torch")
+    return f"resnorm's kernels take torch.float32 or torch.float64, not {dtype}"
 
 
-def float_tensor(t, name):
-    """t, checked: a contiguous float32/float64 CPU tensor with a non-empty last axis.
+def _dtype_error(name, dtype):
+    reason = dtype_problem(dtype)
+    return TypeError(f"{name} must have dtype torch.float32 or torch.float64, got {dtype}"
+                     + ("" if dtype not in HALF_DTYPES else f"; {reason}"))
 
-    A non-contiguous tensor is copied once by .contiguous(); a contiguous one is returned
-    as is (the kernels then read its storage in place).
-    """
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+
+# torch has no public test for "inside a torch.func transform" or "inside a forward-mode AD
+# dual level"; these are the flags torch.autograd.Function.apply and forward_ad read
+# themselves.  Should a future torch drop them, resnorm.torch takes the path for
+# transformed tensors every time, which is always correct.
+functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+# torch.jit.is_tracing() is this flag behind a Python call that costs a tenth of a small
+# norm; the public function is the fallback.
+_jit_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
+
+
+def graph_capture():
+    """True while torch.compile or torch.jit.trace records a graph."""
+    return torch.compiler.is_compiling() or _jit_tracing()
+
+
+def transforms_active():
+    """True inside a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD dual
+    level: tensors there may carry a batch dimension or a tangent besides their storage,
+    so NumPy views of them would be wrong or fail."""
+    return functorch_active() or getattr(forward_ad, "_current_level", 0) >= 0
+
+
+def input_tensor(x, name="x"):
+    """x checked: a dense float32/float64 CPU tensor with at least one axis and a non-empty
+    last axis (shape (..., D)).  Returns x."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cpu:
         raise TypeError(f"{name} must be a CPU tensor (resnorm kernels run on the CPU), "
-                        f"got a tensor on device '{t.device}'")
-    if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype torch.float32 or torch.float64, got {t.dtype}")
-    if t.dim() == 0:
+                        f"got a tensor on device '{x.device}'")
+    if x.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
+    if x.dtype not in NUMPY_DTYPES:
+        raise _dtype_error(name, x.dtype)
+    if x.dim() == 0:
         raise ValueError(f"{name} must have at least one axis (shape (..., D)), got a scalar")
-    if t.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty last axis, got shape {tuple(t.shape)}")
-    return t.contiguous()
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last axis, got shape {tuple(x.shape)}")
+    return x
 
 
-def optional_param(p, name, like):
-    """None, or p checked as a (D,) tensor of like's dtype (D = like's last axis)."""
+def eps_for(eps, x):
+    """eps=None means torch.finfo(x.dtype).eps, as in torch.nn.functional.rms_norm."""
+    return torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def row_shape(normalized_shape, x):
+    """The shape of one normalised row, as a tuple: x's last axis for None, else torch's
+    normalized_shape (an int, or a sequence of ints such as torch.Size) as a tuple.  The
+    sizes are checked against x by trailing_axes (and by resnorm)."""
+    if normalized_shape is None:
+        return (x.shape[-1],)
+    sizes = normalized_shape if isinstance(normalized_shape, (tuple, list)) else (
+        normalized_shape,)
+    try:
+        return tuple(operator.index(s) for s in sizes)
+    except TypeError:
+        raise TypeError(f"normalized_shape must be None, an int or a sequence of ints, got "
+                        f"{normalized_shape!r}") from None
+
+
+def trailing_axes(x, row, name="input"):
+    """Checks that x ends with the normalised axes `row` (a tuple, e.g. a module's
+    normalized_shape)."""
+    if isinstance(x, torch.Tensor) and tuple(x.shape[x.dim() - len(row):]) != row:
+        sizes = ", ".join(map(str, row))
+        raise ValueError(f"{name} must have shape (..., {sizes}) for normalized_shape={row}, "
+                         f"got {tuple(x.shape)}")
+
+
+def normalized_arg(row):
+    """normalized_shape as resnorm takes it: None for the last axis alone (its fast path)."""
+    return None if len(row) == 1 else row
+
+
+def param_tensor(p, name, x, row=None):
+    """None, or p checked as a CPU tensor of x's dtype of the normalised row's shape (row;
+    None: (D,), D = x's last axis)."""
     if p is None:
         return None
     if not isinstance(p, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(p).__name__}")
-    if p.device.type != "cpu":
+    if not p.is_cpu:
         raise TypeError(f"{name} must be a CPU tensor, got a tensor on device '{p.device}'")
-    if p.dtype != like.dtype:
-        raise TypeError(f"{name} must have the input's dtype {like.dtype}, got {p.dtype}")
-    if tuple(p.shape) != (like.shape[-1],):
-        raise ValueError(f"{name} must have shape ({like.shape[-1]},) (the input's last "
-                         f"axis), got {tuple(p.shape)}")
-    return p.contiguous()
+    if p.layout is not torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {p.layout}")
+    if p.dtype is not x.dtype:
+        raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {p.dtype}")
+    if row is None or len(row) == 1:
+        if p.dim() != 1 or p.shape[0] != x.shape[-1]:
+            raise ValueError(f"{name} must have shape ({x.shape[-1]},) (the input's last "
+                             f"axis), got {tuple(p.shape)}")
+    elif tuple(p.shape) != row:
+        raise ValueError(f"{name} must have shape {row} (normalized_shape), got "
+                         f"{tuple(p.shape)}")
+    return p
 
 
 def partner(t, name, x):
-    """t checked as a CPU tensor of exactly x's shape and dtype (the residual of an add)."""
+    """t checked as a dense CPU tensor of exactly x's shape and dtype (the residual of an add)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu" or t.layout != torch.strided:
+    if not t.is_cpu or t.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense CPU tensor, got {t.layout} on '{t.device}'")
-    if t.dtype != x.dtype:
+    if t.dtype is not x.dtype:
         raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {t.dtype}")
     if t.shape != x.shape:
         raise ValueError(f"{name} must have the input's shape {tuple(x.shape)}, "
                          f"got {tuple(t.shape)}")
-    return t.contiguous()
+    return t
 
 
-def scale(alpha, x):
-    """A residual scale for resnorm.residual: a real number as is (fixed), or a tensor alpha
-    of shape () or (D,) checked and given as a NumPy view (its shape and dtype are then
-    checked by resnorm._checks.residual_scale)."""
-    if not isinstance(alpha, torch.Tensor):
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-            raise TypeError(f"alpha must be a real number or a torch.Tensor of shape () or "
-                            f"({x.shape[-1]},), got {type(alpha).__name__}")
-        return alpha
-    if alpha.device.type != "cpu":
-        raise TypeError(f"alpha must be a CPU tensor, got a tensor on device '{alpha.device}'")
-    if alpha.dtype != x.dtype:
-        raise TypeError(f"alpha must have the input's dtype {x.dtype}, got {alpha.dtype}")
-    return alpha.detach().contiguous().numpy()
+def scale_tensor(alpha, x, name="alpha"):
+    """alpha (or a gate) checked where torch knows more than resnorm: a tensor must be a
+    CPU tensor of x's dtype (its shape is checked by resnorm).  Numbers pass as they are."""
+    if isinstance(alpha, torch.Tensor):
+        if not alpha.is_cpu:
+            raise TypeError(f"{name} must be a CPU tensor, got a tensor on device "
+                            f"'{alpha.device}'")
+        if alpha.dtype is not x.dtype:
+            raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {alpha.dtype}")
+    return alpha
 
 
-def last_axis(x, normalized_shape):
-    """Checks that x's last axis has the module's normalized_shape (a 1-tuple)."""
-    if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[-1] != normalized_shape[0]:
-        raise ValueError(f"input must have shape (..., {normalized_shape[0]}) for "
-                         f"normalized_shape={normalized_shape}, got {tuple(x.shape)}")
+class NoStorage(RuntimeError):
+    """A tensor that has no NumPy view: a batched tensor (torch.func's vmap, gradcheck's
+    batched gradients), or one that input_tensor would refuse (on the GPU, sparse)."""
 
 
-def rows(t):
-    """The (N, D) NumPy view of a contiguous tensor's storage (None stays None)."""
-    return None if t is None else _rows(t.detach().numpy())
-
-
-def vector(t):
-    """The (D,) NumPy view of a contiguous vector tensor (None stays None)."""
-    return None if t is None else t.detach().numpy()
+def view(t):
+    """The NumPy view of a CPU tensor's storage (None stays None), else NoStorage."""
+    if t is None:
+        return None
+    if not t.is_cpu:   # numpy(force=True) would copy it to the CPU
+        raise NoStorage(f"resnorm.torch cannot view a tensor on '{t.device}'")
+    try:   # force=True: detach (a tensor that requires grad), in one call
+        return t.numpy(force=True) if t.requires_grad else t.numpy()
+    except (RuntimeError, TypeError) as e:
+        raise NoStorage(f"resnorm.torch cannot view this tensor's storage: {e}") from e
 
 
 def new_like(x):
-    """A fresh contiguous tensor with x's shape and dtype (the kernel's output buffer)."""
-    return torch.empty(x.shape, dtype=x.dtype)
+    """A fresh contiguous tensor with x's shape and dtype: the output buffer a kernel writes."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def n_rows(x):
-    """Number of rows N of x seen as (N, D)."""
-    return x.numel() // x.shape[-1]
+def row_count(x, axes=1):
+    """Number of rows N of x seen as (N, D), a row spanning its last `axes` axes."""
+    d = 1
+    for s in x.shape[x.dim() - axes:]:
+        d *= s
+    return x.numel() // d
 
 
-def row_stat(x):
-    """A fresh float64 tensor with one value per row of x (rstd, mean)."""
-    return torch.empty(n_rows(x), dtype=torch.float64)
+def threads():
+    """n_threads for resnorm: torch's thread count, so torch.set_num_threads sets both
+    libraries' (resnorm still runs inputs under 2**14 elements on one thread)."""
+    return torch.get_num_threads()
 
 
-def launch(out):
-    """(n_threads, stream) for a kernel writing tensor out: threads follow
-    torch.get_num_threads(), so torch.set_num_threads sets both libraries' thread count."""
-    return threads_for(torch.get_num_threads(), out.numel()), streams(out.numel() * out.element_size())
+def tensor(a):
+    """The tensor sharing the memory of an array resnorm returned (None stays None)."""
+    return None if a is None else torch.from_numpy(a)
+
+
+class ParamViews:
+    """A module's weight and bias as resnorm takes them, checked once: NumPy views of
+    their storage, for inputs of one dtype and last axis.  valid() says, in a few
+    attribute reads, whether they still describe the module's parameters.
+
+    An optimizer step or load_state_dict changes the values in place (the views see them);
+    assigning a new tensor or new .data (model.double(), param.data = ...) makes valid()
+    False.  The views keep the old storage alive, so a new storage cannot reuse its address.
+    """
+    __slots__ = ("weight", "bias", "dtype", "d", "row", "w_ptr", "b_ptr", "w_shape",
+                 "b_shape", "weight_view", "bias_view", "default_eps")
+
+    def __init__(self, weight, bias, x, row=None):
+        param_tensor(weight, "weight", x, row)
+        param_tensor(bias, "bias", x, row)
+        self.weight, self.bias, self.dtype, self.d = weight, bias, x.dtype, x.shape[-1]
+        self.row = None if row is None or len(row) == 1 else row   # None: the last axis
+        self.w_ptr, self.w_shape = _where(weight)
+        self.b_ptr, self.b_shape = _where(bias)
+        self.weight_view, self.bias_view = view(weight), view(bias)
+        self.default_eps = torch.finfo(x.dtype).eps
+
+    def valid(self, weight, bias, x):
+        """True when weight and bias are the same tensors with the same memory, and x has
+        the dtype and the normalised axes they were checked for."""
+        return (x.dtype is self.dtype and x.shape[-1] == self.d
+                and (self.row is None or tuple(x.shape[x.dim() - len(self.row):]) == self.row)
+                and weight is self.weight and bias is self.bias
+                and (weight is None or (weight.data_ptr() == self.w_ptr
+                                        and weight.dtype is self.dtype
+                                        and weight.shape == self.w_shape))
+                and (bias is None or (bias.data_ptr() == self.b_ptr
+                                      and bias.dtype is self.dtype
+                                      and bias.shape == self.b_shape)))
+
+
+def _where(t):
+    """(address, shape) of a parameter's memory; (None, None) for no parameter."""
+    return (None, None) if t is None else (t.data_ptr(), t.shape)

@@ -1,69 +1,235 @@
-"""Drop-in nn.Modules: torch.nn.RMSNorm / torch.nn.LayerNorm with resnorm's kernels.
+"""Drop-in nn.Modules: torch.nn.RMSNorm / torch.nn.LayerNorm with resnorm's kernels, and
+GemmaRMSNorm.
 
-Each is a subclass of torch's own module that only replaces forward, so the constructor
-arguments, parameters, state_dict keys, reset_parameters, repr and isinstance checks are
-torch's: ``model.load_state_dict`` works unchanged in both directions.
+Each is a subclass of torch's own module that replaces forward (and, for a zero-centred
+weight, the initial value), so the constructor arguments, parameters, state_dict keys,
+reset_parameters, repr and isinstance checks are torch's: ``model.load_state_dict`` works
+unchanged in both directions.
 
-Supported: normalized_shape over the last axis only (an int or a 1-tuple), float32/float64
-CPU tensors.  A multi-axis normalized_shape raises ValueError at construction; CUDA tensors
-and other dtypes raise TypeError in forward.
+Supported: any normalized_shape (an int, or the trailing axes of the input, e.g. (5, 64)),
+float32/float64 CPU tensors; CUDA tensors and other dtypes raise TypeError in forward.
+Like torch's modules, RMSNorm follows the input's dtype (a float32 module takes float64
+input and returns float64) and LayerNorm requires the parameters' dtype.
+GemmaRMSNorm applies 1 + weight, with the weight initialised at 0.  Under TorchScript
+forward calls resnorm's custom operators.
 """
 import torch
 from torch import nn
 
-from . import _tensors
-from .functions import LayerNormFunction, RMSNormFunction
+from . import _tensors as T
+from . import functions, kernels
+
+_ABSENT = object()
+_VIEWS = "_resnorm_param_views"
 
 
-def unsupported_reason(module):
-    """Why resnorm cannot run this norm module's configuration, or None when it can."""
-    if len(module.normalized_shape) != 1:
-        return (f"normalized_shape={module.normalized_shape} spans "
-                f"{len(module.normalized_shape)} axes; resnorm normalises over the last "
-                f"axis only (normalized_shape an int or a 1-tuple)")
-    for name, p in module.named_parameters(recurse=False):
-        if p.device.type != "cpu" or p.dtype not in _tensors.FLOAT_DTYPES:
-            return (f"{name} is a {p.dtype} tensor on '{p.device}'; resnorm needs float32 "
-                    f"or float64 on the CPU")
-    return None
+def parameter(module, name):
+    """module.<name> without nn.Module.__getattr__'s cost (a parametrized tensor or any
+    other attribute falls back to getattr)."""
+    p = module._parameters.get(name, _ABSENT)
+    return getattr(module, name) if p is _ABSENT else p
 
 
-def _check_shape(module):
-    if len(module.normalized_shape) != 1:
-        raise ValueError(unsupported_reason(module))
+def forget_views(module_or_state):
+    """Drops the parameter views a module (or a copy of its __dict__) keeps: patch's undo,
+    and pickling, where the views of the old storage would be stale."""
+    state = module_or_state if isinstance(module_or_state, dict) else module_or_state.__dict__
+    state.pop(_VIEWS, None)
 
 
-class RMSNorm(nn.RMSNorm):
+class _ViewsNotPickled:
+    """Pickling and deepcopy leave the cached views out (they would view the old storage)."""
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        forget_views(state)
+        return state
+
+
+def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=False):
+    """The norm of x with module.weight (and, for LayerNorm, module.bias): what every
+    resnorm module's forward runs.
+
+    The module keeps its parameters' NumPy views (ParamViews, in its __dict__), checked
+    once; while they stay valid, a call costs a few attribute reads on top of resnorm's
+    own.  RMSNorm follows x's dtype as torch.nn.RMSNorm does (a float32 weight is
+    converted for float64 input); LayerNorm requires the parameters' dtype.
+    normalized_shape: the module's (a tuple; None: x's last axis), checked against x's
+    trailing axes (valid views imply it: they hold the axes they were made for).
+    zero_centered: the gain is 1 + weight.
+    """
+    weight = parameter(module, "weight")
+    bias = parameter(module, "bias") if layer else None
+    if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
+        return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
+    views = module.__dict__.get(_VIEWS)
+    if views is None or type(x) is not torch.Tensor or not x.ndim or not views.valid(
+            weight, bias, x):
+        x = T.input_tensor(x)
+        if not layer and weight is not None and weight.dtype is not x.dtype:
+            return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
+        if normalized_shape is not None:
+            T.trailing_axes(x, tuple(normalized_shape))
+        views = module.__dict__[_VIEWS] = T.ParamViews(weight, bias, x, normalized_shape)
+    if eps is None:
+        eps = views.default_eps
+    ns = views.row
+    if not (functions.wants_grad(x, weight, bias) or T.transforms_active()):
+        try:
+            if layer:
+                return kernels.layer_norm(x, views.weight_view, views.bias_view, eps,
+                                          normalized_shape=ns, zero_centered_weight=zero_centered)
+            return kernels.rms_norm(x, views.weight_view, eps, normalized_shape=ns,
+                                    zero_centered_weight=zero_centered)
+        except T.NoStorage:
+            pass   # the general path gives the error or takes the batched tensor
+        return functions.norm(layer, x, weight, bias, eps, None, ns, zero_centered)
+    if layer:
+        return functions.LayerNormFunction.apply(x, weight, bias, eps,
+                                                 (views.weight_view, views.bias_view), ns,
+                                                 zero_centered)[0]
+    return functions.RMSNormFunction.apply(x, weight, eps, (views.weight_view,), ns,
+                                           zero_centered)[0]
+
+
+def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
+    """module_norm without cached views (while a graph is recorded)."""
+    x = T.input_tensor(x)
+    if normalized_shape is not None:
+        T.trailing_axes(x, tuple(normalized_shape))
+    if not layer and weight is not None and weight.dtype is not x.dtype:
+        weight = weight.to(x.dtype)
+    return functions.norm(layer, x, weight, bias, eps, None, normalized_shape, zero_centered)
+
+
+class _ZeroCentered:
+    """The zero-centred weight of a norm module class (GemmaRMSNorm): the gain is
+    1 + weight, and reset_parameters starts the weight at 0 (the identity gain, where
+    weight decay pulls it)."""
+    zero_centered_weight = False   # a class's constant (also for TorchScript: __constants__)
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if self.zero_centered_weight and self.weight is not None:
+            with torch.no_grad():
+                self.weight.zero_()
+
+    def extra_repr(self):
+        return super().extra_repr() + (", zero_centered_weight=True"
+                                       if self.zero_centered_weight else "")
+
+
+class RMSNorm(_ViewsNotPickled, _ZeroCentered, nn.RMSNorm):
     """torch.nn.RMSNorm computed by resnorm: y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps).
 
-    Same arguments as torch.nn.RMSNorm; eps=None means torch.finfo(x.dtype).eps, as in
-    torch.  normalized_shape must be an int or a 1-tuple (the last axis).
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        The normalised trailing axes: D, the size of the last axis, or several (e.g.
+        (5, 64)), whose elements form one row.
+    eps : float or None
+        None (the default) means torch.finfo(x.dtype).eps, as in torch.
+    elementwise_affine : bool
+        Whether the module has a learnable weight (initialised to ones).
+    device, dtype
+        As for torch.nn.RMSNorm (resnorm runs float32/float64 on the CPU).
+
+    See Also
+    --------
+    GemmaRMSNorm : the same with the gain 1 + weight.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> rt.RMSNorm(2, eps=1e-12)(torch.tensor([[3.0, 4.0]]))
+    tensor([[0.8485, 1.1314]], grad_fn=<RMSNormFunctionBackward>)
+    >>> rt.RMSNorm((2, 3))(torch.ones(4, 2, 3)).shape
+    torch.Size([4, 2, 3])
     """
+
+    __constants__ = nn.RMSNorm.__constants__ + ["zero_centered_weight"]
 
     def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None,
                  dtype=None):
         super().__init__(normalized_shape, eps, elementwise_affine, device, dtype)
-        _check_shape(self)
 
     def forward(self, x):
-        _tensors.last_axis(x, self.normalized_shape)
-        eps = self.eps
-        if eps is None and isinstance(x, torch.Tensor) and x.is_floating_point():
-            eps = torch.finfo(x.dtype).eps
-        return RMSNormFunction.apply(x, self.weight, eps)
+        if torch.jit.is_scripting():
+            weight = self.weight
+            if weight is not None and weight.dtype != x.dtype:
+                weight = weight.to(x.dtype)
+            return torch.ops.resnorm.rms_norm(x, weight, self.eps, len(self.normalized_shape),
+                                              self.zero_centered_weight)[0]
+        return module_norm(self, x, False, self.eps, self.normalized_shape,
+                           self.zero_centered_weight)
 
 
-class LayerNorm(nn.LayerNorm):
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm computed by resnorm: y = x * rstd * (1 + weight), the weight starting
+    at zeros; the constructor and state_dict of Hugging Face's GemmaRMSNorm (dim, eps), so
+    it loads Gemma's norm weights as they are.
+
+    Gemma's own module computes in float32 whatever the input's dtype; this one, like
+    RMSNorm, in the input's (float32 or float64).
+
+    Parameters
+    ----------
+    dim : int
+        The size of the last axis.
+    eps : float
+        Added to mean(x^2).
+    device, dtype
+        As for RMSNorm.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> norm = rt.GemmaRMSNorm(2)
+    >>> norm.weight
+    Parameter containing:
+    tensor([0., 0.], requires_grad=True)
+    >>> with torch.no_grad():
+    ...     norm(torch.tensor([[3.0, 4.0]]))
+    tensor([[0.8485, 1.1314]])
+    """
+    zero_centered_weight = True
+
+    def __init__(self, dim, eps=1e-6, device=None, dtype=None):
+        super().__init__(dim, eps, True, device, dtype)
+
+
+class LayerNorm(_ViewsNotPickled, _ZeroCentered, nn.LayerNorm):
     """torch.nn.LayerNorm computed by resnorm: y = (x - mean) * rstd * w + b.
 
-    Same arguments as torch.nn.LayerNorm.  normalized_shape must be an int or a 1-tuple.
+    Parameters
+    ----------
+    normalized_shape : int or tuple of int
+        The normalised trailing axes, as for RMSNorm.
+    eps : float
+        Added to the (biased) variance.
+    elementwise_affine, bias : bool
+        Whether the module has a learnable weight (ones) and bias (zeros).
+    device, dtype
+        As for torch.nn.LayerNorm (resnorm runs float32/float64 on the CPU).
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> with torch.no_grad():
+    ...     rt.LayerNorm(2, eps=1e-12)(torch.tensor([[1.0, 3.0]]))
+    tensor([[-1.,  1.]])
     """
+
+    __constants__ = nn.LayerNorm.__constants__ + ["zero_centered_weight"]
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True,
                  device=None, dtype=None):
         super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
-        _check_shape(self)
 
     def forward(self, x):
-        _tensors.last_axis(x, self.normalized_shape)
-        return LayerNormFunction.apply(x, self.weight, self.bias, self.eps)
+        if torch.jit.is_scripting():
+            return torch.ops.resnorm.layer_norm(x, self.weight, self.bias, self.eps,
+                                                len(self.normalized_shape),
+                                                self.zero_centered_weight)[0]
+        return module_norm(self, x, True, self.eps, self.normalized_shape,
+                           self.zero_centered_weight)

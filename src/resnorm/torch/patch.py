@@ -1,27 +1,99 @@
-"""patch(model): run every torch.nn.RMSNorm / LayerNorm of a model on resnorm's kernels.
+"""patch(model): run a model's norm layers on resnorm's kernels, in place and reversibly.
 
-Each norm module is switched in place to resnorm's subclass of its own class (the way
-torch.nn.utils.parametrize injects its subclasses): the module object, its parameters,
-buffers, hooks, state_dict keys and every reference to it stay exactly as they were, so an
-optimizer built before the patch keeps training the same tensors.  undo() switches the
-classes back.  Only modules whose type is exactly torch.nn.RMSNorm or torch.nn.LayerNorm
-are touched (a user subclass may have its own forward); configurations resnorm does not
-support are left on torch and listed in Patch.skipped, with a warning.
+Every norm-like module (recognise.norm_like) is checked by what it computes
+(recognise.recognise: a probe run against resnorm's formulas) and, when resnorm computes
+the same, switched in place to a subclass of its own class whose forward calls resnorm
+(the way torch.nn.utils.parametrize injects its subclasses): the module object, its
+parameters, buffers, hooks, state_dict keys and every reference to it stay as they were,
+so an optimizer built before the patch keeps training the same tensors.
+torch.nn.RMSNorm / LayerNorm become resnorm.torch.RMSNorm / LayerNorm; any other class C
+becomes a subclass of C made once per class (same name, isinstance(m, C) still true).
+undo() switches the classes back.  Modules that do not match, or that resnorm cannot run
+(half precision, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
+and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
+swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
 """
 import warnings
 
+import torch
 from torch import nn
 
-from .modules import LayerNorm, RMSNorm, unsupported_reason
+from .modules import LayerNorm, RMSNorm, forget_views, module_norm
+from .residual_modules import OWN_MODULES
+from .recognise import norm_like, recognise
 
 _RESNORM_CLASS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
+_TORCH_CLASS = {v: k for k, v in _RESNORM_CLASS.items()}
+_SPEC = "_resnorm_spec"
+_SUBCLASSES = {}   # original class -> its patched subclass
+
+
+class _Patched:
+    """The methods every patched subclass puts before its original class's."""
+
+    def forward(self, x):
+        if torch.jit.is_scripting():
+            raise RuntimeError("resnorm.torch.patch: a patched module cannot run under "
+                               "TorchScript; undo() the patch before torch.jit.script, or "
+                               "use torch.compile or torch.jit.trace, which record "
+                               "resnorm's custom operators")
+        return _forward(self, x)
+
+    def __reduce_ex__(self, protocol):
+        # pickles (and deep-copies) as a patched instance of the original class
+        state = self.__dict__.copy()
+        forget_views(state)
+        return _unpickle, (type(self)._resnorm_original,), state
+
+
+def _forward(self, x):
+    """A patched module's forward: its recognised formula on resnorm."""
+    spec = self.__dict__[_SPEC]
+    if isinstance(x, torch.Tensor) and x.dtype not in spec.dtypes:
+        raise TypeError(
+            f"resnorm.torch.patch checked this {type(self).__name__} against resnorm for "
+            f"{' and '.join(map(str, spec.dtypes))} input, got {x.dtype}; call "
+            f"patch(model) again after changing the model's dtype, or undo() the patch")
+    eps = getattr(self, spec.eps_attr)
+    # Gemma's y = rms_norm(x) * (1 + w): resnorm's zero-centred weight, 1 + w in w's dtype
+    return module_norm(self, x, spec.layer, eps, spec.normalized_shape,
+                       spec.kind == "rms_1p")
+
+
+def _unpickle(original):
+    return object.__new__(_subclass(original))
+
+
+def _subclass(original):
+    """The patched subclass of a norm class (made once, named as the original)."""
+    if original not in _SUBCLASSES:
+        _SUBCLASSES[original] = type(original.__name__, (_Patched, original),
+                                     {"_resnorm_original": original,
+                                      "__qualname__": original.__qualname__,
+                                      "__doc__": f"{original.__qualname__}, computed by "
+                                                 f"resnorm (resnorm.torch.patch)."})
+    return _SUBCLASSES[original]
+
+
+def _is_patched(module):
+    return type(module) in _TORCH_CLASS or isinstance(module, _Patched)
+
+
+def _on_resnorm(module):
+    """Patched already, or one of resnorm.torch's own modules (left as they are)."""
+    return _is_patched(module) or type(module) in OWN_MODULES
+
+
+def _original(module):
+    cls = type(module)
+    return _TORCH_CLASS.get(cls) or cls._resnorm_original
 
 
 class Patch:
     """The result of patch(): .swapped = [(name, module)], .skipped = [(name, reason)].
 
-    undo() restores torch's classes (again calls are no-ops).  As a context manager,
-    ``with patch(model): ...`` undoes on exit.
+    undo() restores the modules' original classes (again calls are no-ops).  As a context
+    manager, ``with patch(model): ...`` undoes on exit.
     """
 
     def __init__(self, swapped, skipped):
@@ -29,10 +101,12 @@ class Patch:
         self.skipped = skipped
 
     def undo(self):
+        """Switch every swapped module back to its original class."""
         for _, module in self.swapped:
-            for torch_class, resnorm_class in _RESNORM_CLASS.items():
-                if type(module) is resnorm_class:
-                    module.__class__ = torch_class
+            if _is_patched(module):
+                module.__class__ = _original(module)
+                module.__dict__.pop(_SPEC, None)
+                forget_views(module)
 
     def __enter__(self):
         return self
@@ -44,28 +118,76 @@ class Patch:
         return f"<resnorm.torch.Patch: {len(self.swapped)} swapped, {len(self.skipped)} skipped>"
 
 
-def patch(model):
-    """Make every torch.nn.RMSNorm / torch.nn.LayerNorm in model (model itself included)
-    compute with resnorm's kernels, in place.  Returns a Patch; Patch.undo() reverts.
+def _swap(module, spec):
+    cls = type(module)
+    if cls in _RESNORM_CLASS:
+        module.__class__ = _RESNORM_CLASS[cls]
+    else:
+        module.__dict__[_SPEC] = spec
+        module.__class__ = _subclass(cls)
 
-    Norms with a multi-axis normalized_shape, or with parameters that are not float32 /
-    float64 on the CPU, stay on torch and are listed in Patch.skipped (with a warning).
+
+def _warning(swapped, skipped):
+    """One line per reason, with up to three module names."""
+    by_reason = {}
+    for name, reason in skipped:
+        by_reason.setdefault(reason, []).append(name or "<model>")
+    parts = []
+    for reason, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{shown}: {reason}")
+    head = "swapped none of the model's norm layers; " if not swapped else ""
+    return (f"resnorm.torch.patch {head}left {len(skipped)} norm module(s) on torch: "
+            + "; ".join(parts))
+
+
+def patch(model):
+    """Make the norm layers of model (model itself included) compute with resnorm.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Patched in place.  Its norm-like modules (leaf modules whose class name contains
+        "norm", and torch's norms) are run on a probe input and compared with resnorm's
+        RMSNorm, (1 + w) RMSNorm and LayerNorm, over their normalised axes (one or
+        several); those that match are switched to resnorm.
+
+    Returns
+    -------
+    Patch
+        .swapped: [(name, module)]; .skipped: [(name, reason)]; .undo() reverts.
+
+    Raises
+    ------
+    TypeError
+        model is not a torch.nn.Module.
+
+    Warns
+    -----
+    UserWarning
+        When norm-like modules stay on torch (the message gives each reason).
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    >>> handle = rt.patch(model)
+    >>> handle
+    <resnorm.torch.Patch: 1 swapped, 0 skipped>
+    >>> handle.undo()
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     swapped, skipped = [], []
     for name, module in model.named_modules():
-        resnorm_class = _RESNORM_CLASS.get(type(module))
-        if resnorm_class is None:
+        if _on_resnorm(module) or not norm_like(module):
             continue
-        reason = unsupported_reason(module)
-        if reason is None:
-            module.__class__ = resnorm_class
-            swapped.append((name, module))
-        else:
+        spec, reason = recognise(module)
+        if spec is None:
             skipped.append((name, reason))
+        else:
+            _swap(module, spec)
+            swapped.append((name, module))
     if skipped:
-        listing = "; ".join(f"{name or '<model>'}: {why}" for name, why in skipped)
-        warnings.warn(f"resnorm.torch.patch left {len(skipped)} norm module(s) on torch: "
-                      f"{listing}", stacklevel=2)
+        warnings.warn(_warning(swapped, skipped), stacklevel=2)
     return Patch(swapped, skipped)

@@ -1,190 +1,424 @@
-"""torch.autograd.Functions for resnorm's fused residual kernels: Pre-Norm add + norm with
-dropout, and inverted dropout.
+"""torch.autograd.Functions for resnorm's fused residual kernels: add + norm with dropout
+(Pre-Norm and Post-Norm), and inverted dropout.
 
 Pre-Norm (resnorm.add_rms_norm / add_layer_norm):  h = residual + alpha * dropout(x, p, seed),
 y = norm(h); apply returns (y, h): y feeds the next sublayer, h is the new residual stream.
-One pass over memory: x and residual are read once, y and h written once, straight into
-tensors allocated here.  Backward takes the gradients of both outputs (that of h may be
-absent) and never stores the dropout mask: the kernel regenerates it from (seed, index).
+One pass over memory: x and residual are read once, y and h written once.  Backward takes
+the gradients of both outputs (that of h may be absent) and never stores the dropout mask:
+the kernel regenerates it from (seed, index).  Post-Norm (resnorm.add_rms_norm_post /
+add_layer_norm_post): y = norm(residual + alpha * dropout(x)) alone; h is not written, and
+backward recomputes it.
 
-alpha: a real number (fixed, no gradient), or a tensor of shape () or (D,) of x's dtype
-(a learnable scalar / LayerScale vector: it gets a gradient when it requires grad).
-ctx saves h, weight, the float64 row statistics and, only when alpha needs a gradient, x.
-Double backward is not supported (once_differentiable).
+alpha: a real number (fixed, no gradient), or a tensor of shape () or of a row's (D,) of
+x's dtype (a learnable scalar / LayerScale vector: it gets a gradient when it requires
+grad).  The norms' options: normalized_shape (a row spans those trailing axes; weight,
+bias and a per-channel alpha have their shape) and zero_centered_weight (the gain 1 + w).
+ctx keeps resnorm's cache (by reference: Pre-Norm h, Post-Norm x and residual; the float64
+row statistics; x for a tensor alpha) and saves those tensors and the weight, so that
+autograd catches an in-place change of any of them before backward.
+
+Second derivatives: a backward asked to build a graph (create_graph=True) returns
+differentiable torch expressions of the same formulas (resnorm.torch.composite).
+torch.compile / torch.jit.trace see the fused call as torch's add and resnorm's dropout and
+norm operators.  torch.func transforms (vmap, grad, jvp) and forward-mode AD are refused
+with a message that names the alternative.
 """
+import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
-from .. import _residual
-from .._checks import eps_value
-from ..inverted_dropout import dropout_spec
-from ..residual import _residual_scale
+import resnorm
+
 from . import _tensors as T
+from . import composite, kernels, ops
+from .functions import norm
+
+_NO_TRANSFORMS = ("{name} does not support torch.func transforms (vmap, grad, jacrev, ...) "
+                  "or forward-mode AD. Compose what it fuses instead: h = residual + alpha * "
+                  "torch.nn.functional.dropout(x, p); y = resnorm.torch.{norm}(h, ...), "
+                  "which supports them.")
 
 
-def _forward_common(ctx, x, residual, weight, bias, alpha, eps, p, seed, training):
-    """Checks the arguments shared by both Pre-Norm Functions; stores the non-tensor state
-    on ctx.  Returns (x, residual, weight, bias, scale, eps, spec)."""
-    x = T.float_tensor(x, "x")
+def _resnorm_name(layer, prenorm):
+    """The name of resnorm's fused function (its _forward and _backward forms) for (layer,
+    prenorm), looked up at call time."""
+    return ("add_layer_norm" if layer else "add_rms_norm") + ("" if prenorm else "_post")
+
+
+def _refuse_transforms(name, norm_name):
+    if T.functorch_active():
+        raise RuntimeError(_NO_TRANSFORMS.format(name=f"resnorm.torch.{name}", norm=norm_name))
+
+
+def alpha_arg(alpha, x, wanted):
+    """alpha as resnorm takes it: a number as is, a tensor as a NumPy view, except that a
+    0-d tensor whose gradient is not wanted is passed as its (exact) value, so that
+    resnorm neither keeps x nor computes dalpha for it."""
+    alpha = T.scale_tensor(alpha, x)
+    if not isinstance(alpha, torch.Tensor):
+        return alpha
+    if alpha.dim() == 0 and not wanted:
+        return alpha.item()
+    return T.view(alpha)
+
+
+def _forward(ctx, layer, prenorm, x, residual, weight, bias, alpha, eps, p, seed, training,
+             normalized_shape, zero_centered):
+    """Checks, runs resnorm's fused forward; keeps its cache on ctx; returns (y, h)
+    (Pre-Norm) or y (Post-Norm)."""
+    x = T.input_tensor(x)
     residual = T.partner(residual, "residual", x)
-    weight = T.optional_param(weight, "weight", x)
-    bias = T.optional_param(bias, "bias", x)
-    scale = _residual_scale(T.scale(alpha, x), x.shape[-1], T.NUMPY_DTYPE[x.dtype])
-    eps = eps_value(eps)
-    spec = dropout_spec(p, seed, training)
-    ctx.scale, ctx.spec, ctx.alpha_is_tensor = scale, spec, isinstance(alpha, torch.Tensor)
+    row = T.row_shape(normalized_shape, x)
+    if normalized_shape is not None:
+        T.trailing_axes(x, row, "x")
+    T.param_tensor(weight, "weight", x, row)
+    T.param_tensor(bias, "bias", x, row)
+    eps = T.eps_for(eps, x)
+    wants_alpha = ctx.needs_input_grad[3]
+    options = dict(alpha=alpha_arg(alpha, x, wants_alpha), p=p, seed=seed, training=training,
+                   normalized_shape=T.normalized_arg(row), zero_centered_weight=zero_centered,
+                   n_threads=T.threads())
+    params = (T.view(weight),) + ((T.view(bias),) if layer else ())
+    forward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_forward")
+    out, ctx.cache = forward(T.view(x), T.view(residual), *params, eps, **options)
+    ctx.alpha, ctx.eps, ctx.p, ctx.seed, ctx.training = alpha, eps, p, seed, training
+    ctx.has_bias, ctx.axes, ctx.zero_centered = bias is not None, len(row), zero_centered
     ctx.set_materialize_grads(False)   # an unused h must not cost a tensor of zeros
-    return x, residual, weight, bias, scale, eps, spec
-
-
-def _backward_buffers(ctx, x_like, dy, dh):
-    """(dy, dh, dx, dresidual, dalpha) for the backward kernels; dalpha is a float64 (D,)
-    buffer only when alpha needs a gradient."""
-    dy = torch.zeros_like(x_like) if dy is None else dy.contiguous()
-    dh = None if dh is None else dh.contiguous()
-    want_dalpha = ctx.needs_input_grad[3] and ctx.scale.learnable
-    dalpha = torch.empty(x_like.shape[-1], dtype=torch.float64) if want_dalpha else None
-    return dy, dh, T.new_like(x_like), T.new_like(x_like), dalpha
-
-
-def _alpha_grad(ctx, dalpha, dtype):
-    """dalpha in alpha's shape (summed over channels for a scalar), or None."""
-    if dalpha is None:
-        return None
-    return torch.from_numpy(ctx.scale.grad(dalpha.numpy(), T.NUMPY_DTYPE[dtype]))
-
-
-class AddRMSNormFunction(torch.autograd.Function):
-    """h = residual + alpha * dropout(x);  y = h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
-
-    Backward: gh = dh + rstd*(g - hn*mean(g*hn)), g = dy*w, hn = h*rstd; dresidual = gh;
-    dx = gh * alpha * keep/(1-p); dweight = sum dy*hn; dalpha = sum gh * dropout(x).
-    NumPy reference: resnorm.reference.add_rms_norm_forward / add_rms_norm_backward.
-    apply(x, residual, weight or None, alpha, eps, p, seed, training) -> (y, h).
-    """
-
-    @staticmethod
-    def forward(ctx, x, residual, weight, alpha, eps, p, seed, training):
-        x, residual, weight, _, scale, eps, spec = _forward_common(
-            ctx, x, residual, weight, None, alpha, eps, p, seed, training)
-        y, h, rstd = T.new_like(x), T.new_like(x), T.row_stat(x)
-        _residual.add_norm_forward(T.rows(y), T.rows(h), None, rstd.numpy(), T.rows(x),
-                                   T.rows(residual), T.vector(weight), None, scale.vector, eps,
-                                   spec.kernel_arg(), *T.launch(y))
-        if any(ctx.needs_input_grad):
-            keep_x = ctx.needs_input_grad[3] and scale.learnable
-            ctx.save_for_backward(h, weight, rstd, x if keep_x else None)
+    if prenorm:
+        y, h = T.tensor(out[0]), T.tensor(out[1])
+        ctx.save_for_backward(h, weight, x if wants_alpha else None)
         return y, h
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, dh):
-        h, weight, rstd, x = ctx.saved_tensors
-        dy, dh, dx, dres, dalpha = _backward_buffers(ctx, h, dy, dh)
-        want = ctx.needs_input_grad
-        dw = T.new_like(weight) if want[2] else None
-        _residual.add_norm_backward(
-            T.rows(dx), T.rows(dres), T.vector(dw), None, T.vector(dalpha), T.rows(dy),
-            T.rows(dh), T.rows(h), T.rows(x), None, T.vector(weight), ctx.scale.vector, None,
-            rstd.numpy(), ctx.spec.kernel_arg(), *T.launch(dx))
-        return ((dx if want[0] else None), (dres if want[1] else None), dw,
-                _alpha_grad(ctx, dalpha, h.dtype), None, None, None, None)
+    ctx.save_for_backward(residual, weight, x)
+    return T.tensor(out)
 
 
-class AddLayerNormFunction(torch.autograd.Function):
-    """h = residual + alpha * dropout(x);  y = (h - mean) * rstd * w + b.
+def _backward(ctx, layer, prenorm, dy, dh):
+    """The gradients of the Function's inputs (x, residual, weight, alpha, [bias,] then
+    None for the rest), None where autograd wants none: resnorm's fused backward, or
+    differentiable torch expressions when a graph is to be built."""
+    saved = ctx.saved_tensors   # also autograd's in-place check of what backward reads
+    want = ctx.needs_input_grad
+    drop = lambda t: dropout(t, ctx.p, seed=ctx.seed, training=ctx.training)  # noqa: E731
+    if torch.is_grad_enabled():
+        if prenorm:
+            h, weight, x = saved
+        else:   # h recomputed in torch operations, differentiable in x, residual, alpha
+            residual, weight, x = saved
+            h = residual + ctx.alpha * drop(x)
+        grads = composite.add_norm_backward(
+            dy, dh, h, x if want[3] else None, weight, ctx.has_bias, ctx.alpha, ctx.eps,
+            layer, drop, ctx.axes, ctx.zero_centered)
+    else:
+        dy = torch.zeros_like(saved[0]) if dy is None else dy
+        args = (T.view(dy), T.view(dh)) if prenorm else (T.view(dy),)
+        backward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_backward")
+        result = backward(*args, ctx.cache, n_threads=T.threads())
+        dx, dres, dw, *rest = result
+        db, dalpha = (rest[0], rest[1]) if layer else (None, rest[0])
+        grads = tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
+    wanted = (*want[:4], layer and want[4])
+    grads = tuple(g if w else None for g, w in zip(grads, wanted))
+    return (grads if layer else grads[:4]) + (None,) * (len(want) - (5 if layer else 4))
 
-    Backward: hhat = (h-mean)*rstd, g = dy*w, gh = dh + rstd*(g - mean(g) - hhat*mean(g*hhat));
-    dresidual = gh; dx = gh * alpha * keep/(1-p); dweight = sum dy*hhat; dbias = sum dy;
-    dalpha = sum gh * dropout(x).
-    NumPy reference: resnorm.reference.add_layer_norm_forward / add_layer_norm_backward.
-    apply(x, residual, weight or None, alpha, bias or None, eps, p, seed, training) -> (y, h)
-    (alpha before bias, so that both Functions have x, residual, weight, alpha first).
-    """
 
-    @staticmethod
-    def forward(ctx, x, residual, weight, alpha, bias, eps, p, seed, training):
-        x, residual, weight, bias, scale, eps, spec = _forward_common(
-            ctx, x, residual, weight, bias, alpha, eps, p, seed, training)
-        y, h, mean, rstd = T.new_like(x), T.new_like(x), T.row_stat(x), T.row_stat(x)
-        _residual.add_norm_forward(T.rows(y), T.rows(h), mean.numpy(), rstd.numpy(),
-                                   T.rows(x), T.rows(residual), T.vector(weight),
-                                   T.vector(bias), scale.vector, eps, spec.kernel_arg(),
-                                   *T.launch(y))
-        if any(ctx.needs_input_grad):
-            keep_x = ctx.needs_input_grad[3] and scale.learnable
-            ctx.save_for_backward(h, weight, mean, rstd, x if keep_x else None)
-        return y, h
+def _fused_function(name, layer, prenorm, doc):
+    """The torch.autograd.Function of one fused kernel: apply(x, residual, weight, alpha,
+    [bias,] eps, p, seed, training, normalized_shape=None, zero_centered=False) returns
+    (y, h) (Pre-Norm) or y (Post-Norm); bias follows alpha, so that every one of them has
+    x, residual, weight, alpha first."""
+    if layer:
+        def forward(ctx, x, residual, weight, alpha, bias, eps, p, seed, training,
+                    normalized_shape=None, zero_centered=False):
+            return _forward(ctx, True, prenorm, x, residual, weight, bias, alpha, eps, p, seed,
+                            training, normalized_shape, zero_centered)
+    else:
+        def forward(ctx, x, residual, weight, alpha, eps, p, seed, training,
+                    normalized_shape=None, zero_centered=False):
+            return _forward(ctx, False, prenorm, x, residual, weight, None, alpha, eps, p, seed,
+                            training, normalized_shape, zero_centered)
+    if prenorm:
+        def backward(ctx, dy, dh):
+            return _backward(ctx, layer, True, dy, dh)
+    else:
+        def backward(ctx, dy):
+            return _backward(ctx, layer, False, dy, None)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, dy, dh):
-        h, weight, mean, rstd, x = ctx.saved_tensors
-        dy, dh, dx, dres, dalpha = _backward_buffers(ctx, h, dy, dh)
-        want = ctx.needs_input_grad
-        dw = T.new_like(weight) if want[2] else None
-        db = torch.empty(h.shape[-1], dtype=h.dtype) if want[4] else None
-        _residual.add_norm_backward(
-            T.rows(dx), T.rows(dres), T.vector(dw), T.vector(db), T.vector(dalpha), T.rows(dy),
-            T.rows(dh), T.rows(h), T.rows(x), None, T.vector(weight), ctx.scale.vector,
-            mean.numpy(), rstd.numpy(), ctx.spec.kernel_arg(), *T.launch(dx))
-        return ((dx if want[0] else None), (dres if want[1] else None), dw,
-                _alpha_grad(ctx, dalpha, h.dtype), db, None, None, None, None)
+    def jvp(ctx, *tangents):
+        raise RuntimeError(_NO_TRANSFORMS.format(
+            name=f"resnorm.torch.{_resnorm_name(layer, prenorm)}",
+            norm="layer_norm" if layer else "rms_norm"))
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "__module__": __name__, "__qualname__": name,
+                 "forward": staticmethod(forward), "backward": staticmethod(backward),
+                 "jvp": staticmethod(jvp)})
+
+
+AddRMSNormFunction = _fused_function("AddRMSNormFunction", False, True, """\
+h = residual + alpha * dropout(x);  y = h * rstd * w,  rstd = 1/sqrt(mean(h^2) + eps).
+
+Backward: gh = dh + rstd*(g - hn*mean(g*hn)), g = dy*w, hn = h*rstd; dresidual = gh;
+dx = gh * alpha * keep/(1-p); dweight = sum dy*hn; dalpha = sum gh * dropout(x).
+NumPy reference: resnorm.reference.add_rms_norm_forward / add_rms_norm_backward.
+apply(x, residual, weight or None, alpha, eps, p, seed, training, normalized_shape=None,
+zero_centered=False) -> (y, h).
+""")
+
+AddLayerNormFunction = _fused_function("AddLayerNormFunction", True, True, """\
+h = residual + alpha * dropout(x);  y = (h - mean) * rstd * w + b.
+
+Backward: hhat = (h-mean)*rstd, g = dy*w, gh = dh + rstd*(g - mean(g) - hhat*mean(g*hhat));
+dresidual = gh; dx = gh * alpha * keep/(1-p); dweight = sum dy*hhat; dbias = sum dy;
+dalpha = sum gh * dropout(x).
+NumPy reference: resnorm.reference.add_layer_norm_forward / add_layer_norm_backward.
+apply(x, residual, weight or None, alpha, bias or None, eps, p, seed, training,
+normalized_shape=None, zero_centered=False) -> (y, h).
+""")
+
+AddRMSNormPostFunction = _fused_function("AddRMSNormPostFunction", False, False, """\
+Post-Norm: y = rms_norm(residual + alpha * dropout(x)), h not written.
+
+Backward: AddRMSNormFunction's with dh = 0, h recomputed from x and residual.
+NumPy reference: resnorm.reference.add_rms_norm_post_forward / add_rms_norm_post_backward.
+apply: as AddRMSNormFunction's, -> y.
+""")
+
+AddLayerNormPostFunction = _fused_function("AddLayerNormPostFunction", True, False, """\
+Post-Norm: y = layer_norm(residual + alpha * dropout(x)), h not written.
+
+Backward: AddLayerNormFunction's with dh = 0, h recomputed from x and residual.
+NumPy reference: resnorm.reference.add_layer_norm_post_forward /
+add_layer_norm_post_backward.  apply: as AddLayerNormFunction's, -> y.
+""")
 
 
 class DropoutFunction(torch.autograd.Function):
     """y = x * keep / (1 - p),  keep_k = [Philox uniform(seed, k) >= floor(p * 2**32)].
 
-    Backward: dx = dy * keep / (1 - p), the mask regenerated from (seed, k): nothing is saved.
+    Backward: dx = dy * keep / (1 - p), the mask regenerated from (seed, k): nothing is saved
+    (the backward is this Function again, so it is differentiable any number of times).
+    Forward-mode AD: the tangent gets the same mask.
     NumPy reference: resnorm.reference.dropout_forward / dropout_backward.
     apply(x, p, seed) (training mode; see resnorm.torch.dropout for eval and p = 0).
     """
 
     @staticmethod
     def forward(ctx, x, p, seed):
-        x = T.float_tensor(x, "x")
-        ctx.spec = dropout_spec(p, seed, True)
-        return _dropout(x, ctx.spec)
+        ctx.p, ctx.seed = p, seed
+        return kernels.dropout(T.input_tensor(x), p, seed)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, dy):
-        return _dropout(dy.contiguous(), ctx.spec), None, None
+        if torch.is_grad_enabled():
+            return DropoutFunction.apply(dy, ctx.p, ctx.seed), None, None
+        return kernels.dropout(dy, ctx.p, ctx.seed), None, None
+
+    @staticmethod
+    def jvp(ctx, dx, _dp, _dseed):
+        return DropoutFunction.apply(dx, ctx.p, ctx.seed)
 
 
-def _dropout(a, spec):
-    out = T.new_like(a)
-    n_threads, stream = T.launch(out)
-    _residual.dropout_forward(T.vector(out).reshape(-1), T.vector(a).reshape(-1),
-                              spec.kernel_arg(), n_threads, stream)
-    return out
+_FUNCTIONS = {(False, True): AddRMSNormFunction, (True, True): AddLayerNormFunction,
+              (False, False): AddRMSNormPostFunction, (True, False): AddLayerNormPostFunction}
 
 
-def add_rms_norm(x, residual, weight=None, eps=1e-6, *, alpha=1.0, p=0.0, seed=0,
-                 training=True):
+def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero_centered,
+          alpha, p, seed, training):
+    """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
+    function and module of resnorm.torch runs)."""
+    _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
+    if T.graph_capture():
+        h = residual + alpha * dropout(x, p, seed=seed, training=training)
+        y = norm(layer, h, weight, bias, eps, None, normalized_shape, zero_centered)
+        return (y, h) if prenorm else y
+    args = (x, residual, weight, alpha) + ((bias,) if layer else ())
+    return _FUNCTIONS[layer, prenorm].apply(*args, eps, p, seed, training, normalized_shape,
+                                            zero_centered)
+
+
+def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = rms_norm(h, weight, eps).
-    Returns (y, h).  Differentiable (AddRMSNormFunction).
+
+    Differentiable (AddRMSNormFunction), also twice.
+
+    Parameters
+    ----------
+    x, residual : torch.Tensor
+        float32/float64 CPU tensors of one shape (..., D) and dtype: the sublayer's output
+        and the residual stream.
+    weight : torch.Tensor or None
+        (D,) (or normalized_shape) of x's dtype.
+    eps : float or None
+        None: torch.finfo(x.dtype).eps.
+    normalized_shape : int or sequence of int, optional
+        The normalised trailing axes, as in torch (None: the last axis); weight and a
+        per-channel alpha then have this shape.
+    zero_centered_weight : bool
+        The gain is 1 + weight (Gemma).
+    alpha : float or torch.Tensor
+        A number (fixed), or a tensor of shape () or (D,) of x's dtype (learnable).
+    p, seed, training
+        Dropout of x: probability in [0, 1], an int seed in [0, 2**64) (the mask is a
+        function of (seed, element index)), training=False turns it off.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        (y, h): the normalised output and the new residual stream.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> y, h = rt.add_rms_norm(torch.ones(1, 2), torch.tensor([[2.0, 3.0]]), eps=1e-12)
+    >>> h
+    tensor([[3., 4.]])
+
     NumPy reference: resnorm.reference.add_rms_norm_forward.
     """
-    return AddRMSNormFunction.apply(x, residual, weight, alpha, eps, p, seed, training)
+    return fused(False, True, x, residual, weight, None, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, alpha=1.0, p=0.0, seed=0,
-                   training=True):
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = layer_norm(h, weight, bias, eps).
-    Returns (y, h).  Differentiable (AddLayerNormFunction).
+
+    Differentiable (AddLayerNormFunction), also twice.  Arguments as add_rms_norm, plus
+    bias (D,) (or normalized_shape) or None.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        (y, h).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> y, h = rt.add_layer_norm(torch.ones(1, 2), torch.tensor([[0.0, 2.0]]), eps=1e-12)
+    >>> y
+    tensor([[-1.,  1.]])
+
     NumPy reference: resnorm.reference.add_layer_norm_forward.
     """
-    return AddLayerNormFunction.apply(x, residual, weight, alpha, bias, eps, p, seed, training)
+    return fused(True, True, x, residual, weight, bias, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
+
+
+def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
+    """Post-Norm:  y = rms_norm(residual + alpha * dropout(x), weight, eps).
+
+    Differentiable (AddRMSNormPostFunction), also twice.  Arguments as add_rms_norm.
+
+    Returns
+    -------
+    torch.Tensor
+        y (the sum is not written: backward recomputes it).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> rt.add_rms_norm_post(torch.ones(1, 2), torch.tensor([[2.0, 3.0]]), eps=1e-12)
+    tensor([[0.8485, 1.1314]])
+
+    NumPy reference: resnorm.reference.add_rms_norm_post_forward.
+    """
+    return fused(False, False, x, residual, weight, None, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
+
+
+def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *,
+                        normalized_shape=None, zero_centered_weight=False, alpha=1.0, p=0.0,
+                        seed=0, training=True):
+    """Post-Norm:  y = layer_norm(residual + alpha * dropout(x), weight, bias, eps).
+
+    Differentiable (AddLayerNormPostFunction), also twice.  Arguments as add_layer_norm.
+
+    Returns
+    -------
+    torch.Tensor
+        y.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> rt.add_layer_norm_post(torch.ones(1, 2), torch.tensor([[0.0, 2.0]]), eps=1e-12)
+    tensor([[-1.,  1.]])
+
+    NumPy reference: resnorm.reference.add_layer_norm_post_forward.
+    """
+    return fused(True, False, x, residual, weight, bias, eps, normalized_shape,
+                 zero_centered_weight, alpha, p, seed, training)
 
 
 def dropout(x, p, *, seed, training=True):
-    """y = x * keep / (1 - p) in training; x itself in eval mode and for p = 0 (as
-    torch.nn.functional.dropout).  Differentiable (DropoutFunction).
+    """Inverted dropout: y = x * keep / (1 - p) in training; x itself in eval mode and for
+    p = 0 (as torch.nn.functional.dropout).
+
+    Differentiable (DropoutFunction) any number of times, and in forward mode.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        float32/float64 CPU tensor of any shape.
+    p : float
+        Probability in [0, 1] of dropping an element.
+    seed : int
+        In [0, 2**64): the mask is a function of (seed, element index), the same on any
+        thread count; draw a fresh one per call and step.
+    training : bool
+        False: no dropout.
+
+    Returns
+    -------
+    torch.Tensor
+        y (x itself when dropout is off).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A bad argument, named in the message.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> x = torch.ones(4)
+    >>> rt.dropout(x, 0.5, seed=1, training=False) is x
+    True
+
     NumPy reference: resnorm.reference.dropout_forward.
     """
-    spec = dropout_spec(p, seed, training)
-    if not spec.active:
-        T.float_tensor(x, "x")
+    x = T.input_tensor(x)
+    if T.graph_capture():
+        if not training or p == 0:
+            return x
+        return ops.dropout(x, p, ops.dropout_seed(seed))
+    if training is False or p == 0:
+        # no kernel runs: resnorm checks p, seed and training on a one-element array
+        resnorm.dropout(np.zeros(1, T.NUMPY_DTYPES[x.dtype]), p, seed=seed,
+                        training=training)
         return x
+    if T.functorch_active():
+        raise RuntimeError("resnorm.torch.dropout does not support torch.func transforms: "
+                           "its mask is a function of the element index, not of the sample; "
+                           "use torch.nn.functional.dropout inside vmap / grad")
     return DropoutFunction.apply(x, p, seed)

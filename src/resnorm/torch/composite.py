@@ -1,0 +1,141 @@
+"""The norms' derivatives written in torch operations, for what resnorm's kernels do not
+compute: second derivatives (a backward that is itself differentiated), forward-mode
+derivatives (jvp) and backward passes inside torch.func transforms.
+
+The formulas are those of resnorm.reference (and docs/rms_norm.md, docs/layer_norm.md),
+with the row statistics recomputed from x in x's dtype so that every result stays
+differentiable:
+
+    RMSNorm:    xhat = x * rstd,              rstd = 1/sqrt(mean(x^2) + eps)
+    LayerNorm:  xhat = (x - mean(x)) * rstd,  rstd = 1/sqrt(var(x) + eps)
+    y = xhat * w + b          (w: the gain, 1 + weight for a zero-centred weight)
+
+The means run over a row: the last `axes` axes of x (normalized_shape).  xhat's Jacobian J
+is symmetric, J g = rstd * (g - [mean(g)] - xhat * mean(g * xhat)) (the bracket for
+LayerNorm only), so the same expression gives dx = J (dy * w) in backward and the tangent
+J dx in forward mode.  The gain's derivative is that of the weight, so dweight = sum dy *
+xhat either way.
+"""
+import torch
+
+from ._tensors import NoStorage
+
+
+def _row(axes):
+    """The dims of a row: the last `axes` axes."""
+    return tuple(range(-axes, 0))
+
+
+def normalized(x, eps, layer, axes=1):
+    """(xhat, rstd) of x over its rows, in x's dtype (rstd keeps the reduced axes)."""
+    dims = _row(axes)
+    xc = x - x.mean(dims, keepdim=True) if layer else x
+    rstd = (xc * xc).mean(dims, keepdim=True).add(eps).rsqrt()
+    return xc * rstd, rstd
+
+
+def jacobian_times(xhat, rstd, g, layer, axes=1):
+    """J g for J = d xhat / d x (symmetric: also the vector-Jacobian product)."""
+    dims = _row(axes)
+    if layer:
+        g = g - g.mean(dims, keepdim=True)
+    return rstd * (g - xhat * (g * xhat).mean(dims, keepdim=True))
+
+
+def channel_sum(t, axes=1):
+    """t summed over every axis but the last `axes`: a parameter gradient of a row's
+    shape."""
+    row = t.shape[t.dim() - axes:]
+    return t.reshape((-1,) + tuple(row)).sum(0)
+
+
+def gain(weight, zero_centered):
+    """The factor a norm applies: weight, or 1 + weight (None stays None)."""
+    return weight + 1 if weight is not None and zero_centered else weight
+
+
+def norm_backward(dy, x, weight, has_bias, eps, layer, want, axes=1, zero_centered=False):
+    """(dx, dweight, dbias) as differentiable torch expressions; None where want[i] is
+    False or the parameter is absent."""
+    xhat, rstd = normalized(x, eps, layer, axes)
+    w = gain(weight, zero_centered)
+    g = dy if w is None else dy * w
+    dx = jacobian_times(xhat, rstd, g, layer, axes) if want[0] else None
+    dw = channel_sum(dy * xhat, axes) if want[1] and weight is not None else None
+    db = channel_sum(dy, axes) if want[2] and has_bias else None
+    return dx, dw, db
+
+
+def norm_jvp(x, weight, eps, layer, dx, dweight, dbias, axes=1, zero_centered=False):
+    """The tangent of y = xhat * w + b for tangents dx, dweight, dbias (each may be None)."""
+    xhat, rstd = normalized(x, eps, layer, axes)
+    t = xhat * 0 if dx is None else jacobian_times(xhat, rstd, dx, layer, axes)
+    w = gain(weight, zero_centered)
+    if w is not None:
+        t = t * w
+    if dweight is not None:
+        t = t + xhat * dweight
+    if dbias is not None:
+        t = t + dbias
+    return t
+
+
+def add_norm_backward(dy, dh, h, x, weight, has_bias, alpha, eps, layer, drop, axes=1,
+                      zero_centered=False):
+    """The fused add + norm's gradients (dx, dresidual, dweight, dalpha, dbias) as
+    differentiable torch expressions (h = residual + alpha * drop(x), y = norm(h)):
+
+        gh = dh + J (dy * w)  (J from h's statistics);  dresidual = gh;
+        dx = alpha * drop(gh);  dalpha = sum gh * drop(x);  dweight = sum dy * hhat;
+        dbias = sum dy.
+
+    dy or dh may be None (that output unused; Post-Norm has no dh); x is None when alpha
+    needs no gradient.
+    """
+    hhat, rstd = normalized(h, eps, layer, axes)
+    w = gain(weight, zero_centered)
+    gh = dh
+    if dy is not None:
+        gn = jacobian_times(hhat, rstd, dy if w is None else dy * w, layer, axes)
+        gh = gn if dh is None else gn + dh
+    dx = drop(gh) * alpha
+    dalpha = None
+    if x is not None:
+        s = gh * drop(x)
+        dalpha = s.sum() if alpha.dim() == 0 else channel_sum(s, alpha.dim())
+    dw = channel_sum(dy * hhat, axes) if dy is not None and weight is not None else None
+    db = channel_sum(dy, axes) if dy is not None and has_bias else None
+    return dx, gh, dw, dalpha, db
+
+
+def gradients(ctx, dy, layer, kernel_backward):
+    """What a norm's autograd backward returns: (dx, dweight, [dbias,] None for eps, ...).
+
+    ctx holds x and weight as its first saved tensors (unpacking them is also autograd's
+    check that x was not modified in place since forward), eps, has_bias, axes (how many
+    trailing axes a row spans) and zero_centered.  Normally the
+    gradients come from kernel_backward(ctx, dy) -> (dx, dweight, dbias), resnorm's
+    backward kernel.  With create_graph=True (torch.is_grad_enabled() inside backward; also
+    how torch.func.grad runs backward) they come from norm_backward's differentiable
+    expressions, so that they can be differentiated again; for a batched dy (no storage to
+    view: vmap over autograd.grad, gradcheck's batched gradients) from the same.
+    """
+    x, weight = ctx.saved_tensors[:2]
+    want = ctx.needs_input_grad
+    if dy is None:
+        return (None,) * len(want)
+    grads = None
+    if not torch.is_grad_enabled():
+        try:
+            grads = kernel_backward(ctx, dy)
+        except NoStorage:   # a batched dy: vmap over autograd.grad, gradcheck's batches
+            pass
+    if grads is None:
+        grads = norm_backward(dy, x, weight, ctx.has_bias, ctx.eps, layer, want, ctx.axes,
+                              ctx.zero_centered)
+    dx, dw, db = grads
+    rest = (None,) * (len(want) - (3 if layer else 2))
+    if layer:
+        return (dx if want[0] else None, dw if want[1] else None, db if want[2] else None,
+                *rest)
+    return (dx if want[0] else None, dw if want[1] else None, *rest)

@@ -1,0 +1,195 @@
+"""What a norm-like module computes: recognised by running it, not by its class name.
+
+patch() hands every norm-like module of a model (a leaf module whose class name contains
+"norm", or any torch norm) to recognise(), which
+
+1. reads what resnorm would need: a weight and/or bias of one shape (the normalised
+   axes: (D,), or several, e.g. (5, 64)), no buffers, an eps attribute (``eps``,
+   ``variance_epsilon`` or ``epsilon``), float32/float64 on the CPU;
+2. runs the module on a probe input (with random parameters, through
+   torch.func.functional_call, so the module's own tensors are not touched) in training
+   and in eval mode, and compares the outputs with each formula resnorm computes:
+
+   ``rms``     y = x / sqrt(mean(x^2) + eps) * w            (Llama, Mistral, Qwen, Phi-3, T5)
+   ``rms_1p``  y = x / sqrt(mean(x^2) + eps) * (1 + w)      (Gemma)
+   ``layer``   y = (x - mean) / sqrt(var + eps) * w + b     (nn.LayerNorm and subclasses)
+
+The probe rows include rows whose mean square is of the order of eps, so a module that
+adds eps elsewhere (or uses another eps) does not match.  A module matches a formula when
+its output is within 256 units in the last place of the dtype (relative to 1 + |y|) on
+every probe element: float32 rounding differences pass, another formula, another eps or
+another precision (a float64 module that computes in float32) does not.  What does not
+match is not swapped, and the reason says why.
+"""
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from . import _tensors as T
+from . import functions
+
+EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")
+TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
+               nn.modules.batchnorm._NormBase)
+_ULPS = 256
+_ROWS = 8
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """How resnorm computes a recognised module: the formula, where its eps is, the dtypes
+    the probe checked (inputs of other dtypes are refused at call time) and the normalised
+    axes."""
+    kind: str                 # 'rms', 'rms_1p' or 'layer'
+    eps_attr: str             # the module attribute holding eps
+    dtypes: tuple             # torch dtypes checked by the probe
+    normalized_shape: tuple = None   # several normalised axes; None: the last one
+
+    @property
+    def layer(self):
+        return self.kind == "layer"
+
+
+def norm_like(module):
+    """True for a leaf module that looks like a normalisation layer (candidates only: what
+    it computes is decided by recognise)."""
+    if next(module.children(), None) is not None:
+        return False
+    return isinstance(module, TORCH_NORMS) or "norm" in type(module).__name__.lower()
+
+
+def _row(module, params):
+    """The normalised axes' shape (a tuple): the parameters', else normalized_shape's; or
+    a reason."""
+    shapes = {tuple(p.shape) for p in params.values()}
+    if len(shapes) > 1 or any(len(s) == 0 or 0 in s for s in shapes):
+        listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+        return None, f"its parameters ({listed}) do not have one shape, that of a row"
+    if shapes:
+        return shapes.pop(), None
+    shape = getattr(module, "normalized_shape", None)
+    if isinstance(shape, int) and not isinstance(shape, bool) and shape > 0:
+        return (shape,), None
+    if (isinstance(shape, (tuple, list)) and shape
+            and all(isinstance(s, int) and s > 0 for s in shape)):
+        return tuple(shape), None
+    return None, "it has no weight, bias or normalized_shape to tell the normalised size"
+
+
+def _eps_attribute(module):
+    for name in EPS_ATTRIBUTES:
+        value = module.__dict__.get(name, ())
+        if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            return name
+    return None
+
+
+def _probe_input(row, dtype, eps, generator):
+    """(rows, *row) probe rows: unit scale, large with an offset (LayerNorm vs RMSNorm), and
+    rows whose mean square is about eps (where the eps term decides the output)."""
+    x = torch.randn((_ROWS,) + row, generator=generator, dtype=torch.float64)
+    x[1] = x[1] * 1e3 + 50.0
+    x[2] = x[2] + 3.0
+    small = max(eps, float(torch.finfo(dtype).tiny) * 1e6) ** 0.5
+    x[3:6] *= small * torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).reshape(
+        (3,) + (1,) * len(row))
+    return x.to(dtype)
+
+
+def _candidates(params):
+    if "bias" in params:
+        return ("layer",)
+    return ("rms", "rms_1p", "layer") if "weight" in params else ("rms", "layer")
+
+
+def _resnorm_output(kind, x, params, eps, row):
+    with torch.no_grad():
+        return functions.norm(kind == "layer", x, params.get("weight"), params.get("bias"),
+                              eps, None, row, kind == "rms_1p")
+
+
+def _mismatch(y, ref, dtype):
+    """The largest relative difference of y from resnorm's ref (inf for another dtype or
+    shape), and the tolerance it is held to."""
+    tol = _ULPS * float(torch.finfo(dtype).eps)
+    if not isinstance(y, torch.Tensor) or y.shape != ref.shape or y.dtype != ref.dtype:
+        return float("inf"), tol
+    diff = ((y.double() - ref.double()).abs() / (1 + ref.double().abs())).max().item()
+    return (diff if diff == diff else float("inf")), tol
+
+
+def _run(module, params, x):
+    """The module's output on x with params in place of its own, in training and in eval
+    mode (its mode is restored); no gradient is recorded."""
+    outputs, mode = [], module.training
+    try:
+        for training in (True, False):
+            module.training = training
+            with torch.no_grad():
+                outputs.append(torch.func.functional_call(module, params, (x,)))
+    finally:
+        module.training = mode
+    return outputs
+
+
+def recognise(module):
+    """(NormSpec, None) when resnorm computes what module computes, else (None, reason)."""
+    params = dict(module.named_parameters(recurse=False))
+    if any(name not in ("weight", "bias") for name in params):
+        return None, (f"it has parameters {sorted(params)}; resnorm's norms have a weight "
+                      f"and a bias at most")
+    buffers = [name for name, _ in module.named_buffers(recurse=False)]
+    if buffers:
+        return None, (f"it keeps buffers ({', '.join(buffers)}); resnorm's norms keep no "
+                      f"state (running statistics are a batch norm's)")
+    for name, p in params.items():
+        if not p.is_cpu:
+            return None, f"its {name} is on '{p.device}'; resnorm runs on the CPU"
+        problem = T.dtype_problem(p.dtype)
+        if problem is not None:
+            return None, f"its {name} is {p.dtype}: {problem}"
+    row, reason = _row(module, params)
+    if reason is not None:
+        return None, reason
+    eps_attr = _eps_attribute(module)
+    if eps_attr is None:
+        return None, (f"it has no eps attribute ({', '.join(EPS_ATTRIBUTES)}) to pass to "
+                      f"resnorm")
+    dtypes = tuple({p.dtype for p in params.values()}) or tuple(T.NUMPY_DTYPES)
+    if len(dtypes) > 1 and params:
+        return None, "its weight and bias have different dtypes"
+    return _probe(module, params, row, eps_attr, dtypes)
+
+
+def _probe(module, params, row, eps_attr, dtypes):
+    generator = torch.Generator().manual_seed(20240611)   # never torch's global generator
+    closest = None   # (ratio, difference, tolerance, kind, dtype) of the nearest formula
+    for kind in _candidates(params):
+        worst = (0.0, 0.0, 0.0, kind, None)
+        for dtype in dtypes:
+            eps = getattr(module, eps_attr)
+            eps = torch.finfo(dtype).eps if eps is None else eps
+            x = _probe_input(row, dtype, eps, generator)
+            random = {n: (1 + 0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
+                          if n == "weight" else
+                          0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
+                          ).to(dtype) for n in params}
+            try:
+                outputs = _run(module, random, x)
+            except Exception as e:   # noqa: BLE001 - any failure means "not recognised"
+                return None, (f"calling it on a probe input of shape {tuple(x.shape)} failed "
+                              f"({type(e).__name__}: {e})")
+            ref = _resnorm_output(kind, x, random, eps, row)
+            for y in outputs:
+                diff, tol = _mismatch(y, ref, dtype)
+                if diff / tol > worst[0]:
+                    worst = (diff / tol, diff, tol, kind, dtype)
+        if worst[0] <= 1.0:
+            return NormSpec(kind, eps_attr, dtypes, row if len(row) > 1 else None), None
+        if closest is None or worst[0] < closest[0]:
+            closest = worst
+    _, diff, tol, kind, dtype = closest
+    return None, (f"its output differs from resnorm's '{kind}' formula by {diff:.2g} "
+                  f"(relative) on a {dtype} probe input, above the {tol:.2g} allowed: it "
+                  f"computes something else (another formula, eps or precision)")

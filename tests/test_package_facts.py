@@ -1,0 +1,72 @@
+"""What a user finds in the package besides the kernels: the version, the license, type
+information and the input-check reference, from an installed package as from a checkout."""
+import os
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+import resnorm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "resnorm", *args], capture_output=True,
+                          text=True, env=dict(os.environ), timeout=120)
+
+
+def test_version_flag():
+    proc = run_cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"resnorm {resnorm.__version__}"
+
+
+def test_version_is_a_release_number():
+    parts = resnorm.__version__.split(".")
+    assert len(parts) == 3 and all(p.isdigit() for p in parts), resnorm.__version__
+
+
+def test_checks_command_prints_the_reference():
+    proc = run_cli("checks")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# Input checks of the public API")
+    assert "TypeError" in proc.stdout and "ValueError" in proc.stdout
+
+
+def test_packaged_reference_is_the_documented_one():
+    """The package's copy is docs/input-checks.md itself (a link), not a second text."""
+    doc = ROOT / "docs" / "input-checks.md"
+    if not doc.exists():
+        pytest.skip("not run from a checkout: docs/ is not here")
+    packaged = files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8")
+    assert packaged == doc.read_text(encoding="utf-8")
+
+
+def test_typed_marker_is_shipped():
+    assert files("resnorm").joinpath("py.typed").is_file()
+
+
+def test_license_is_mit():
+    license_file = ROOT / "LICENSE"
+    if not license_file.exists():
+        pytest.skip("not run from a checkout: LICENSE is not here")
+    text = license_file.read_text(encoding="utf-8")
+    assert text.startswith("MIT License") and "resnorm contributors" in text
+
+
+def test_metadata_declares_mit_and_one_version():
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    pyproject = ROOT / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("not run from a checkout: pyproject.toml is not here")
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    meta = project["project"]
+    assert meta["license"] == "MIT" and meta["license-files"] == ["LICENSE"]
+    # the version is written once, in resnorm/__init__.py
+    assert "version" not in meta and "version" in meta["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "resnorm.__version__"}
+    shipped = set(project["tool"]["setuptools"]["package-data"]["resnorm"])
+    assert {"py.typed", "input-checks.md"} <= shipped

@@ -1,0 +1,271 @@
+"""resnorm.torch.patch inside real Hugging Face models (tiny configs built here, nothing
+downloaded): every norm swapped, logits and gradients as unpatched, generate's tokens the
+same, training with gradient checkpointing, save/load, undo, torch.compile without graph
+breaks, half precision skipped with its reason."""
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # nothing may come from the network
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+import resnorm.torch as rt  # noqa: E402
+
+VOCAB = 64
+_DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                bos_token_id=1, eos_token_id=2, pad_token_id=0)
+# name: (model class, config, norm classes, norm modules in the model)
+MODELS = {
+    "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(**_DECODER), "LlamaRMSNorm", 5),
+    "mistral": (tf.MistralForCausalLM, tf.MistralConfig(**_DECODER), "MistralRMSNorm", 5),
+    "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(**_DECODER), "Qwen2RMSNorm", 5),
+    "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**_DECODER, head_dim=8), "Qwen3RMSNorm", 9),
+    "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(**_DECODER, head_dim=8), "GemmaRMSNorm", 5),
+    "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**_DECODER), "Phi3RMSNorm", 5),
+    "t5": (tf.T5ForConditionalGeneration,
+           tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                       decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
+           "T5LayerNorm", 12),
+    "gpt2": (tf.GPT2LMHeadModel,
+             tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                           bos_token_id=1, eos_token_id=2),
+             "LayerNorm", 5),
+    "bert": (tf.BertForMaskedLM,
+             tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=64,
+                           max_position_embeddings=64),
+             "LayerNorm", 6),
+}
+NAMES = list(MODELS)
+
+
+def _model(name, seed=0):
+    """A freshly initialised tiny model; its norm weights randomised (they start at 1 / 0)."""
+    cls, config, _, _ = MODELS[name]
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for module_name, p in model.named_parameters():
+            if "norm" in module_name.lower() or "ln" in module_name.split(".")[-2]:
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def _batch(name):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, 7), generator=g)
+    if name == "t5":
+        return {"input_ids": ids, "decoder_input_ids": ids[:, :4]}
+    return {"input_ids": ids}
+
+
+def _norms(model, cls_name):
+    return [m for m in model.modules() if type(m).__name__ == cls_name]
+
+
+def _patch(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")     # no norm may be left on torch
+        return rt.patch(model)
+
+
+# --------------------------------------------------------------------------- swapped, same results
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_norm_is_swapped_and_logits_and_gradients_match(name):
+    model = _model(name)
+    cls_name, count = MODELS[name][2], MODELS[name][3]
+    assert len(_norms(model, cls_name)) == count
+    batch = _batch(name)
+    ref = model(**batch).logits
+    ref_grads = torch.autograd.grad(ref.square().mean(), list(model.parameters()),
+                                    allow_unused=True)
+    handle = _patch(model)
+    assert len(handle.swapped) == count and handle.skipped == []
+    assert all(type(m).__name__ == cls_name for _, m in handle.swapped)   # names kept
+    out = model(**batch).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().mean(), list(model.parameters()),
+                                allow_unused=True)
+    for (pname, _), g, r in zip(model.named_parameters(), grads, ref_grads):
+        if r is None:
+            assert g is None, pname
+        else:
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=pname)
+
+
+def test_the_swapped_modules_run_resnorm(monkeypatch):
+    """The patched model calls resnorm's functions (and not torch's norm) for every norm."""
+    import resnorm
+    model = _model("qwen3")
+    _patch(model)
+    calls = []
+    real = resnorm.rms_norm
+    monkeypatch.setattr(resnorm, "rms_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        model(**_batch("qwen3"))
+    assert len(calls) == MODELS["qwen3"][3]    # 9 norms (q/k norms included), one call each
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "bert"])
+def test_greedy_generate_gives_the_same_tokens(name):
+    model = _model(name)
+    batch = _batch(name)
+    batch.pop("decoder_input_ids", None)
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    ref = model.generate(**batch, **kwargs)
+    _patch(model)
+    assert torch.equal(model.generate(**batch, **kwargs), ref)
+
+
+def _checkpointing(model):
+    """Activation (gradient) checkpointing on, by the name this transformers has."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@pytest.mark.parametrize("name,first_norm", [("llama", "model.layers.0.input_layernorm"),
+                                             ("gpt2", "transformer.h.0.ln_1")])
+def test_training_step_with_gradient_checkpointing(name, first_norm):
+    def step(model):
+        model.train()
+        _checkpointing(model)
+        calls = []
+        model.get_submodule(first_norm).register_forward_hook(lambda *a: calls.append(1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batch = _batch(name)
+        losses = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(**batch, labels=batch["input_ids"]).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert len(calls) == 6        # forward, then again in backward: checkpointing is on
+        return losses, [p.detach().clone() for p in model.parameters()]
+    ref_losses, ref_params = step(_model(name))
+    model = _model(name)
+    _patch(model)
+    losses, params = step(model)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
+    for p, r in zip(params, ref_params):
+        torch.testing.assert_close(p, r, rtol=1e-4, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- save, load, undo
+
+def test_save_pretrained_and_load_both_ways(tmp_path):
+    model = _model("llama")
+    batch = _batch("llama")
+    _patch(model)
+    with torch.no_grad():
+        out = model(**batch).logits
+    model.save_pretrained(tmp_path / "patched")
+    plain = tf.LlamaForCausalLM.from_pretrained(tmp_path / "patched").eval()  # a local dir
+    assert not any(type(m).__module__.startswith("resnorm") for m in plain.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).logits, out, rtol=1e-5, atol=1e-5)
+    _patch(plain)
+    with torch.no_grad():
+        assert torch.equal(plain(**batch).logits, out)
+
+
+def test_pickle_and_deepcopy_keep_the_patch(tmp_path):
+    import copy
+    model = _model("gemma")
+    _patch(model)
+    batch = _batch("gemma")
+    with torch.no_grad():
+        out = model(**batch).logits
+    torch.save(model, tmp_path / "model.pt")
+    for other in (torch.load(tmp_path / "model.pt", weights_only=False), copy.deepcopy(model)):
+        norms = _norms(other, "GemmaRMSNorm")
+        assert norms and all(isinstance(m, tf.models.gemma.modeling_gemma.GemmaRMSNorm)
+                             and type(m) is not tf.models.gemma.modeling_gemma.GemmaRMSNorm
+                             for m in norms)
+        with torch.no_grad():
+            assert torch.equal(other(**batch).logits, out)
+
+
+@pytest.mark.parametrize("name", ["llama", "t5", "bert"])
+def test_undo_restores_bit_identical_outputs(name):
+    model = _model(name)
+    batch = _batch(name)
+    with torch.no_grad():
+        ref = model(**batch).logits
+    classes = [type(m) for m in model.modules()]
+    handle = _patch(model)
+    handle.undo()
+    assert [type(m) for m in model.modules()] == classes
+    assert not any("_resnorm" in k for m in model.modules() for k in vars(m))
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, ref)
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_no_graph_break_from_resnorm(name):
+    model = _model(name)
+    _patch(model)
+    batch = _batch(name)
+    explanation = torch._dynamo.explain(lambda: model(**batch).logits)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+
+
+def test_fullgraph_compile_of_a_patched_model_trains_like_eager():
+    model = _model("llama")
+    _patch(model)
+    model.train()
+    batch = _batch("llama")
+    loss = model(**batch, labels=batch["input_ids"]).loss
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    closs = compiled(**batch, labels=batch["input_ids"]).loss
+    cgrads = torch.autograd.grad(closs, list(model.parameters()))
+    torch.testing.assert_close(closs, loss)
+    for g, r in zip(cgrads, grads):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-7)
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- precision
+
+def test_half_precision_model_is_skipped_with_the_reason():
+    model = _model("llama").to(torch.bfloat16)
+    with pytest.warns(UserWarning, match="swapped none.*bfloat16.*half precision"):
+        handle = rt.patch(model)
+    assert handle.swapped == [] and len(handle.skipped) == MODELS["llama"][3]
+    assert all("torch.bfloat16" in why for _, why in handle.skipped)
+
+
+def test_float64_llama_is_skipped_because_it_computes_in_float32():
+    """LlamaRMSNorm casts to float32 inside: resnorm in float64 would not compute the same."""
+    model = _model("llama").double()
+    with pytest.warns(UserWarning, match="differs from resnorm's 'rms' formula"):
+        handle = rt.patch(model)
+    assert handle.swapped == []
+
+
+def test_float64_gpt2_layer_norm_double_backward():
+    model = _model("gpt2").double()
+    _patch(model)
+    ln = model.transformer.ln_f
+    x = torch.randn(2, 3, 32, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(ln, (x,))
+
+
+def test_patched_model_refuses_another_input_dtype_clearly():
+    model = _model("llama")
+    _patch(model)
+    norm = model.model.norm
+    with pytest.raises(TypeError, match="checked this LlamaRMSNorm against resnorm for "
+                                        "torch.float32 input, got torch.float64"):
+        norm(torch.ones(2, 32, dtype=torch.float64))

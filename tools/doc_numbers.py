@@ -1,0 +1,625 @@
+"""Every measured number of the teaching docs, regenerated from the shipped code.
+
+The docs mark what this script owns:
+
+    <!-- numbers:KEY -->            a block (a demo's or explain's printed output, a table)
+    ...                             replaced by blocks[KEY]
+    <!-- /numbers -->
+    <!--n:KEY-->0.48<!--/n-->       an inline value, replaced by values[KEY]
+    <!--claim:KEY-->                after a sentence: claims[KEY] must have held in the run
+
+The last run's output is committed as tools/doc_numbers.json; tests/test_doc_numbers.py
+checks, without measuring anything, that the docs carry exactly its blocks and values and
+that every claim held.  Commands (from the repository root, after building in place):
+
+    PYTHONPATH=src python tools/doc_numbers.py              # measure all (a few minutes), write
+                                                            # the JSON, the docs and the demo PNGs
+    PYTHONPATH=src python tools/doc_numbers.py --only explain layer_norm
+                                                            # re-measure some sections only
+    PYTHONPATH=src python tools/doc_numbers.py --write      # docs from the JSON, no measuring
+    PYTHONPATH=src python tools/doc_numbers.py --check      # exit 1 where a doc differs
+
+Timings (demo wall times, rms-vs-layer, the residual section) are only quotable from a
+quiet machine: the JSON records the load average when the run started.
+"""
+import argparse
+import contextlib
+import datetime
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+JSON_PATH = ROOT / "tools" / "doc_numbers.json"
+DOCS = ["docs/demos.md", "docs/explain.md", "docs/pre_post_norm.md", "docs/layer_norm.md",
+        "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md"]
+BLOCK = re.compile(r"(<!-- numbers:([\w.-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
+VALUE = re.compile(r"(<!--n:([\w.-]+)-->)(.*?)(<!--/n-->)", re.S)
+CLAIM = re.compile(r"<!--claim:([\w.-]+)-->")
+
+
+def _num(v, digits=3):
+    from resnorm.demos._common import num
+    return num(v, digits)
+
+
+def _range(s, digits=3):
+    """A (median, min, max) spread as 'median (min..max)'."""
+    return f"{_num(s[0], digits)} ({_num(s[1], digits)}..{_num(s[2], digits)})"
+
+
+def _fence(text, lang="text"):
+    return f"```{lang}\n{text.rstrip()}\n```\n"
+
+
+class Out:
+    """What a section produces."""
+
+    def __init__(self):
+        self.blocks, self.values, self.claims = {}, {}, {}
+
+    def claim(self, key, text, holds):
+        self.claims[key] = {"text": text, "holds": bool(holds)}
+
+
+def _cli(argv):
+    """What `python -m resnorm ARGV` prints, and its exit status."""
+    from resnorm.__main__ import main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        status = main(argv)
+    return buf.getvalue(), status
+
+
+# --------------------------------------------------------------------------- machine
+
+def machine(out):
+    from resnorm.bench import machine_info
+    info = machine_info()
+    simd = info.get("simd_level", "?")
+    out.values.update({
+        "machine.cpu": info.get("cpu", "?"), "machine.cores": str(info.get("cores", "?")),
+        "machine.simd": simd, "machine.python": info.get("python", "?"),
+        "machine.numpy": info.get("numpy", "?"), "machine.matplotlib": info.get("matplotlib", "?"),
+        "machine.l3": info.get("caches", {}).get("L3", "?"),
+        "machine.load": f"{os.getloadavg()[0]:.1f}",
+        "machine.date": datetime.date.today().isoformat()})
+    try:
+        import statsmodels
+        out.values["machine.statsmodels"] = statsmodels.__version__
+    except ImportError:
+        out.values["machine.statsmodels"] = "not installed"
+
+
+# --------------------------------------------------------------------------- demos
+
+DEMOS = ("depth", "gradients", "batchnorm", "rms-vs-layer", "convergence")   # docs/demos.md
+
+
+def demos(out):
+    from resnorm import demos as d
+    results = {}
+    for name in DEMOS:
+        png = f"docs/img/demo-{name}.png"
+        t0 = time.perf_counter()
+        res = results[name] = d.run(name)
+        out.values[f"demo.{name}.seconds"] = f"{time.perf_counter() - t0:.2g}"
+        d.save_png(res, ROOT / png)
+        # what `python -m resnorm demo NAME --png PNG` prints
+        out.blocks[f"demo.{name}"] = _fence(f"{res.text()}\nfigure: {png}")
+        out.values[f"demo.{name}.command"] = f"python -m resnorm demo {name} --png {png}"
+        out.claim(f"demo.{name}.ran", f"demo {name} ran completely", not res.missing)
+    _depth(out, results["depth"])
+    _gradients(out, results["gradients"])
+    _rms_vs_layer(out, results["rms-vs-layer"])
+    _convergence(out, results["convergence"])
+    _batchnorm(out, results["batchnorm"])
+
+
+def _spread(v):
+    from resnorm.demos._common import spread
+    return spread(v)
+
+
+def _depth(out, res):
+    data, v = res.data, out.values
+    names = list(data["norms"])
+    plain, post, deep, pre1, pre_s, shared = names
+    g, k = data["growth"], data["exponents"]
+    depth = data["depth"]
+    from resnorm.demos.depth import closed_form, stacks
+    specs = {s.name: s for s in stacks(depth)}
+    for key, name in (("pre1", pre1), ("pres", pre_s)):
+        v[f"depth.{key}.growth"] = _range(_spread(g[name]))
+        v[f"depth.{key}.closed"] = _num(closed_form(specs[name], depth))
+    v["depth.pre1.k"] = f"{np.median(k[pre1]):.2f}"
+    v["depth.shared.k"] = f"{np.median(k[shared]):.2f}"
+    v["depth.pres.percent"] = f"{100 * (np.max(g[pre_s]) - 1):.0f}"
+    post_norms = np.concatenate([data["norms"][post][:, 1:], data["norms"][deep][:, 1:]])
+    v["depth.post.norm"] = _num(np.median(post_norms))
+    for key, name, tol in (("pre1", pre1, 0.15), ("pres", pre_s, 0.1)):
+        ratio = np.median(g[name]) / closed_form(specs[name], depth)
+        out.claim(f"depth.{key}.closed", f"{name}: median growth within {tol:.0%} of the "
+                  f"closed form", abs(ratio - 1) < tol)
+    out.claim("depth.pre1.sqrt", "Pre-Norm gain 1 grows like sqrt(depth)",
+              0.35 < np.median(k[pre1]) < 0.65)
+    out.claim("depth.shared.linear", "one shared W grows linearly",
+              0.8 < np.median(k[shared]) < 1.2)
+    out.claim("depth.post.fixed", "Post-Norm and DeepNorm streams stay at sqrt(n D)",
+              np.ptp(post_norms) < 1e-4 * np.median(post_norms))
+    out.claim("depth.plain.closed", "no residual: median growth within a factor 2 of gain^L",
+              0.5 < np.median(g[plain]) / closed_form(specs[plain], depth) < 2)
+
+
+def _gradients(out, res):
+    data, v = res.data, out.values
+    depth, d = data["depth"], data["d"]
+    ratio = {n: _spread(r) for n, r in data["ratio"].items()}
+    key = {"no residual, gain 0.9": "plain09", "no residual, gain 1.1": "plain11",
+           "Post-Norm": "post", "DeepNorm": "deep", "Pre-Norm, gain 1": "pre1",
+           "Pre-Norm, gain 1/sqrt(2L)": "pres"}
+    v["grad.seeds"] = str(data["seeds"])
+    for name, k in key.items():
+        v[f"grad.{k}.ratio"] = _range(ratio[name])
+        v[f"grad.{k}.reach1"] = _num(np.median(data["reach"][name][:, 0]))
+        v[f"grad.{k}.reachL"] = _num(np.median(data["reach"][name][:, -1]))
+        if not k.startswith("plain"):
+            v[f"grad.{k}.dw1"] = _num(np.median(data["dweight"][name][:, 0]))
+            v[f"grad.{k}.dwL"] = _num(np.median(data["dweight"][name][:, -1]))
+    from resnorm.demos.gradients import one_row_drift
+    from resnorm.demos import _stacks
+    alpha, beta = _stacks.deepnorm_constants(depth)
+    v["grad.deep.alpha"], v["grad.deep.beta"] = f"{alpha:.3g}", f"{beta:.3g}"
+    v["grad.pre1.closed"] = _num(np.sqrt(1 + depth))
+    v["grad.pres.closed"] = _num(np.sqrt(1.5))
+    v["grad.one_row_drift"] = _num(one_row_drift(depth, d))
+    drift = {g: np.exp(np.mean(np.log(data["ratio"][n] / g ** (depth - 1))))
+             for n, g in (("no residual, gain 0.9", 0.9), ("no residual, gain 1.1", 1.1))}
+    v["grad.plain09.drift"], v["grad.plain11.drift"] = _num(drift[0.9]), _num(drift[1.1])
+    sens = {n: s for n, s in data["sensitivity"].items()}
+    for name in sens:
+        v[f"grad.{key[name]}.sens"] = _range(_spread(sens[name]))
+    post_pre = _spread(sens["Post-Norm"] / sens["Pre-Norm, gain 1"])
+    v["grad.post_over_pre"] = _range(post_pre)
+    v["grad.post_over_deep"] = _num(np.median(sens["Post-Norm"] / sens["DeepNorm"]))
+    steps = data["step_sizes"]
+    for name in sens:
+        for i, lr in enumerate(steps):
+            v[f"grad.{key[name]}.move.{lr:g}"] = f"{100 * np.median(data['moves'][name][:, 2 + i]):.3g}%"
+    i3 = steps.index(1e-3)
+    at = np.median(data["moves"]["Post-Norm"][:, 2 + i3] / data["moves"]["Pre-Norm, gain 1"][:, 2 + i3])
+    v["grad.post_over_pre.1e-3"] = _num(at)
+    sc = data["scalar"]
+    v["grad.scalar.median"], v["grad.scalar.closed"] = _num(sc["median"]), _num(sc["closed_median"])
+    lin = np.concatenate(list(data["linearity"].values()))
+    out.claim("grad.pre1.closed", "Pre-Norm gain 1: ratio within 30% of sqrt(1 + L)",
+              abs(ratio["Pre-Norm, gain 1"][0] / np.sqrt(1 + depth) - 1) < 0.3)
+    out.claim("grad.pres.closed", "Pre-Norm 1/sqrt(2L): ratio within 10% of sqrt(1.5)",
+              abs(ratio["Pre-Norm, gain 1/sqrt(2L)"][0] / np.sqrt(1.5) - 1) < 0.1)
+    out.claim("grad.post.spread", "Post-Norm's ratio varies by more than 3x over the seeds",
+              ratio["Post-Norm"][2] / ratio["Post-Norm"][1] > 3)
+    out.claim("grad.deep.flat", "DeepNorm's ratio stays within 0.8..1.25 for every seed",
+              0.8 < ratio["DeepNorm"][1] and ratio["DeepNorm"][2] < 1.25)
+    out.claim("grad.post.moves", "Post-Norm moves the output >10x more per unit lr than "
+              "Pre-Norm gain 1 and than DeepNorm (medians)",
+              post_pre[0] > 10 and np.median(sens["Post-Norm"] / sens["DeepNorm"]) > 10)
+    out.claim("grad.linear", "the per-unit-lr measurement is linear to 1%",
+              np.max(np.abs(lin - 1)) < 0.01)
+    out.claim("grad.saturates", "at lr = 1e-3 the Post/Pre ratio is below the linear one "
+              "by more than 1.5x", at * 1.5 < post_pre[0])
+    out.claim("grad.plain.drift", "both no-residual products drift below gain^(L-1), less "
+              "than the one-row drift", all(one_row_drift(depth, d) < x < 1
+                                           for x in drift.values()))
+    out.claim("grad.scalar", "the scalar product's median is within 5% of exp(-L sigma^2/2)",
+              abs(sc["median"] / sc["closed_median"] - 1) < 0.05)
+    out.claim("grad.pres.scaled_moves", "Pre-Norm with 1/sqrt(2L) moves more than Pre-Norm "
+              "gain 1 per unit lr", np.median(sens["Pre-Norm, gain 1/sqrt(2L)"])
+              > np.median(sens["Pre-Norm, gain 1"]))
+
+
+def _rms_vs_layer(out, res):
+    v = out.values
+    for t in res.data["timings"]:
+        s = f"{t['shape'][0]}x{t['shape'][1]}"
+        q1, med, q3 = t["quartiles"]
+        v[f"rvl.{s}.{t['pass']}"] = f"{med:.2f} ({q1:.2f}..{q3:.2f})"
+    meds = [t["quartiles"][1] for t in res.data["timings"]]
+    v["rvl.range"] = f"{min(meds):.2f} to {max(meds):.2f}"
+    v["rvl.mean0"] = _num(res.data["same_input"][0][1])
+    out.claim("rvl.mean0", "the two kernels agree on rows with mean 0 to 1e-12",
+              res.data["same_input"][0][1] < 1e-12)
+
+
+def _convergence(out, res):
+    v = out.values
+    v["conv.seeds"], v["conv.steps"] = str(res.data["seeds"]), str(res.data["steps"])
+    lines, orderings, limits = [], {}, {}
+    for task in ("synthetic", "sunspots"):
+        t = res.data[task]
+        if t is None:
+            continue
+        rows = t["analysis"]["per_beta"]
+        small = [r["small"] for r in rows]
+        tuned = [r["tuned"] for r in rows]
+        p = f"conv.{task}"
+        v[f"{p}.cond0"] = ", ".join(_num(s["cond0"]) for s in small)
+        v[f"{p}.small.ratio"] = ", ".join(_num(s["ratio"][0]) for s in small)
+        v[f"{p}.small.final"] = ", ".join(_num(s["final"][0]) for s in small)
+        v[f"{p}.small.rate"] = ", ".join(_num(s["rate"][0]) for s in small)
+        v[f"{p}.limits"] = ", ".join(f"{r['limit']:g}" for r in rows)
+        v[f"{p}.tuned.ratio"] = ", ".join(_num(s["ratio"][0]) for s in tuned)
+        v[f"{p}.tuned.final"] = ", ".join(_num(s["final"][0]) for s in tuned)
+        dec = lambda xs: all(b < a_ for a_, b in zip(xs, xs[1:]))
+        inc = lambda xs: all(b > a_ for a_, b in zip(xs, xs[1:]))
+        label = "synthetic task" if task == "synthetic" else "sunspots task"
+        facts = [
+            ("at the smallest step every step of every run descends (the theorem's regime)",
+             all(s["monotone"] for s in small)),
+            ("sigma_min/sigma_max of Z at initialisation increases with beta",
+             inc([s["cond0"] for s in small])),
+            ("at the smallest step, loss/loss0 after the last step decreases with beta",
+             dec([s["ratio"][0] for s in small])),
+            ("at the smallest step, the absolute loss decreases with beta",
+             dec([s["final"][0] for s in small])),
+            ("at the smallest step, the fitted linear rate increases with beta",
+             inc([s["rate"][0] for s in small])),
+            ("the initial loss increases with beta (so loss/loss0 flatters large beta)",
+             inc([s["loss0"] for s in small])),
+            ("the step-size grid brackets every beta's stability limit",
+             all(r["bracketed"] for r in rows)),
+            ("the stability limit does not increase with beta",
+             all(b["limit"] <= a_["limit"] for a_, b in zip(rows, rows[1:]))),
+            ("each beta at its best step: loss/loss0 decreases with beta",
+             dec([s["ratio"][0] for s in tuned])),
+            ("each beta at its best step: the absolute loss decreases with beta",
+             dec([s["final"][0] for s in tuned])),
+            ("each beta at its best step: every step descends",
+             all(s["monotone"] for s in tuned)),
+        ]
+        if task == "sunspots":
+            ar = t["baseline"]
+            v[f"{p}.ar.train"], v[f"{p}.ar.test"] = _num(ar[0]), _num(ar[2])
+            v[f"{p}.tuned.test"] = ", ".join(_num(s["test_mse"][0]) for s in tuned)
+            facts.append(("the Transformer's training loss at the best step is below the "
+                          "linear AR's on the same windows", all(s["final"][0] < ar[0]
+                                                                  for s in tuned)))
+            facts.append(("some beta forecasts the held-out years at least 10% better than "
+                          "the linear AR", min(s["test_mse"][0] for s in tuned) < 0.9 * ar[2]))
+        lines += [f"- {label}: {text}: {'holds' if ok else 'does NOT hold'}"
+                  for text, ok in facts]
+        out.claim(f"{p}.small_monotone", "every run descends at the smallest step", facts[0][1])
+        out.claim(f"{p}.small_faster", "at the smallest step loss/loss0 decreases with beta",
+                  facts[2][1])
+        out.claim(f"{p}.bracketed", "the grid brackets every beta's stability limit",
+                  facts[6][1])
+        orderings[task] = [ok for text, ok in facts if "best step" in text and "descends"
+                           not in text]
+        limits[task] = [r["limit"] for r in rows]
+    out.blocks["conv.summary"] = "\n".join(lines) + "\n"
+    out.claim("conv.limits_differ", "the stability limit differs between betas on some task",
+              any(len(set(l)) > 1 for l in limits.values()))
+    out.claim("conv.not_blanket", "with tuned steps, some ordering by beta (normalised or "
+              "absolute, some task) fails", not all(all(o) for o in orderings.values()))
+    att = res.data["synthetic"]["attention"]
+    v["conv.synthetic.attn.max"] = _num(att["max_weight"])
+    v["conv.synthetic.attn.uniform"] = _num(att["uniform"])
+    v["conv.synthetic.attn.s21"] = _range(att["sigma2_over_sigma1"])
+    out.claim("conv.attn", "synthetic: attention at init is not uniform (largest weight > "
+              "1.5x uniform) and Attn(X) not near rank one (median sigma2/sigma1 > 0.2)",
+              att["max_weight"] > 1.5 * att["uniform"] and att["sigma2_over_sigma1"][0] > 0.2)
+
+
+def _batchnorm(out, res):
+    ch = res.data["changes"]
+    out.values["bn.max_counted"] = _num(max(c["BatchNorm, pads counted"][0] for c in ch.values()))
+    out.claim("bn.per_token", "LayerNorm and RMSNorm give bitwise identical outputs in every "
+              "batch", all(c[n] == (0.0, True) for c in ch.values()
+                           for n in ("LayerNorm", "RMSNorm")))
+
+
+# --------------------------------------------------------------------------- explain
+
+EXPLAIN_EXAMPLES = {
+    "explain.rms": "explain rms --x 1,2,3,4 --weight 1,0.5,2,1 --dy 1,0,0,-1",
+    "explain.layer": "explain layer --x 1,2,6 --bias 0,0.5,1 --dy 1,0,0 --dtype float32",
+    "explain.dropout": "explain dropout --x 1,2,3,4 --p 0.5 --seed 1 --dy 1,1,1,1",
+    "explain.add-rms": "explain add-rms --x 1,2,3,4 --residual=0.5,-1,0,2 --p 0.25 --seed 3 "
+                       "--dy 1,0,0,-1",
+    "explain.add-layer-post": "explain add-layer-post --x 1,2,3 --residual=0.5,-1,2 "
+                              "--alpha 0.5 --learnable-alpha --dy 1,0,-1",
+    "explain.scaled": "explain scaled --x 1,2,3 --F=0.5,-1,2 --alpha 0.1,1,2 --dh 1,1,-1",
+    "explain.gated": "explain gated --x 1,2 --F 3,-4 --g=-1,20 --dh 1,1",
+}
+
+
+def explain(out):
+    for key, args in EXPLAIN_EXAMPLES.items():
+        text, status = _cli(args.split())
+        out.blocks[key] = _fence(text)
+        out.values[f"{key}.command"] = f"python -m resnorm {args}"
+        out.claim(f"{key}.agree", f"{args}: verdict AGREE", status == 0)
+    import resnorm
+    e = resnorm.explain("layer", [1, 2, 6], bias=[0, 0.5, 1], dy=[1, 0, 0], dtype="float32")
+    ydiff = {c.name: c for c in e.checks}["y"].max_abs_diff
+    out.values["explain.layer.ydiff"] = _num(ydiff)
+    out.claim("explain.layer.ulp", "float32 LayerNorm y within one ulp of 1 of the reference",
+              0 < ydiff < 2.0**-23)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(EXPLAIN_NOTEBOOK, {})
+    out.blocks["explain.notebook"] = _fence(EXPLAIN_NOTEBOOK, "python")
+    out.blocks["explain.notebook.output"] = _fence(buf.getvalue())
+    e = resnorm.explain("dropout", np.ones((2, 40)), p=0.3, seed=2**32 + 7)
+    m = e.philox
+    rows = ["| k | counter c | word w | u_k |", "|---|---|---|---|"]
+    for k in (0, 1, 15, 16, 17, 63, 64, 79):
+        rows.append(f"| {k} | {m['counter'][k]} | {m['word'][k]} | {m['u'][k]} |")
+    out.blocks["explain.philox.table"] = "\n".join(rows) + "\n"
+
+
+EXPLAIN_NOTEBOOK = '''import numpy as np
+import resnorm
+
+e = resnorm.explain("rms", [1, 2, 3, 4], dy=[1, 0, 0, 0])   # also: weight=, bias=, eps=, dtype=
+print(e.names)                    # every step, in order
+print(e["rstd"], e["dx"])         # the kernel's values
+print(e.step("y").formula)        # 'y_i = x_i * rstd'
+print([(c.name, c.agree) for c in e.checks])            # kernel vs resnorm.reference
+print([(c.name, c.max_abs_diff < c.tolerance) for c in e.gradient_checks])  # vs finite differences
+print(e.jacobians[0].closed_form.round(4))               # dy/dx of row 0
+print([(i.name, i.value, i.exact) for i in e.invariants])
+print(e.agree)
+s = resnorm.explain("scaled", [1.0, 2.0], F=[3.0, 4.0], alpha=np.array(0.5), dh=[1.0, 1.0])
+print(s["dalpha"], dict(s.cache))   # a learnable scalar alpha: its gradient, and the cache
+'''
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+CANCELLATION = '''import numpy as np
+import resnorm
+
+
+def variances(offset, dtype, seed=0):
+    """The variance of one row offset + N(0, 1) of 4096 values, four ways."""
+    x = (offset + np.random.default_rng(seed).standard_normal((1, 4096))).astype(dtype)
+    exact = float(np.var(x.astype(np.longdouble)))                   # two-pass, extended
+    one_pass_f32 = float(np.mean(x * x, dtype=np.float32) - np.mean(x, dtype=np.float32) ** 2)
+    x64 = x.astype(np.float64)
+    one_pass_f64 = float(np.mean(x64 * x64) - np.mean(x64) ** 2)      # float32 data, double sums
+    _, cache = resnorm.layer_norm_forward(x, eps=1e-5)
+    kernel = float(1 / cache.rstd[0] ** 2 - 1e-5)                     # two-pass, in double
+    return exact, one_pass_f32, one_pass_f64, kernel
+
+
+for offset, dtype in ((1e4, np.float32), (1e6, np.float32), (1e8, np.float64)):
+    exact, f32, f64, kernel = variances(offset, dtype)
+    print(f"{np.dtype(dtype).name} input {offset:g} + N(0,1): variance {exact:.6g}; one-pass "
+          f"E[x^2] - E[x]^2 summed in float32: {f32:.6g}, in double: {f64:.6g}; "
+          f"kernel (two-pass, double): {kernel:.6g}")
+'''
+
+
+def layer_norm(out):
+    buf, space = io.StringIO(), {}
+    with contextlib.redirect_stdout(buf):
+        exec(CANCELLATION, space)
+    out.blocks["layer_norm.cancellation"] = _fence(CANCELLATION, "python")
+    out.blocks["layer_norm.cancellation.output"] = _fence(buf.getvalue())
+    off = lambda v, exact: abs(v / exact - 1)
+    f32 = space["variances"](1e4, np.float32)
+    mid32 = space["variances"](1e6, np.float32)
+    f64 = space["variances"](1e8, np.float64)
+    out.claim("layer_norm.f32_one_pass_fails", "float32 1e4: one-pass summed in float32 is "
+              "off by more than 10%", off(f32[1], f32[0]) > 0.1)
+    out.claim("layer_norm.f32_double_ok", "float32 1e4: one-pass summed in double is within "
+              "1e-6", off(f32[2], f32[0]) < 1e-6)
+    out.claim("layer_norm.f64_one_pass_fails", "float64 1e8: one-pass in double is off by "
+              "more than 1%", off(f64[2], f64[0]) > 0.01)
+    out.claim("layer_norm.one_pass_grows", "one-pass in double: its error grows with the "
+              "offset (1e4 < 1e6 < 1e8)", off(f32[2], f32[0]) < off(mid32[2], mid32[0])
+              < off(f64[2], f64[0]))
+    out.claim("layer_norm.kernel_ok", "the kernel's variance is within 1e-6 of the exact one "
+              "in all three", all(off(n[3], n[0]) < 1e-6 for n in (f32, mid32, f64)))
+
+
+# --------------------------------------------------------------------------- rms_norm
+
+def rms_norm(out):
+    n, d, s = 2048, 4096, 4
+    out.values["rms_norm.fwd_mib"] = f"{(2 * n * d * s + d * s + n * 8) / 2**20:.0f}"
+    out.values["rms_norm.bwd_mib"] = f"{(3 * n * d * s + 2 * d * s + n * 8) / 2**20:.0f}"
+
+
+# --------------------------------------------------------------------------- residual
+
+def residual(out):
+    """One thread, (2048, 4096) float32: the fit t = read/R + write/W over ops with known
+    streams, the fused forward against it and against separate kernels, and the fused
+    backward with and without gradient buffers."""
+    import resnorm as rn
+    from resnorm.demos.rms_vs_layer import time_paired
+    shape = (2048, 4096)
+    rng = np.random.default_rng(0)
+    x, r, dy, src = (rng.standard_normal(shape, dtype=np.float32) for _ in range(4))
+    w = np.ones(shape[1], np.float32)
+    y, h, dst, dx, dres = (np.empty_like(x) for _ in range(5))
+    _, rms_cache = rn.rms_norm_forward(x, w)
+    (_, _), add_cache = rn.add_rms_norm_forward(x, r, w)
+    streams = {  # name: (call, arrays read, arrays written)
+        "copy": (lambda: np.copyto(dst, src), 1, 1),
+        "scaled_residual": (lambda: rn.scaled_residual(x, r, 1.0, out=h, n_threads=1), 2, 1),
+        "rms_norm": (lambda: rn.rms_norm(x, w, out=y, n_threads=1), 1, 1),
+        "rms_norm_backward": (lambda: rn.rms_norm_backward(dy, rms_cache, out=dx,
+                                                           n_threads=1), 2, 1),
+    }
+    extra = {
+        "fused": lambda: rn.add_rms_norm(x, r, w, out=y, residual_out=h, n_threads=1),
+        "separate": lambda: (rn.scaled_residual(x, r, 1.0, out=h, n_threads=1),
+                             rn.rms_norm(h, w, out=y, n_threads=1)),
+        "backward_buffers": lambda: rn.add_rms_norm_backward(dy, None, add_cache, out=dx,
+                                                             dresidual_out=dres, n_threads=1),
+        "backward_fresh": lambda: rn.add_rms_norm_backward(dy, None, add_cache, n_threads=1),
+    }
+    names = list(streams) + list(extra)
+    fns = [streams[n][0] for n in streams] + list(extra.values())
+    t = dict(zip(names, np.median(time_paired(fns, 21, 1, rng), axis=0)))
+    a = x.nbytes
+    A = np.array([[streams[n][1] * a, streams[n][2] * a] for n in streams], dtype=float)
+    inv, *_ = np.linalg.lstsq(A, np.array([t[n] for n in streams]), rcond=None)
+    read_gbps, write_gbps = 1 / inv[0] / 1e9, 1 / inv[1] / 1e9
+    fused_fit = 2 * a * inv[0] + 2 * a * inv[1]
+    fit_err = max(abs(A[i] @ inv / t[n] - 1) for i, n in enumerate(streams))
+    v = out.values
+    v["residual.read_gbps"], v["residual.write_gbps"] = _num(read_gbps), _num(write_gbps)
+    v["residual.fit_err"] = f"{100 * fit_err:.0f}%"
+    v["residual.fused_vs_fit"] = f"{t['fused'] / fused_fit:.2f}"
+    v["residual.separate_over_fused"] = f"{t['separate'] / t['fused']:.2f}"
+    v["residual.separate_predicted"] = f"{(3 * inv[0] + 2 * inv[1]) / (2 * inv[0] + 2 * inv[1]):.2f}"
+    v["residual.bwd_buffers_ms"] = f"{t['backward_buffers'] * 1e3:.2g}"
+    v["residual.bwd_fresh_ms"] = f"{t['backward_fresh'] * 1e3:.2g}"
+    v["residual.fused_x_copy"] = f"{(4 * a / t['fused']) / (2 * a / t['copy']):.2f}"
+    cheaper = "reads" if read_gbps > write_gbps else "writes"
+    v["residual.cheaper"] = cheaper
+    out.claim("residual.buffers_help", "the fused backward with buffers is faster than "
+              "without", t["backward_buffers"] < t["backward_fresh"])
+
+
+# --------------------------------------------------------------------------- dropout
+
+DROPOUT_EXAMPLE = '''import numpy as np
+import resnorm
+
+x = np.arange(1, 9, dtype=np.float32).reshape(2, 4)
+step, layer = 7, 2
+s = step * 1000 + layer                        # a different seed for every step and site
+print(resnorm.dropout(x, 0.25, seed=s))        # inference-style call
+y, cache = resnorm.dropout_forward(x, 0.25, seed=s, return_mask=True)
+print(cache.mask)                              # bool keep-mask (only with return_mask)
+dx = resnorm.dropout_backward(np.ones_like(x), cache)   # mask regenerated from the seed
+print(dx)
+print(resnorm.dropout(x, 0.25, seed=s, training=False))  # eval: a copy of x
+'''
+
+
+def dropout(out):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        exec(DROPOUT_EXAMPLE, {})
+    out.blocks["dropout.example"] = _fence(DROPOUT_EXAMPLE, "python")
+    out.blocks["dropout.example.output"] = _fence(buf.getvalue())
+
+
+# --------------------------------------------------------------------------- the docs
+
+SECTIONS = {"machine": machine, "demos": demos, "explain": explain, "layer_norm": layer_norm,
+            "rms_norm": rms_norm, "residual": residual, "dropout": dropout}
+
+
+def load():
+    return json.loads(JSON_PATH.read_text()) if JSON_PATH.exists() else \
+        {"blocks": {}, "values": {}, "claims": {}}
+
+
+def render(text, numbers):
+    """text with every marked block and value taken from numbers; also returns the keys
+    it used."""
+    used = set()
+
+    def block(m):
+        used.add(m.group(2))
+        return m.group(1) + numbers["blocks"].get(m.group(2), m.group(3)) + m.group(4)
+
+    def value(m):
+        used.add(m.group(2))
+        return m.group(1) + numbers["values"].get(m.group(2), m.group(3)) + m.group(4)
+
+    text = BLOCK.sub(block, text)
+    text = VALUE.sub(value, text)
+    used |= set(CLAIM.findall(text))
+    return text, used
+
+
+def check(numbers=None, root=ROOT):
+    """Problems (strings): a doc whose marked blocks or values differ from numbers, a
+    marker with no entry, an entry no doc uses, a claim that did not hold."""
+    numbers = load() if numbers is None else numbers
+    problems, used = [], set()
+    known = set(numbers["blocks"]) | set(numbers["values"]) | set(numbers["claims"])
+    for doc in DOCS:
+        text = (root / doc).read_text()
+        rendered, keys = render(text, numbers)
+        used |= keys
+        for key in sorted(keys - known):
+            problems.append(f"{doc}: marker {key!r} has no entry in {JSON_PATH.name}")
+        if rendered != text:
+            problems.append(f"{doc}: numbers differ from {JSON_PATH.name} "
+                            f"(run tools/doc_numbers.py --write)")
+        for key in CLAIM.findall(text):
+            claim = numbers["claims"].get(key)
+            if claim is not None and not claim["holds"]:
+                problems.append(f"{doc}: claim {key!r} ({claim['text']}) did not hold in the "
+                                f"last run")
+    for key in sorted(known - used):
+        if not key.endswith(".ran") and not key.startswith("machine."):
+            problems.append(f"{JSON_PATH.name}: {key!r} is used by no doc")
+    for key, claim in numbers["claims"].items():
+        if not claim["holds"] and key not in used:
+            problems.append(f"claim {key!r} ({claim['text']}) did not hold in the last run")
+    return problems
+
+
+def write(numbers):
+    for doc in DOCS:
+        path = ROOT / doc
+        text, _ = render(path.read_text(), numbers)
+        path.write_text(text)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS),
+                        help="re-measure these sections, keep the others from the JSON")
+    parser.add_argument("--write", action="store_true", help="only rewrite the docs")
+    parser.add_argument("--check", action="store_true", help="only compare the docs")
+    args = parser.parse_args(argv)
+    if args.check:
+        problems = check()
+        print("\n".join(problems) or "docs match tools/doc_numbers.json")
+        return 1 if problems else 0
+    numbers = load()
+    if not args.write:
+        for name in args.only or list(SECTIONS):
+            print(f"measuring {name} ...", file=sys.stderr)
+            o = Out()
+            SECTIONS[name](o)
+            for kind in ("blocks", "values", "claims"):
+                mine = getattr(o, kind)
+                numbers[kind] = {k: v for k, v in numbers[kind].items()
+                                 if not _owned(k, name)} | mine
+        numbers["command"] = "PYTHONPATH=src python tools/doc_numbers.py"
+        JSON_PATH.write_text(json.dumps(numbers, indent=1, sort_keys=True) + "\n")
+    write(numbers)
+    failed = [k for k, c in numbers["claims"].items() if not c["holds"]]
+    if failed:
+        print("claims that did not hold: " + ", ".join(failed), file=sys.stderr)
+    return 0
+
+
+OWNERS = {"machine": ("machine.",), "demos": ("demo.", "depth.", "grad.", "rvl.", "conv.", "bn."),
+          "explain": ("explain.",), "layer_norm": ("layer_norm.",), "rms_norm": ("rms_norm.",),
+          "residual": ("residual.",), "dropout": ("dropout.",)}
+
+
+def _owned(key, section):
+    return key.startswith(OWNERS[section])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
