@@ -536,7 +536,7 @@ def sum_like(a: F64, alpha: ArrayLike) -> F64:
 @_shared_doc
 def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                          eps: float = 1e-6, alpha: ArrayLike = 1.0, p: float = 0.0,
-                         seed: int = 0, training: bool = True
+                         seed: int = 0, training: bool = True, **norm: Any
                          ) -> tuple[F64, F64, F64, NDArray[np.bool_]]:
     """The fused Pre-Norm add + RMSNorm, step by step.
 
@@ -677,7 +677,7 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
 @_shared_doc
 def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, x: ArrayLike, h: ArrayLike,
                             weight: ArrayLike | None, mean: ArrayLike, rstd: ArrayLike,
-                            alpha: ArrayLike, keep: NDArray[np.bool_], p: float
+                            alpha: ArrayLike, keep: NDArray[np.bool_], p: float, **norm: Any
                             ) -> tuple[F64, F64, F64 | None, F64, F64]:
     """The gradients of `add_layer_norm_forward`'s two outputs (y, h).
 
@@ -809,7 +809,7 @@ def add_rms_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
 def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike,
                                 weight: ArrayLike | None = None, bias: ArrayLike | None = None,
                                 eps: float = 1e-5, alpha: ArrayLike = 1.0, p: float = 0.0,
-                                seed: int = 0, training: bool = True
+                                seed: int = 0, training: bool = True, **norm: Any
                                 ) -> tuple[F64, F64, F64, F64, NDArray[np.bool_]]:
     """The fused Post-Norm add + LayerNorm: ``y = layer_norm(residual + alpha * dropout(x))``.
 
@@ -846,7 +846,7 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike,
 @_shared_doc
 def add_layer_norm_post_backward(dy: ArrayLike, x: ArrayLike, h: ArrayLike,
                                  weight: ArrayLike | None, mean: ArrayLike, rstd: ArrayLike,
-                                 alpha: ArrayLike, keep: NDArray[np.bool_], p: float
+                                 alpha: ArrayLike, keep: NDArray[np.bool_], p: float, **norm: Any
                                  ) -> tuple[F64, F64, F64 | None, F64, F64]:
     """The gradients of `add_layer_norm_post_forward`: the Pre-Norm backward with dh = 0.
 
