@@ -6,6 +6,7 @@ Environment switches:
                      "-fsanitize=address,undefined" for tools/sanitize.sh)
   RESNORM_LDFLAGS    extra linker flags appended verbatim
 """
+import glob
 import os
 import shlex
 import subprocess
@@ -157,7 +158,9 @@ class BuildExt(build_ext):
 
 
 def _extension(name, sources):
-    return Extension(f"resnorm._{name}", sources,
+    # depends: a changed C header rebuilds the core (setuptools tracks only the sources)
+    depends = sorted(glob.glob("resnorm_c/core/*.h")) if name == "core" else []
+    return Extension(f"resnorm._{name}", sources, depends=depends,
                      include_dirs=["resnorm_c", "resnorm_c/core", numpy.get_include()],
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 

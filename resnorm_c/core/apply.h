@@ -39,6 +39,12 @@ static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T 
 #undef B_
 }
 
+/* Whether the d elements at a and at p (NULL: none) share memory. */
+static inline int RN_NAME(meets)(const RN_T *a, const RN_T *p, Py_ssize_t d)
+{
+    return p != NULL && (uintptr_t)a < (uintptr_t)(p + d) && (uintptr_t)p < (uintptr_t)(a + d);
+}
+
 /* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
  * read it just before):  h_k = residual_k + alpha_k * (x_k * m_k),  m_k = RN_KEEP(k) ?
  * scale : 0,
@@ -58,8 +64,11 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
     if (!RN_NAME(same_phase)(y, h)) {
         /* One loop cannot align the stores of both y and h, and a store that crosses a
          * cache line costs two: h gets its own loop, then y's loop forms h again from
-         * the cached rows (unless h is written over one of them). */
-        if (h == x || h == residual) stream = 0;
+         * the cached rows (unless h is written over an input that loop reads: any of
+         * them may be the output buffer, e.g. residual_out=alpha for a single row). */
+        if (RN_NAME(meets)(h, x, d) || RN_NAME(meets)(h, residual, d)
+            || RN_NAME(meets)(h, alpha, d) || RN_NAME(meets)(h, w, d)
+            || RN_NAME(meets)(h, b, d)) stream = 0;
         else {
             RN_NAME(residual_add)(h, residual, x, alpha, keep, kpos, scale, d, stream);
             h = NULL;
