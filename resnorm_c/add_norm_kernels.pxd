@@ -20,6 +20,7 @@ from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from primitives cimport (element, rn_rms_bwd_dot, rn_rms_bwd_apply_rows, rn_ln_bwd_sums,
                          rn_ln_bwd_apply_rows, rn_residual_add, rn_residual_reduce,
                          rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
+from norm_kernels cimport layer_forward_row, rms_forward_row
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
@@ -87,10 +88,13 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                                        const element *alpha, double eps, const rn_dropout *dp,
                                        uint64_t *masks, Py_ssize_t lo, Py_ssize_t hi,
                                        Py_ssize_t d, bint stream) noexcept nogil:
-    """Rows lo .. hi of add_norm_forward on one thread (masks: its keep-bit scratch).  Per
-    row: reduction passes over x and residual that only load (h is not stored: a plain
-    store would queue behind the streamed stores still draining), then one pass that
-    recomputes h from the cached rows and writes y and h (apply_row)."""
+    """Rows lo .. hi of add_norm_forward on one thread (masks: its keep-bit scratch).
+    Streamed outputs, per row: reduction passes over x and residual that only load (h is
+    not stored: a plain store would queue behind the streamed stores still draining), then
+    one pass that recomputes h from the cached rows and writes y and h (apply_row).
+    Otherwise h is formed once and stored (into y for Post-Norm), and normalised as the norm
+    kernels normalise any row: fewer operations per element, and the same bits, as
+    residual_reduce reduces h exactly as sum, sumsq and sumsqdev do."""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var
@@ -99,9 +103,25 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     cdef uint64_t *keep = masks if dp != NULL else NULL
     cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
     cdef uint64_t *swap
+    cdef element *hrow
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
+        if not stream:
+            hrow = h + i * d if h != NULL else y + i * d
+            rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                            i * d % 64, scale, d, False)
+            if layer:
+                layer_forward_row(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps, False)
+            else:
+                rms_forward_row(y + i * d, &rstd[i], hrow, w, d, eps, False)
+            if dp != NULL and i + 1 < hi:
+                extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
+                            (i + 1) * d + d)
+            swap = keep
+            keep = keep_next
+            keep_next = swap
+            continue
         # the reductions: LayerNorm's mean, then the mean of (h - mean)^2 (mean 0:
         # RMSNorm's mean of h^2)
         mu = 0.0
