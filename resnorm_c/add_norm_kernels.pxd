@@ -268,6 +268,11 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         memset(db_part, 0, d * sizeof(double))
     if dalpha_part != NULL:
         memset(dalpha_part, 0, d * sizeof(double))
+    if dp != NULL:
+        # the words past a row's last group are read (and their lanes discarded) by the
+        # vector multipliers: zero, not whatever the scratch held (gs is written before
+        # it is read)
+        memset(masks, 0, 2 * nw * 8)
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):

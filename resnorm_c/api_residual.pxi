@@ -293,7 +293,6 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef Scratch scratch = lend(parts_bytes + max(1, nt) * per_thread + 64)
     cdef double *partials = <double *>scratch.data
     cdef char *rows_scratch = scratch.data + (parts_bytes + 63) // 64 * 64
-    memset(rows_scratch, 0, max(1, nt) * per_thread)
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdres = cnp.PyArray_DATA(dres)
     cdef void *pdw = data_of(dweight)

@@ -57,7 +57,8 @@ def main():
                 for inp in mine + [with_data(forward, i, v, split=True) for i, v in rare]:
                     for nt in nts:
                         want = op.run(inp, n_threads=nt)
-                        buffers = {b: np.empty(inp.x.shape, inp.x.dtype) for b in op.buffers}
+                        # each buffer as its output (a per-channel gate's gradient is (D,))
+                        buffers = {b: np.empty_like(want[name]) for b, name in op.buffers.items()}
                         got = op.run(inp, n_threads=nt, **buffers)
                         for name in op.buffers.values():
                             assert np.array_equal(got[name], want[name], equal_nan=True)

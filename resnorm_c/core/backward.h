@@ -37,6 +37,15 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
     RN_ELEMENTWISE(d, dx, rows == 1 || RN_NAME(rows_share_phase)(d) ? stream : 0,         \
                    RN_PF_GROUP, BODY)
 
+/* CASES(R) with R a constant for a whole group and for a single row (the kernels' two
+ * common cases: the loop over the rows then unrolls, or vanishes), else the row count. */
+#define RN_BY_ROWS(CASES)                                                               \
+    do {                                                                                \
+        if (rows == RN_GROUP) { CASES(RN_GROUP); }                                      \
+        else if (rows == 1) { CASES(1); }                                               \
+        else { CASES(rows); }                                                           \
+    } while (0)
+
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream)
@@ -72,9 +81,12 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
         mt[r] = (RN_C)m[r];
     }
     /* One inlined copy per case so the dead branches leave the loops. */
-    if (w && dw_part) RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, rows, d, stream);
-    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, rows, d, stream);
-    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, rows, d, stream);
+#define CASES_(R)                                                                       \
+    if (w && dw_part) RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, R, d, stream); \
+    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, R, d, stream);   \
+    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, R, d, stream)
+    RN_BY_ROWS(CASES_);
+#undef CASES_
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
@@ -120,16 +132,20 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
         mg[r] = (RN_C)mean_g[r];
         mgx[r] = (RN_C)mean_gxhat[r];
     }
-    if (w && dw_part && db_part)
-        RN_NAME(ln_bwd_rows_body)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx, rows, d, stream);
-    else if (w && dw_part)
-        RN_NAME(ln_bwd_rows_body)(dx, dw_part, NULL, dy, x, w, mh, ml, rs, mg, mgx, rows, d, stream);
-    else if (w)
-        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, w, mh, ml, rs, mg, mgx, rows, d, stream);
-    else
-        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, mg, mgx, rows, d, stream);
+#define CASES_(R)                                                                       \
+    if (w && dw_part && db_part)                                                        \
+        RN_NAME(ln_bwd_rows_body)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
+    else if (w && dw_part)                                                              \
+        RN_NAME(ln_bwd_rows_body)(dx, dw_part, NULL, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
+    else if (w)                                                                         \
+        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
+    else                                                                                \
+        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, mg, mgx, R, d, stream)
+    RN_BY_ROWS(CASES_);
+#undef CASES_
 }
 
 #undef RN_PF_GROUP
+#undef RN_BY_ROWS
 #undef RN_ADD_GROUP
 #undef RN_COLUMNS

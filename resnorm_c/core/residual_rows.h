@@ -57,7 +57,16 @@ static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dresidual, double *dalpha_part
                                    RN_ADD_WIDENED(dalpha_part + (k), g * t); }          \
                 RN_VEC v = g; if (alpha) { v *= RN_GET(alpha + (k)); }                  \
                 if (keep) { v *= mk; } RN_PUT(dx + (k), v); }
-    RN_ELEMENTWISE(d, dx, stream, PF_, B_);
+    /* The hot cases get their own expansion: the plain Pre-Norm add (with or without a
+     * gradient along the stream), and Post-Norm's. */
+    if (!keep && !alpha && !dalpha_part && dresidual) {
+        const uint8_t *keep = NULL;
+        const RN_T *alpha = NULL;
+        double *dalpha_part = NULL;
+        if (dh) RN_ELEMENTWISE(d, dx, stream, PF_, B_);
+        else { const RN_T *dh = NULL; RN_ELEMENTWISE(d, dx, stream, PF_, B_); }
+    }
+    else RN_ELEMENTWISE(d, dx, stream, PF_, B_);
 #undef PF_
 #undef B_
 }
