@@ -256,6 +256,38 @@ def test_fused_backward_within_float32_bounds(rng, name, layer):
     assert np.all(np.abs(dw - gw) <= spacing(gw, dt) + F32_TERMS * np.abs(dy64 * hhat).sum(0))
 
 
+# --------------------------------------------------------------------------- elementwise
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [1, 17, 4097])
+def test_dropout_and_scaled_residual_round_once(rng, name, d):
+    # each output is one float32 product (and sum) rounded once: bitwise what NumPy's
+    # float32 arithmetic rounded to the half dtype gives, and within one unit of float64
+    dt = half(name)
+    x, F, dh = (rows(rng, "mixed", 7, d, dt) for _ in range(3))
+    x32, F32, dh32 = (a.astype(np.float32) for a in (x, F, dh))
+    y, cache = resnorm.dropout_forward(x, 0.3, seed=5, return_mask=True)
+    keep = cache.mask
+    m = np.where(keep, np.float32(1 / 0.7), np.float32(0))   # x * 0 keeps x's sign
+    want32 = x32 * m
+    assert y.dtype == dt and np.array_equal(y.view(np.uint16), want32.astype(dt).view(np.uint16))
+    assert ulps(y, ref.dropout_forward(x.astype(np.float64), 0.3, 5)[0]).max() <= 1
+    dx = resnorm.dropout_backward(dh, cache)
+    assert np.array_equal(dx.view(np.uint16), (dh32 * m).astype(dt).view(np.uint16))
+    alpha = (0.5 + rng.random(d)).astype(dt)
+    h, cache = resnorm.scaled_residual_forward(x, F, alpha)
+    want = x32 + F32 * alpha.astype(np.float32)
+    assert h.dtype == dt and np.array_equal(h.view(np.uint16), want.astype(dt).view(np.uint16))
+    gx, gF, galpha = resnorm.scaled_residual_backward(dh, cache)
+    assert np.array_equal(gx.view(np.uint16), dh.view(np.uint16))
+    assert np.array_equal(gF.view(np.uint16),
+                          (dh32 * alpha.astype(np.float32)).astype(dt).view(np.uint16))
+    want = (dh.astype(np.float64) * F.astype(np.float64)).sum(0)
+    terms = np.abs(dh.astype(np.float64) * F.astype(np.float64)).sum(0)
+    assert galpha.dtype == dt
+    assert np.all(np.abs(galpha - want) <= spacing(want, dt) + F32_TERMS * terms)
+
+
 # --------------------------------------------------------------------------- checks
 
 @pytest.mark.parametrize("name", HALVES)
@@ -267,7 +299,7 @@ def test_mixed_dtypes_refused_naming_the_argument(rng, name):
     with pytest.raises(TypeError, match="residual"):
         resnorm.add_rms_norm(x, x.astype(np.float32))
     with pytest.raises(TypeError, match=r"x must have dtype float32 or float64"):
-        resnorm.dropout(x, 0.5, seed=1)
+        resnorm.gated_residual(x, x, x)   # no 16-bit kernels: its exp loops are float32's
     with pytest.raises(TypeError, match=r"float32, float64, float16 or bfloat16, got int32"):
         resnorm.rms_norm(x.astype(np.float32).astype(np.int32))
 

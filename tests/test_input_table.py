@@ -114,7 +114,8 @@ def assert_same_outputs(got, want, what):
 # --------------------------------------------------------------------------- x
 
 # the families whose kernels take float16 and bfloat16 (tests/test_half.py checks them)
-HALF_FAMILIES = ("rms", "ln", "add_rms", "add_ln", "add_rms_post", "add_ln_post")
+HALF_FAMILIES = ("rms", "ln", "add_rms", "add_ln", "add_rms_post", "add_ln_post", "scaled",
+                 "dropout")
 
 
 @each(FORWARDS)
@@ -123,10 +124,13 @@ HALF_FAMILIES = ("rms", "ln", "add_rms", "add_ln", "add_rms_post", "add_ln_post"
                          ids=lambda t: np.dtype(t).name)
 def test_x_dtype(op, dtype):
     inp = good()
-    if dtype is np.float16 and op.family in HALF_FAMILIES:
+    args = [a for a in op.partners + ("weight", "bias") if a in op.args]
+    if dtype is np.float16 and op.family in HALF_FAMILIES and args:
         # an element type of these: then the first float32 partner or parameter is named
-        args = [a for a in op.partners + ("weight", "bias") if a in op.args]
         raises(op, TypeError, args[0], inp, x=inp.x.astype(dtype))
+    elif dtype is np.float16 and op.family in HALF_FAMILIES:   # x alone: it is taken
+        y = op.run(inp, x=inp.x.astype(dtype))[op.returns[0]]
+        assert y.dtype == np.float16
     else:
         raises(op, TypeError, "x", inp, x=inp.x.astype(dtype))
 
@@ -691,7 +695,7 @@ def _edits(obj, path=()):
                 yield "rank 1", where, value.ravel()
     names = {f.name for f in dataclasses.fields(obj)}
     if "dtype" in names:
-        yield "dtype", path + ("dtype",), np.dtype(np.float16)
+        yield "dtype", path + ("dtype",), np.dtype(np.complex64)
     if "kind" in names:
         yield "kind", path + ("kind",), "vector"
     if "p" in names:
