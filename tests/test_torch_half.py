@@ -18,6 +18,14 @@ HALVES = [torch.bfloat16, torch.float16]
 ids = str
 
 
+@pytest.fixture(autouse=True)
+def _own_random_state():
+    """These tests seed torch's global generator: restore it afterwards, so that the
+    tests after them see the state they would see without these."""
+    with torch.random.fork_rng():
+        yield
+
+
 def ordered(t):
     """16-bit patterns as integers in the order of the values (adjacent values differ by 1)."""
     u = t.contiguous().view(torch.int16).to(torch.int32)
