@@ -73,7 +73,58 @@ static inline void RN_NAME(st_double)(RN_T *p, double v) { *p = RN_FROM_F64_(v);
 #define RN_LANES_OUT_(NL)                                                               \
     { for (int j_ = 0; j_ < (NL); j_++) p[j_] = RN_FROM_F32_(v[j_]); }
 
-#if RN_HALF == RN_BF16
+#if RN_HALF == RN_BF16 && RN_LEVEL == 3
+/* bfloat16 in: a shift.  Out: rn_bf16_round_bits, the same integer operations lane by
+ * lane (a NaN lane selected by mask).  The widenings and the narrowing are spelled out:
+ * GCC lowers the vector-extension forms below into several half-width steps here. */
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return (RN_VEC)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return (RN_HVEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    const __m512i u = _mm512_castps_si512((__m512)v), top = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+#elif RN_HALF == RN_BF16 && RN_LEVEL == 2
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return (RN_VEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    const __m128i u = _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return (RN_HVEC)_mm_castsi128_ps(_mm_slli_epi32(u, 16));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    const __m256i u = _mm256_castps_si256((__m256)v), top = _mm256_srli_epi32(u, 16);
+    const __m256i odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    /* |u| as a signed integer is >= 0, so the signed compare is the unsigned one */
+    const __m256i nan = _mm256_cmpgt_epi32(
+        _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
+    /* every lane is below 2^16: the saturating pack is exact; it packs within 128-bit
+     * halves, and the permute puts the two halves' results together */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+#elif RN_HALF == RN_BF16
 /* bfloat16 in: a shift.  Out: rn_bf16_round_bits in vector code, lane selects for NaN. */
 #define RN_BF16_IN_(VT, W16, W32)                                                       \
     { W16 b; memcpy(&b, p, sizeof b);                                                   \
