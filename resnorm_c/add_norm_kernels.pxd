@@ -58,10 +58,11 @@ cdef inline bint stats_trusted(bint layer, const element *row, double mean, doub
                                Py_ssize_t d) noexcept nogil:
     """False for a row the fast path cannot normalise (rare_rows.pxd): LayerNorm, as in
     layer_forward; RMSNorm, a float64 sum of squares beyond the double range (float32
-    squares cannot leave it).  row only selects the element type."""
+    squares cannot leave it, nor can those of the 16-bit types).  row only selects the
+    element type."""
     if layer:
         return _ln_stats_trusted(row, mean, var, d)
-    if element is float:
+    if element is not double:
         return True
     else:
         return isfinite(var)

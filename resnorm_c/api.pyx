@@ -39,7 +39,8 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
-from primitives cimport rn_import_core, rn_philox_uniforms
+from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
+                         rn_philox_uniforms, rn_to_float32)
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward, gated_forward,
                                scaled_backward, scaled_forward, sigmoid)
 
@@ -64,6 +65,21 @@ cdef inline tuple shape_of(cnp.ndarray a):
 
 cdef inline bint is_f32(cnp.ndarray a) noexcept:
     return cnp.PyArray_TYPE(a) == cnp.NPY_FLOAT
+
+
+# The element type of an array the checks accepted, for the kernel calls of the functions
+# that take the 16-bit types too (each casts its pointers to that type, once).
+cdef enum Kind:
+    KIND_F32, KIND_F64, KIND_BF16, KIND_F16
+
+
+cdef inline Kind kind_of(cnp.ndarray a) noexcept:
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT:
+        return KIND_F32
+    if t == cnp.NPY_DOUBLE:
+        return KIND_F64
+    return KIND_F16 if t == cnp.NPY_FLOAT16 else KIND_BF16
 
 
 cdef inline Py_ssize_t row_length(cnp.ndarray a) noexcept:
@@ -127,10 +143,35 @@ cdef str CACHE_OUT = ("{out} must not share memory with the cache's {name}: "
                       "pass out=dy or a separate buffer")
 
 
+cdef inline void norm_forward_rows(bint layer, element *y, double *mean, double *rstd,
+                                   const void *x, const void *w, const void *b, Py_ssize_t n,
+                                   Py_ssize_t d, double eps, int nt, bint stream) noexcept nogil:
+    """The norm kernels for y's element type (x, w, b are of that type)."""
+    if layer:
+        layer_forward(y, mean, rstd, <const element *>x, <const element *>w,
+                      <const element *>b, n, d, eps, nt, stream)
+    else:
+        rms_forward(y, rstd, <const element *>x, <const element *>w, n, d, eps, nt, stream)
+
+
+cdef inline void norm_backward_rows(bint layer, element *dx, element *dw, element *db,
+                                    double *red, double *wpart, double *bpart, const void *dy,
+                                    const void *x, const void *w, const double *mean,
+                                    const double *rstd, Py_ssize_t n, Py_ssize_t d, int nt,
+                                    bint stream) noexcept nogil:
+    """The norm backward kernels for dx's element type (dw, db, dy, x, w are of that type)."""
+    if layer:
+        layer_backward(dx, dw, db, red, red + n, wpart, bpart, <const element *>dy,
+                       <const element *>x, <const element *>w, mean, rstd, n, d, nt, stream)
+    else:
+        rms_backward(dx, dw, red, wpart, <const element *>dy, <const element *>x,
+                     <const element *>w, rstd, n, d, nt, stream)
+
+
 cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
                          out, n_threads, bint training):
     """rms_norm / layer_norm, and with training their _forward forms (returning a cache)."""
-    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef int k = axes_of(normalized_shape, xa)
     wp = param_of(weight, xa, "weight", k)
     bp = param_of(bias, xa, "bias", k) if layer else None
@@ -169,20 +210,16 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef void *px = cnp.PyArray_DATA(rows)
     cdef void *pw = data_of(w)
     cdef void *pb = data_of(b)
-    cdef bint f32 = is_f32(rows)
+    cdef Kind ek = kind_of(rows)
     with nogil:
-        if layer and f32:
-            layer_forward(<float *>py, pmean, prstd, <const float *>px, <const float *>pw,
-                          <const float *>pb, n, d, e, nt, stream)
-        elif layer:
-            layer_forward(<double *>py, pmean, prstd, <const double *>px, <const double *>pw,
-                          <const double *>pb, n, d, e, nt, stream)
-        elif f32:
-            rms_forward(<float *>py, prstd, <const float *>px, <const float *>pw, n, d, e, nt,
-                        stream)
+        if ek == KIND_F32:
+            norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+        elif ek == KIND_F64:
+            norm_forward_rows(layer, <double *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+        elif ek == KIND_BF16:
+            norm_forward_rows(layer, <rn_bf16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
         else:
-            rms_forward(<double *>py, prstd, <const double *>px, <const double *>pw, n, d, e,
-                        nt, stream)
+            norm_forward_rows(layer, <rn_f16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
     if scratch is not None:
         scratch.give_back()
     result = finish(out, y)
@@ -232,7 +269,7 @@ cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, axes, bint layer) n
     sends the cache through training_cache, which says what is wrong)."""
     cdef Py_ssize_t n, prod = 1, row = 1, j = 0
     if not (type(x) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
-            and is_float_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
+            and is_element_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
             and kernel_layout(<cnp.ndarray>x)):
         return False
     n = cnp.PyArray_DIM(<cnp.ndarray>x, 0)
@@ -302,22 +339,20 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef void *pw = data_of(weight)
     cdef const double *pmean = <const double *>data_of(mean)
     cdef const double *prstd = <const double *>cnp.PyArray_DATA(<cnp.ndarray>rstd)
-    cdef bint f32 = is_f32(xr)
+    cdef Kind ek = kind_of(xr)
     with nogil:
-        if layer and f32:
-            layer_backward(<float *>pdx, <float *>pdw, <float *>pdb, red, red + n, wpart, bpart,
-                           <const float *>pdy, <const float *>px, <const float *>pw, pmean,
-                           prstd, n, d, nt, stream)
-        elif layer:
-            layer_backward(<double *>pdx, <double *>pdw, <double *>pdb, red, red + n, wpart,
-                           bpart, <const double *>pdy, <const double *>px, <const double *>pw,
-                           pmean, prstd, n, d, nt, stream)
-        elif f32:
-            rms_backward(<float *>pdx, <float *>pdw, red, wpart, <const float *>pdy,
-                         <const float *>px, <const float *>pw, prstd, n, d, nt, stream)
+        if ek == KIND_F32:
+            norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
+                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+        elif ek == KIND_F64:
+            norm_backward_rows(layer, <double *>pdx, <double *>pdw, <double *>pdb, red, wpart,
+                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            norm_backward_rows(layer, <rn_bf16 *>pdx, <rn_bf16 *>pdw, <rn_bf16 *>pdb, red,
+                               wpart, bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
         else:
-            rms_backward(<double *>pdx, <double *>pdw, red, wpart, <const double *>pdy,
-                         <const double *>px, <const double *>pw, prstd, n, d, nt, stream)
+            norm_backward_rows(layer, <rn_f16 *>pdx, <rn_f16 *>pdw, <rn_f16 *>pdb, red, wpart,
+                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
     scratch.give_back()
     if axes != 1:   # the parameters' gradients in the normalised axes' shape
         dw = None if dw is None else dw.reshape(cache.normalized_shape)
@@ -358,6 +393,47 @@ def layer_norm_backward(dy, cache, out, n_threads):
 
 include "api_residual.pxi"
 include "api_elementwise.pxi"
+
+
+def to_float32(float[::1] out, x):
+    """out[k] := x[k] as float32, for a contiguous 1-d x of an element dtype: the core's
+    conversion at the dispatched level, whole vectors and single elements (for tests)."""
+    cdef cnp.ndarray xa = float_array(x, "x", True)
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(xa)
+    if cnp.PyArray_NDIM(xa) != 1 or not kernel_layout(xa) or out.shape[0] != n:
+        raise ValueError("x must be a contiguous vector of out's length")
+    cdef void *px = cnp.PyArray_DATA(xa)
+    cdef Kind ek = kind_of(xa)
+    with nogil:
+        if ek == KIND_F32:
+            rn_to_float32(&out[0], <const float *>px, n)
+        elif ek == KIND_F64:
+            rn_to_float32(&out[0], <const double *>px, n)
+        elif ek == KIND_BF16:
+            rn_to_float32(&out[0], <const rn_bf16 *>px, n)
+        else:
+            rn_to_float32(&out[0], <const rn_f16 *>px, n)
+
+
+def from_float32(out, const float[::1] x):
+    """out[k] := x[k] rounded to out's element dtype (round to nearest even), for a
+    contiguous 1-d out: the core's conversion at the dispatched level (for tests)."""
+    cdef cnp.ndarray oa = float_array(out, "out", True)
+    cdef Py_ssize_t n = cnp.PyArray_SIZE(oa)
+    if (cnp.PyArray_NDIM(oa) != 1 or not kernel_layout(oa) or not cnp.PyArray_ISWRITEABLE(oa)
+            or x.shape[0] != n):
+        raise ValueError("out must be a writeable contiguous vector of x's length")
+    cdef void *po = cnp.PyArray_DATA(oa)
+    cdef Kind ek = kind_of(oa)
+    with nogil:
+        if ek == KIND_F32:
+            rn_from_float32(<float *>po, &x[0], n)
+        elif ek == KIND_F64:
+            rn_from_float32(<double *>po, &x[0], n)
+        elif ek == KIND_BF16:
+            rn_from_float32(<rn_bf16 *>po, &x[0], n)
+        else:
+            rn_from_float32(<rn_f16 *>po, &x[0], n)
 
 
 def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):

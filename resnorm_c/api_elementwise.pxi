@@ -7,9 +7,9 @@ cdef tuple GATED_INPUTS = ("x", "F", "g")
 cdef tuple GATED_KEPT = ("F", "g")
 
 
-cdef inline tuple branch_inputs(x, F):
-    """x and F (the branch), checked: F must match x."""
-    cdef cnp.ndarray xa = float_array(x, "x")
+cdef inline tuple branch_inputs(x, F, bint halves=False):
+    """x and F (the branch), checked: F must match x (halves: float16 and bfloat16 too)."""
+    cdef cnp.ndarray xa = float_array(x, "x", halves)
     return xa, partner_of(F, xa, "F")
 
 
@@ -33,7 +33,7 @@ cdef inline cnp.ndarray gradient_of_h(dh, cache):
 
 cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     """h = x + alpha * F; returns h, or (h, cache) when keep_cache."""
-    xa, fa = branch_inputs(x, F)
+    xa, fa = branch_inputs(x, F, True)
     cdef ResidualScale scale = residual_scale_of(alpha, xa)
     cdef int nt = threads_of(n_threads)
     if keep_cache and scale.learnable:
@@ -51,14 +51,20 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     cdef void *px = cnp.PyArray_DATA(rows_x)
     cdef void *pf = cnp.PyArray_DATA(rows_f)
     cdef void *pa = data_of(scale.vector)
-    cdef bint f32 = is_f32(rows_x)
+    cdef Kind ek = kind_of(rows_x)
     with nogil:
-        if f32:
+        if ek == KIND_F32:
             scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
-                                    <const float *>pa, n, d, nt, stream)
-        else:
+                           <const float *>pa, n, d, nt, stream)
+        elif ek == KIND_F64:
             scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
-                                    <const double *>pa, n, d, nt, stream)
+                           <const double *>pa, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            scaled_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
+                           <const rn_bf16 *>pa, n, d, nt, stream)
+        else:
+            scaled_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
+                           <const rn_f16 *>pa, n, d, nt, stream)
     result = finish(out, h)
     if not keep_cache:
         return result
@@ -125,7 +131,7 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
         learnable = c.alpha.learnable
         return [(c.branch, (n, d), dtype, learnable), (c.alpha.vector, (d,), dtype, learnable)]
 
-    cache_arrays(c, expected, valid_scale(c.alpha))
+    cache_arrays(c, expected, valid_scale(c.alpha), 1, True)
     cdef cnp.ndarray dha = gradient_of_h(dh, c)
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
@@ -147,14 +153,20 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
     cdef void *pf = data_of(c.branch)
     cdef void *pa = data_of(scale.vector)
     cdef double *parts = <double *>scratch.data
-    cdef bint f32 = is_f32(rows)
+    cdef Kind ek = kind_of(rows)
     with nogil:
-        if f32:
+        if ek == KIND_F32:
             scaled_backward(<float *>pdx, <float *>pdf, pda, parts, <const float *>pdh,
                             <const float *>pf, <const float *>pa, n, d, nt, stream)
-        else:
+        elif ek == KIND_F64:
             scaled_backward(<double *>pdx, <double *>pdf, pda, parts, <const double *>pdh,
                             <const double *>pf, <const double *>pa, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            scaled_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, pda, parts, <const rn_bf16 *>pdh,
+                            <const rn_bf16 *>pf, <const rn_bf16 *>pa, n, d, nt, stream)
+        else:
+            scaled_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, pda, parts, <const rn_f16 *>pdh,
+                            <const rn_f16 *>pf, <const rn_f16 *>pa, n, d, nt, stream)
     scratch.give_back()
     return finish(out, dx), finish(dbranch_out, dF), scale.grad(dalpha, c.dtype)
 
@@ -310,7 +322,7 @@ cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int req
     cdef void *py = cnp.PyArray_DATA(y)
     cdef void *px = cnp.PyArray_DATA(rows)
     cdef uint64_t *masks
-    cdef bint f32 = is_f32(rows)
+    cdef Kind ek = kind_of(rows)
     if not site.on:
         cnp.PyArray_CopyInto(y, rows)
     else:
@@ -318,17 +330,22 @@ cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int req
         masks = <uint64_t *>scratch.data
         memset(masks, 0, max(1, nt) * mask_words(SEGMENT) * 8)
         with nogil:
-            if f32:
+            if ek == KIND_F32:
                 dropout_apply(<float *>py, <const float *>px, &site, masks, size, nt, stream)
-            else:
+            elif ek == KIND_F64:
                 dropout_apply(<double *>py, <const double *>px, &site, masks, size, nt, stream)
+            elif ek == KIND_BF16:
+                dropout_apply(<rn_bf16 *>py, <const rn_bf16 *>px, &site, masks, size, nt,
+                              stream)
+            else:
+                dropout_apply(<rn_f16 *>py, <const rn_f16 *>px, &site, masks, size, nt, stream)
         scratch.give_back()
     return finish(out, y)
 
 
 def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
     """Returns (y, cache)."""
-    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef DropoutSpec spec = dropout_spec(p, seed, training)
     cdef int nt = threads_of(n_threads)
     mask = spec.mask(shape_of(xa), n_threads) if flag(return_mask, "return_mask") else None
@@ -337,7 +354,7 @@ def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
 
 
 def dropout(x, p, seed, training, out, n_threads):
-    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef rn_dropout site = dropout_site(p, seed, training)
     return apply_dropout(xa, "x", site, out, threads_of(n_threads))
 
@@ -347,6 +364,6 @@ def dropout_backward(dy, cache, out, n_threads):
         raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
                         f"got {type(cache).__name__}")
     cdef DropoutCache c = <DropoutCache>cache
-    cache_arrays(c, lambda n, d, dtype: [], valid_spec(c.spec))  # no arrays read
+    cache_arrays(c, lambda n, d, dtype: [], valid_spec(c.spec), 1, True)  # no arrays read
     cdef cnp.ndarray dya = like_array(dy, "dy", c.shape, c.dtype)
     return apply_dropout(dya, "dy", kernel_dropout(c.spec), out, threads_of(n_threads))

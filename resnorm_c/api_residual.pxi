@@ -45,12 +45,38 @@ cdef inline cnp.ndarray buffer_for(out, cnp.ndarray like, tuple inputs, str name
     return <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(like)
 
 
+cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
+                                       const void *x, const void *r, const void *w,
+                                       const void *b, const void *alpha, double eps,
+                                       const rn_dropout *site, uint64_t *masks, Py_ssize_t n,
+                                       Py_ssize_t d, int nt, bint stream) noexcept nogil:
+    """add_norm_forward for y's element type (the inputs are of that type)."""
+    add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r,
+                     <const element *>w, <const element *>b, <const element *>alpha, eps, site,
+                     masks, n, d, nt, stream)
+
+
+cdef inline void add_norm_backward_rows(element *dx, element *dres, element *dw, element *db,
+                                        double *dalpha, double *partials, char *rows_scratch,
+                                        const void *dy, const void *dh, const void *h,
+                                        const void *x, const void *r, const void *w,
+                                        const void *alpha, const double *mean,
+                                        const double *rstd, const rn_dropout *site,
+                                        Py_ssize_t n, Py_ssize_t d, int nt,
+                                        bint stream) noexcept nogil:
+    """add_norm_backward for dx's element type (the other arrays are of that type)."""
+    add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch, <const element *>dy,
+                      <const element *>dh, <const element *>h, <const element *>x,
+                      <const element *>r, <const element *>w, <const element *>alpha, mean,
+                      rstd, site, n, d, nt, stream)
+
+
 cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, eps,
                           normalized_shape, zero_centered, alpha, p, seed, training, out,
                           residual_out, n_threads, bint keep_cache):
     """Every fused forward: checks, the kernel, and (keep_cache) the cache.  Returns
     (y, h) (Pre-Norm) or y (Post-Norm), with the cache when keep_cache."""
-    cdef cnp.ndarray xa = float_array(x, "x")
+    cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef cnp.ndarray ra = partner_of(residual, xa, "residual")
     cdef int k = axes_of(normalized_shape, xa)
     wp = param_of(weight, xa, "weight", k)
@@ -115,16 +141,20 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef void *pw = data_of(w)
     cdef void *pb = data_of(b)
     cdef void *pa = data_of(scale.vector)
-    cdef bint f32 = is_f32(rows_x)
+    cdef Kind ek = kind_of(rows_x)
     with nogil:
-        if f32:
-            add_norm_forward(<float *>py, <float *>ph, pmean, prstd, <const float *>px,
-                             <const float *>pr, <const float *>pw, <const float *>pb,
-                             <const float *>pa, e, &site, masks, n, d, nt, stream)
+        if ek == KIND_F32:
+            add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa, e,
+                                  &site, masks, n, d, nt, stream)
+        elif ek == KIND_F64:
+            add_norm_forward_rows(<double *>py, <double *>ph, pmean, prstd, px, pr, pw, pb, pa,
+                                  e, &site, masks, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            add_norm_forward_rows(<rn_bf16 *>py, <rn_bf16 *>ph, pmean, prstd, px, pr, pw, pb,
+                                  pa, e, &site, masks, n, d, nt, stream)
         else:
-            add_norm_forward(<double *>py, <double *>ph, pmean, prstd, <const double *>px,
-                             <const double *>pr, <const double *>pw, <const double *>pb,
-                             <const double *>pa, e, &site, masks, n, d, nt, stream)
+            add_norm_forward_rows(<rn_f16 *>py, <rn_f16 *>ph, pmean, prstd, px, pr, pw, pb, pa,
+                                  e, &site, masks, n, d, nt, stream)
     scratch.give_back()
     y_result = finish(out, y)
     result = (y_result, finish(residual_out, h)) if prenorm else y_result
@@ -187,7 +217,7 @@ cdef bint add_norm_cache_ok(AddNormCache cache, bint layer, bint prenorm) noexce
     if not (spec_ok(cache.dropout) and type(cache.alpha) is ResidualScale
             and (cache.has_bias is True or cache.has_bias is False)
             and shape_ok(cache.shape, cache.axes, &n, &d) and type(cache.dtype) is np.dtype
-            and cache.dtype in FLOAT_DTYPES):
+            and is_element_type(cache.dtype.num)):
         return False
     typenum = cache.dtype.num
     cdef ResidualScale alpha = <ResidualScale>cache.alpha
@@ -226,7 +256,7 @@ cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
 
     # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
     valid = valid and (prenorm or cache.h is None) and (layer or cache.mean is None)
-    cache_arrays(cache, expected, valid, cache.axes)
+    cache_arrays(cache, expected, valid, cache.axes, True)
 
 
 cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tuple inputs,
@@ -307,19 +337,24 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef void *pa = data_of(alpha.vector)
     cdef const double *pmean = <const double *>data_of(c.mean)
     cdef const double *prstd = <const double *>data_of(c.rstd)
+    cdef Kind ek = kind_of(rows)
     with nogil:
-        if typenum == cnp.NPY_FLOAT:
-            add_norm_backward(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
-                              partials, rows_scratch, <const float *>pdy, <const float *>pdh,
-                              <const float *>ph, <const float *>px, <const float *>pr,
-                              <const float *>pw, <const float *>pa, pmean, prstd, &site, n, d,
-                              nt, stream)
+        if ek == KIND_F32:
+            add_norm_backward_rows(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
+                                   partials, rows_scratch, pdy, pdh, ph, px, pr, pw, pa, pmean,
+                                   prstd, &site, n, d, nt, stream)
+        elif ek == KIND_F64:
+            add_norm_backward_rows(<double *>pdx, <double *>pdres, <double *>pdw,
+                                   <double *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, <rn_bf16 *>pdw,
+                                   <rn_bf16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
         else:
-            add_norm_backward(<double *>pdx, <double *>pdres, <double *>pdw, <double *>pdb, pda,
-                              partials, rows_scratch, <const double *>pdy, <const double *>pdh,
-                              <const double *>ph, <const double *>px, <const double *>pr,
-                              <const double *>pw, <const double *>pa, pmean, prstd, &site, n,
-                              d, nt, stream)
+            add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, <rn_f16 *>pdw,
+                                   <rn_f16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
     scratch.give_back()
     row = None
     if c.axes != 1:   # the parameters' gradients in the normalised axes' shape

@@ -9,21 +9,57 @@
 # (resnorm.nn, explain) the same functions.
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+# The element dtypes of the kernels that also take the 16-bit types: these, np.float16 and
+# ml_dtypes.bfloat16 (stored as 16 bits, computed in float32).  bfloat16 is a dtype
+# ml_dtypes registers with NumPy; it is recognised by its name and size, so that ml_dtypes
+# is never imported here, and its type number is remembered once one array was seen.
+HALF_NAMES = "float32, float64, float16 or bfloat16"
 
 # More threads than this is a mistake, and one OpenMP cannot start ends the process
 # (libgomp: "Thread creation failed"), so it is refused up front.
 MAX_THREADS = 1024
+
+cdef int bf16_typenum = -1  # ml_dtypes.bfloat16's NumPy type number, once seen
 
 
 cdef inline bint is_float_type(int typenum) noexcept:
     return typenum == cnp.NPY_FLOAT or typenum == cnp.NPY_DOUBLE
 
 
-cdef inline bint native_float_array(object a) noexcept:
+cdef inline bint is_half_type(int typenum) noexcept:
+    return typenum == cnp.NPY_FLOAT16 or (typenum == bf16_typenum and typenum >= 0)
+
+
+cdef inline bint is_element_type(int typenum) noexcept:
+    return is_float_type(typenum) or is_half_type(typenum)
+
+
+cpdef bint is_bfloat16(dtype):
+    """dtype is ml_dtypes.bfloat16 (told by its name, size and module, without importing
+    ml_dtypes)."""
+    global bf16_typenum
+    if not (isinstance(dtype, np.dtype) and dtype.name == "bfloat16" and dtype.itemsize == 2
+            and getattr(dtype.type, "__module__", "").startswith("ml_dtypes")):
+        return False
+    bf16_typenum = dtype.num
+    return True
+
+
+cpdef bint is_element_dtype(dtype, bint halves=True):
+    """dtype is an element dtype of the kernels: float32 or float64, and with halves also
+    float16 or ml_dtypes.bfloat16."""
+    if dtype in FLOAT_DTYPES:
+        return True
+    return halves and (dtype == np.dtype(np.float16) or is_bfloat16(dtype))
+
+
+cdef inline bint native_float_array(object a, bint halves=False) noexcept:
     """a is exactly an ndarray (not a subclass: masked arrays take the general path) of
-    float32 or float64 in native byte order."""
-    return (type(a) is cnp.ndarray and is_float_type(cnp.PyArray_TYPE(<cnp.ndarray>a))
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a))
+    float32 or float64 (with halves: also float16, bfloat16) in native byte order."""
+    if type(a) is not cnp.ndarray or not cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>a):
+        return False
+    cdef int t = cnp.PyArray_TYPE(<cnp.ndarray>a)
+    return is_float_type(t) or (halves and is_half_type(t))
 
 
 cpdef not_masked(a, str name):
@@ -33,25 +69,27 @@ cpdef not_masked(a, str name):
                         f"be ignored); pass {name}.filled(...) or the unmasked rows")
 
 
-cpdef cnp.ndarray float_array(x, str name):
-    """x as an ndarray of float32/float64 with native byte order and at least one axis.
+cpdef cnp.ndarray float_array(x, str name, bint halves=False):
+    """x as an ndarray of float32/float64 (with halves: also float16 or
+    ml_dtypes.bfloat16) with native byte order and at least one axis.
 
     Array-likes (lists, tuples) are converted with np.asarray; nothing is cast: integer,
-    bool, complex, float16 or object data is a TypeError.
+    bool, complex or object data (and without halves float16, bfloat16) is a TypeError.
     """
     cdef int ndim
-    if native_float_array(x):
+    if native_float_array(x, halves):
         ndim = cnp.PyArray_NDIM(<cnp.ndarray>x)
         if ndim > 0 and cnp.PyArray_DIM(<cnp.ndarray>x, ndim - 1) > 0:
             return <cnp.ndarray>x
+    accepted = HALF_NAMES if halves else "float32 or float64"
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"{name} must be a float32 or float64 array, got {type(x).__name__}") from e
+            raise TypeError(f"{name} must be a {accepted} array, got {type(x).__name__}") from e
     not_masked(x, name)
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype float32 or float64, got {x.dtype}")
+    if not is_element_dtype(x.dtype, halves):
+        raise TypeError(f"{name} must have dtype {accepted}, got {x.dtype}")
     if not x.dtype.isnative:
         raise TypeError(f"{name} must be in native byte order, got dtype {x.dtype.str!r}")
     if x.ndim == 0:
@@ -148,16 +186,22 @@ cpdef optional_param(p, str name, d, dtype):
 cpdef double eps_value(eps, dtype=None) except -1.0:
     """eps as a float: a real number, finite and > 0.  With the dtype of a norm's input, also
     at least that dtype's smallest normal number (float32: 1.2e-38), so that
-    rstd <= 1/sqrt(eps) fits the dtype even for an all-zero row."""
+    rstd <= 1/sqrt(eps) fits the dtype even for an all-zero row (the 16-bit types: float32's,
+    the type they are computed in)."""
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
     eps = float(eps)
     if not (math.isfinite(eps) and eps > 0.0):
         raise ValueError(f"eps must be finite and > 0, got {eps!r}")
-    tiny = 0.0 if dtype is None else float(np.finfo(dtype).tiny)
+    if dtype is None:
+        return eps
+    dtype = np.dtype(dtype)
+    # the 16-bit types are computed in float32: rstd must fit float32
+    computed = np.dtype(np.float32) if dtype.itemsize == 2 else dtype
+    tiny = float(np.finfo(computed).tiny)
     if eps < tiny:
-        raise ValueError(f"eps must be >= {tiny:.4g} (the smallest normal {np.dtype(dtype)}) "
-                         f"for {np.dtype(dtype)} input, got {eps!r}")
+        raise ValueError(f"eps must be >= {tiny:.4g} (the smallest normal {computed}) "
+                         f"for {dtype} input, got {eps!r}")
     return eps
 
 
@@ -166,7 +210,7 @@ cdef inline double eps_of(eps, cnp.ndarray x) except -1.0:
     cdef double e
     if type(eps) is float:
         e = <double>eps
-        if isfinite(e) and e >= (FLT_MIN if cnp.PyArray_TYPE(x) == cnp.NPY_FLOAT else DBL_MIN):
+        if isfinite(e) and e >= (DBL_MIN if cnp.PyArray_TYPE(x) == cnp.NPY_DOUBLE else FLT_MIN):
             return e
     return eps_value(eps, x.dtype)
 
@@ -261,7 +305,7 @@ cpdef training_cache(cache, tuple stat_names):
     """A training cache of the norms as its forward function made it.  The kernels trust its
     arrays' shapes, so a hand-built or edited cache with wrong ones would read out of bounds."""
     x, axes = cache.x, cache.axes
-    ok = (isinstance(x, np.ndarray) and x.ndim == 2 and x.dtype in FLOAT_DTYPES
+    ok = (isinstance(x, np.ndarray) and x.ndim == 2 and is_element_dtype(x.dtype)
           and x.flags.c_contiguous and x.flags.aligned
           and isinstance(cache.shape, tuple) and len(cache.shape) >= 1
           and all([type(s) is int and s >= 0 for s in cache.shape])
@@ -282,7 +326,7 @@ cpdef training_cache(cache, tuple stat_names):
                          f"must not be built or edited by hand)")
 
 
-def cache_arrays(cache, expected, valid=True, axes=1):
+def cache_arrays(cache, expected, valid=True, axes=1, halves=False):
     """A cache of the residual and dropout functions as its forward function made it.
 
     cache.shape / cache.dtype: the forward input's shape (a tuple of ints) and float dtype;
@@ -295,7 +339,7 @@ def cache_arrays(cache, expected, valid=True, axes=1):
     ok = (valid and isinstance(shape, tuple) and len(shape) >= 1
           and all(type(s) is int and s >= 0 for s in shape)
           and type(axes) is int and 1 <= axes <= len(shape)
-          and isinstance(dtype, np.dtype) and dtype in FLOAT_DTYPES)
+          and isinstance(dtype, np.dtype) and is_element_dtype(dtype, halves))
     if ok:
         lead = len(shape) - axes
         for a, want_shape, want_dtype, required in expected(math.prod(shape[:lead]),

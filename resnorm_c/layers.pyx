@@ -28,7 +28,7 @@ from libc.string cimport memcpy
 
 from blas cimport gemm
 from dropout_masks cimport rn_dropout
-from primitives cimport (element, rn_import_core, rn_dropout_bits, rn_exp_shifted, rn_gelu,
+from primitives cimport (real as element, rn_import_core, rn_dropout_bits, rn_exp_shifted, rn_gelu,
                          rn_gelu_backward, rn_gelu_tanh, rn_gelu_tanh_backward,
                          rn_residual_add)
 

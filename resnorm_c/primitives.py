@@ -20,8 +20,11 @@ import os
 import re
 from dataclasses import dataclass
 
-# (C type, name suffix); the fused Cython type `element` covers these, in this order.
-ELEMENT_TYPES = [("float", "f32"), ("double", "f64")]
+# (C type, name suffix); the fused Cython type `element` covers these, in this order.  The
+# 16-bit types (core/rn_half.h) are stored as 16 bits and computed in float32; the fused
+# type `real` covers the types computed in themselves, float and double.
+ELEMENT_TYPES = [("float", "f32"), ("double", "f64"), ("rn_bf16", "bf16"), ("rn_f16", "f16")]
+HALF_TYPES = ("rn_bf16", "rn_f16")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Primitive:
     formula: str       # what it computes, with the names the docs use
     source: str        # the header that defines it
     typed: bool = True  # False: one function for every element type (table rn_ops_any)
+    halves: bool = True  # False: float and double only (front-end over the fused type real)
 
 
 PRIMITIVES = [
@@ -92,6 +96,10 @@ PRIMITIVES = [
     # ---- sums over rows (partials.h)
     Primitive("narrow", "void", "T *out, const double *acc, Py_ssize_t d", "out_i = (T) acc_i",
               "partials.h"),
+    Primitive("to_float32", "void", "float *out, const T *x, Py_ssize_t n",
+              "out_i = (float) x_i", "convert.h"),
+    Primitive("from_float32", "void", "T *out, const float *x, Py_ssize_t n",
+              "out_i = (T) x_i, rounded to nearest even", "convert.h"),
     Primitive("accumulate", "void", "double *acc, const double *part, Py_ssize_t d",
               "acc_i += part_i", "partials.h", typed=False),
     # ---- the dropout mask (philox.h)
@@ -106,24 +114,24 @@ PRIMITIVES = [
               "uint32_t threshold",
               "bit b of words_j = keep of element 64 (group + j) + b", "philox.h", typed=False),
     # ---- exp and erfc loops: the Transformer layers, the gated residual (vmath.h)
-    Primitive("gelu", "void", "T *y, const T *x, Py_ssize_t n", "y = x * Phi(x)", "vmath.h"),
+    Primitive("gelu", "void", "T *y, const T *x, Py_ssize_t n", "y = x * Phi(x)", "vmath.h", halves=False),
     Primitive("gelu_backward", "void", "T *dx, const T *dy, const T *x, Py_ssize_t n",
-              "dx = dy * (Phi(x) + x phi(x))", "vmath.h"),
+              "dx = dy * (Phi(x) + x phi(x))", "vmath.h", halves=False),
     Primitive("gelu_tanh", "void", "T *y, const T *x, Py_ssize_t n",
-              "y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", "vmath.h"),
+              "y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))", "vmath.h", halves=False),
     Primitive("gelu_tanh_backward", "void", "T *dx, const T *dy, const T *x, Py_ssize_t n",
-              "dx = dy * d/dx gelu_tanh(x)", "vmath.h"),
+              "dx = dy * d/dx gelu_tanh(x)", "vmath.h", halves=False),
     Primitive("exp_shifted", "void", "T *p, const T *s, T m, T scale, Py_ssize_t n",
-              "p_j = exp(scale * (s_j - m))", "vmath.h"),
+              "p_j = exp(scale * (s_j - m))", "vmath.h", halves=False),
     Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
-              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h"),
+              "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h", halves=False),
     Primitive("gated_add", "void",
               "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream",
-              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h"),
+              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h", halves=False),
     Primitive("gated_bwd", "void",
               "T *dx, T *dF, T *dg, const T *dh, const T *F, const T *g, Py_ssize_t d, "
               "int stream",
-              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s));  s = sigmoid(g)", "vmath.h"),
+              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s));  s = sigmoid(g)", "vmath.h", halves=False),
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -139,8 +147,9 @@ def _param_names(params):
     return [re.split(r"[\s*]+", p.strip())[-1] for p in params.split(",")]
 
 
-def _typed():
-    return [p for p in PRIMITIVES if p.typed]
+def _typed(ctype=None):
+    """The typed primitives (of one element type: the 16-bit types lack some)."""
+    return [p for p in PRIMITIVES if p.typed and (p.halves or ctype not in HALF_TYPES)]
 
 
 def _untyped():
@@ -150,7 +159,7 @@ def _untyped():
 def c_header():
     """primitives.h: the tables of every element type, and how a level fills them."""
     lines = [f"/* {_NOTICE}. */", "#ifndef RESNORM_PRIMITIVES_H", "#define RESNORM_PRIMITIVES_H",
-             "", "#include <Python.h>", "#include <stdint.h>", ""]
+             "", "#include <Python.h>", "#include <stdint.h>", '#include "rn_half.h"', ""]
 
     def struct(name, entries, ctype):
         lines.append("typedef struct {")
@@ -160,13 +169,13 @@ def c_header():
         lines.append("")
 
     for ctype, ts in ELEMENT_TYPES:
-        struct(f"rn_ops_{ts}", _typed(), ctype)
+        struct(f"rn_ops_{ts}", _typed(ctype), ctype)
     struct("rn_ops_any", _untyped(), "void")
 
     lines.append("/* A level's tables, by member name, from its functions rn_<name>_<type>_<level>")
     lines.append(" * (rn_<name>_<level> for the untyped ones).  ISA: the level's name suffix. */")
     for ctype, ts in ELEMENT_TYPES:
-        inits = ", ".join(f".{p.name} = rn_{p.name}_{ts}_##ISA" for p in _typed())
+        inits = ", ".join(f".{p.name} = rn_{p.name}_{ts}_##ISA" for p in _typed(ctype))
         lines.append(f"#define RN_OPS_{ts.upper()}(ISA) {{{inits}}}")
     inits = ", ".join(f".{p.name} = rn_{p.name}_##ISA" for p in _untyped())
     lines.append(f"#define RN_OPS_ANY(ISA) {{{inits}}}")
@@ -187,9 +196,16 @@ def c_header():
 
 def cython_pxd():
     """primitives.pxd: the same tables for Cython, and a fused front-end per primitive."""
-    lines = [f"# {_NOTICE}.", "from libc.stdint cimport uint8_t, uint32_t, uint64_t", "",
+    lines = [f"# {_NOTICE}.", "from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t", "",
              "ctypedef fused element:"]
     lines += [f"    {ctype}" for ctype, _ in ELEMENT_TYPES]
+    lines += ["", "ctypedef fused real:"]
+    lines += [f"    {ctype}" for ctype, _ in ELEMENT_TYPES if ctype not in HALF_TYPES]
+    lines += ["", 'cdef extern from "rn_half.h" nogil:']
+    for ctype in HALF_TYPES:
+        lines += [f"    ctypedef struct {ctype}:", "        uint16_t bits"]
+    lines += ["    float rn_bf16_to_f32(rn_bf16 h)", "    float rn_f16_to_f32(rn_f16 h)",
+              "    rn_bf16 rn_f64_to_bf16(double d)", "    rn_f16 rn_f64_to_f16(double d)"]
     lines += ["", 'cdef extern from "primitives.h" nogil:']
 
     def struct(name, entries, ctype):
@@ -199,7 +215,7 @@ def cython_pxd():
                          "noexcept nogil")
 
     for ctype, ts in ELEMENT_TYPES:
-        struct(f"rn_ops_{ts}", _typed(), ctype)
+        struct(f"rn_ops_{ts}", _typed(ctype), ctype)
     struct("rn_ops_any", _untyped(), "void")
     lines.append("    ctypedef struct rn_ops:")
     lines.append("        rn_ops_any any")
@@ -210,12 +226,14 @@ def cython_pxd():
     for p in _typed():
         call = f"{p.name}({', '.join(_param_names(p.params))})"
         ret = "return " if p.returns != "void" else ""
-        lines.append(f"cdef inline {p.returns} rn_{p.name}({_with_type(p.params, 'element')}) "
+        fused = "element" if p.halves else "real"
+        lines.append(f"cdef inline {p.returns} rn_{p.name}({_with_type(p.params, fused)}) "
                      "noexcept nogil:")
         lines.append(f'    """{p.formula}"""')
-        for k, (ctype, ts) in enumerate(ELEMENT_TYPES):
+        types = [t for t in ELEMENT_TYPES if p.halves or t[0] not in HALF_TYPES]
+        for k, (ctype, ts) in enumerate(types):
             keyword = "if" if k == 0 else "elif"
-            lines.append(f"    {keyword} element is {ctype}:")
+            lines.append(f"    {keyword} {fused} is {ctype}:")
             lines.append(f"        {ret}RN_OPS.{ts}.{call}")
         lines.append("")
     for p in _untyped():

@@ -24,7 +24,28 @@
 from libc.float cimport DBL_EPSILON, FLT_MAX
 from libc.math cimport fabs, frexp, isfinite, ldexp, sqrt
 
-from primitives cimport element, rn_ln_apply
+from primitives cimport (element, rn_bf16, rn_bf16_to_f32, rn_f16, rn_f16_to_f32, rn_f64_to_bf16,
+                         rn_f64_to_f16, rn_ln_apply)
+
+
+# Element access of the scalar paths: the 16-bit types are read as their float value and
+# written rounded once from double (core/rn_half.h).
+cdef inline double value(const element *p) noexcept nogil:
+    if element is rn_bf16:
+        return rn_bf16_to_f32(p[0])
+    elif element is rn_f16:
+        return rn_f16_to_f32(p[0])
+    else:
+        return p[0]
+
+
+cdef inline void put(element *p, double v) noexcept nogil:
+    if element is rn_bf16:
+        p[0] = rn_f64_to_bf16(v)
+    elif element is rn_f16:
+        p[0] = rn_f64_to_f16(v)
+    else:
+        p[0] = <element>v
 
 
 cdef inline bint _overflowed(double mg, double mgx, const element *dy, const element *x,
@@ -37,7 +58,7 @@ cdef inline bint _overflowed(double mg, double mgx, const element *dy, const ele
     if isfinite(mg) and isfinite(mgx):
         return False
     for k in range(d):
-        if not (isfinite(x[k]) and isfinite(dy[k])):
+        if not (isfinite(value(x + k)) and isfinite(value(dy + k))):
             return False
     return True
 
@@ -49,7 +70,7 @@ cdef inline int _row_exponent(const element *x, Py_ssize_t d) noexcept nogil:
     cdef Py_ssize_t k
     cdef int e = 0
     for k in range(d):
-        a = fabs(<double>x[k])
+        a = fabs(value(x + k))
         if not a <= amax:  # also takes a NaN, which then sticks
             amax = a
     if isfinite(amax):
@@ -63,7 +84,7 @@ cdef inline double _rms_rstd_rescaled(const element *x, Py_ssize_t d, double eps
     cdef double sumsq = 0.0, u
     cdef Py_ssize_t k
     for k in range(d):
-        u = ldexp(<double>x[k], -e)
+        u = ldexp(value(x + k), -e)
         sumsq += u * u
     return ldexp(1.0 / sqrt(sumsq / d + ldexp(eps, -2 * e)), -e)
 
@@ -86,7 +107,7 @@ cdef inline bint _ln_stats_trusted(const element *x, double mean, double var,
 cdef inline bint _row_is_constant(const element *x, Py_ssize_t d) noexcept nogil:
     cdef Py_ssize_t k
     for k in range(1, d):
-        if x[k] != x[0]:
+        if value(x + k) != value(x):
             return False
     return True
 
@@ -100,7 +121,7 @@ cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, con
     cdef double mu = 0.0, lo, hi, u, ru, v
     cdef Py_ssize_t k
     if _row_is_constant(x, d):
-        mean[0] = x[0]
+        mean[0] = value(x)
         rstd[0] = 1.0 / sqrt(eps)
         rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
         return
@@ -110,16 +131,16 @@ cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, con
     if e != 0:
         # the statistics of u = x * 2**-e.  mean(u) is kept within [min u, max u], where
         # the true mean lies, so that 2**e * mean(u) cannot round past DBL_MAX.
-        lo = hi = ldexp(<double>x[0], -e)
+        lo = hi = ldexp(value(x), -e)
         for k in range(d):
-            u = ldexp(<double>x[k], -e)
+            u = ldexp(value(x + k), -e)
             mu += u
             lo = min(lo, u)
             hi = max(hi, u)
         mu = min(max(mu / d, lo), hi)
         var = 0.0
         for k in range(d):
-            u = ldexp(<double>x[k], -e) - mu
+            u = ldexp(value(x + k), -e) - mu
             var += u * u
         mean[0] = ldexp(mu, e)
         rstd[0] = ldexp(1.0 / sqrt(var / d + ldexp(eps, -2 * e)), -e)
@@ -127,12 +148,12 @@ cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, con
         rstd[0] = 1.0 / sqrt(var + eps)
     e, mu, ru = _xhat_scale(x, d, mean[0], rstd[0])
     for k in range(d):
-        v = (ldexp(<double>x[k], -e) - mu) * ru
+        v = (ldexp(value(x + k), -e) - mu) * ru
         if w != NULL:
-            v = v * w[k]
+            v = v * value(w + k)
         if b != NULL:
-            v = v + b[k]
-        y[k] = <element>v
+            v = v + value(b + k)
+        put(y + k, v)
 
 
 cdef inline (int, double, double) _xhat_scale(const element *x, Py_ssize_t d, double mean,
@@ -158,17 +179,17 @@ cdef inline void _ln_backward_careful(element *dx, double *dw_part, double *db_p
     cdef Py_ssize_t k
     e, mu, ru = _xhat_scale(x, d, mean, rstd)
     for k in range(d):
-        xhat = (ldexp(<double>x[k], -e) - mu) * ru
-        g = dy[k] if w == NULL else <double>dy[k] * w[k]
+        xhat = (ldexp(value(x + k), -e) - mu) * ru
+        g = value(dy + k) if w == NULL else value(dy + k) * value(w + k)
         sum_g += g
         sum_gxhat += g * xhat
     mg = sum_g / d
     mgx = sum_gxhat / d
     for k in range(d):
-        xhat = (ldexp(<double>x[k], -e) - mu) * ru
-        g = dy[k] if w == NULL else <double>dy[k] * w[k]
+        xhat = (ldexp(value(x + k), -e) - mu) * ru
+        g = value(dy + k) if w == NULL else value(dy + k) * value(w + k)
         if dw_part != NULL:
-            dw_part[k] += dy[k] * xhat
+            dw_part[k] += value(dy + k) * xhat
         if db_part != NULL:
-            db_part[k] += dy[k]
-        dx[k] = <element>(rstd * ((g - mg) - xhat * mgx))
+            db_part[k] += value(dy + k)
+        put(dx + k, rstd * ((g - mg) - xhat * mgx))

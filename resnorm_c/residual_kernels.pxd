@@ -9,7 +9,7 @@ from libc.string cimport memset
 
 from common cimport RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials
 from dropout_masks cimport SEGMENT, extend_bits, mask_words, rn_dropout
-from primitives cimport (element, rn_dropout_keep, rn_gated_add, rn_gated_bwd, rn_residual_add,
+from primitives cimport (element, real, rn_dropout_keep, rn_gated_add, rn_gated_bwd, rn_residual_add,
                         rn_residual_bwd, rn_sigmoid)
 
 cdef enum:
@@ -124,7 +124,7 @@ cdef inline void scaled_backward(element *dx, element *dF, double *dalpha,
 
 # --------------------------------------------------------------------------- gated residual
 
-cdef inline void sigmoid(element *s, element *ds, const element *g, Py_ssize_t n, Py_ssize_t d,
+cdef inline void sigmoid(real *s, real *ds, const real *g, Py_ssize_t n, Py_ssize_t d,
                          int n_threads) noexcept nogil:
     """s := 1/(1 + exp(-g));  ds := s*(1-s) in the element type (ds may be NULL)."""
     cdef Py_ssize_t i
@@ -132,8 +132,8 @@ cdef inline void sigmoid(element *s, element *ds, const element *g, Py_ssize_t n
         rn_sigmoid(s + i * d, ds + i * d if ds != NULL else NULL, g + i * d, d)
 
 
-cdef inline void gated_forward(element *h, const element *x, const element *F,
-                               const element *g, Py_ssize_t n, Py_ssize_t d, int n_threads,
+cdef inline void gated_forward(real *h, const real *x, const real *F,
+                               const real *g, Py_ssize_t n, Py_ssize_t d, int n_threads,
                                bint stream) noexcept nogil:
     """h := x + sigmoid(g) * F, g of F's shape (a per-channel g goes through
     scaled_forward), the sigmoid formed in registers.  h may be x, F or g.
@@ -147,8 +147,8 @@ cdef inline void gated_forward(element *h, const element *x, const element *F,
             rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * d, d, stream)
 
 
-cdef inline void gated_backward(element *dx, element *dF, element *dg, const element *dh,
-                                const element *F, const element *g, Py_ssize_t n,
+cdef inline void gated_backward(real *dx, real *dF, real *dg, const real *dh,
+                                const real *F, const real *g, Py_ssize_t n,
                                 Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
     """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
     Each output may be dh itself, none F or g.

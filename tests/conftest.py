@@ -1,5 +1,10 @@
 """Shared helpers of the resnorm test suite: seeded inputs, kernel/reference runners and
 tolerance checks scaled by the size of the terms (never by the result itself)."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -162,3 +167,21 @@ def central_diff(f, a, h=1e-6):
         a[i] = old
         grad[i] = (fp - fm) / (2 * h)
     return grad
+
+
+def run_at_level(script, path, level, timeout=300):
+    """Runs script in a fresh interpreter with the dispatch capped at level (RESNORM_CPU;
+    None: uncapped); the script writes its arrays to path (argv[1], an .npz) and prints
+    {"simd_level": ...} last.  Returns (the level it ran at, its arrays)."""
+    env = dict(os.environ)
+    env.pop("RESNORM_CPU", None)
+    if level is not None:
+        env["RESNORM_CPU"] = level
+    src = os.path.dirname(os.path.dirname(resnorm.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH")] if p)
+    proc = subprocess.run([sys.executable, "-c", script, str(path)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    reported = json.loads(proc.stdout.strip().splitlines()[-1])["simd_level"]
+    with np.load(path) as f:
+        return reported, {k: f[k] for k in f.files}

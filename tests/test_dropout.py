@@ -227,7 +227,7 @@ def test_bad_arrays_and_flags():
     with pytest.raises(TypeError, match="x"):
         rn.dropout(np.ones(3, dtype=np.int64), 0.5, seed=0)
     with pytest.raises(TypeError, match="x"):
-        rn.dropout(np.ones(3, dtype=np.float16), 0.5, seed=0)
+        rn.dropout(np.ones(3, dtype=np.complex64), 0.5, seed=0)
     with pytest.raises(TypeError, match="training"):
         rn.dropout(np.ones(3), 0.5, seed=0, training="yes")
     with pytest.raises(TypeError, match="return_mask"):

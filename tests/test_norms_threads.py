@@ -1,15 +1,10 @@
 """Bitwise reproducibility: any thread count, repeated calls, and every SIMD dispatch level."""
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import resnorm
 from resnorm import _parallel
-from conftest import DTYPES, assert_bitwise_equal, make_inputs, run_ln, run_rms
+from conftest import DTYPES, assert_bitwise_equal, make_inputs, run_at_level, run_ln, run_rms
 
 # More than 2**15 elements (so calls really go parallel) and N >= 520 rows (so backward
 # splits into the maximum 64 row blocks); (2048, 1024) float32 is >= 8 MiB: streamed stores.
@@ -112,19 +107,7 @@ print(json.dumps({"simd_level": resnorm.simd_level()}))
 
 
 def _run_level(tmp_path, level):
-    env = dict(os.environ)
-    env.pop("RESNORM_CPU", None)
-    if level is not None:
-        env["RESNORM_CPU"] = level
-    src = os.path.dirname(os.path.dirname(resnorm.__file__))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [src, env.get("PYTHONPATH")] if p)
-    path = tmp_path / f"{level or 'default'}.npz"
-    proc = subprocess.run([sys.executable, "-c", _SIMD_SCRIPT, str(path)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    reported = json.loads(proc.stdout.strip().splitlines()[-1])["simd_level"]
-    with np.load(path) as f:
-        return reported, {k: f[k] for k in f.files}
+    return run_at_level(_SIMD_SCRIPT, tmp_path / f"{level or 'default'}.npz", level, timeout=120)
 
 
 def test_every_simd_level_gives_identical_results(tmp_path):

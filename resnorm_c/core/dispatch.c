@@ -19,8 +19,10 @@ static const char *const level_names[] = {"sse2", "avx2", "avx512"};
 static int best_level(void)
 {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 2;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+    /* F16C: the float16 conversions of both levels (every AVX-512F CPU has it) */
+    const int f16c = __builtin_cpu_supports("f16c");
+    if (__builtin_cpu_supports("avx512f") && f16c) return 2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return 1;
     return 0;
 }
 #else

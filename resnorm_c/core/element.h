@@ -1,12 +1,15 @@
 /* Instantiates the typed templates for one element type at one level: level.h includes it
- * once per element type, with RN_T, RN_C, RN_TS and RN_TFLOAT defined (see vec.h). */
+ * once per element type, with RN_T, RN_C, RN_TS, RN_TFLOAT and RN_HALF defined (see vec.h). */
 #include "vec.h"
 #include "reduce.h"
 #include "residual_rows.h"
 #include "apply.h"
 #include "backward.h"
 #include "partials.h"
+#include "convert.h"
+#if !RN_HALF /* the exp and erfc loops serve resnorm.nn's float32 / float64 layers */
 #include "vmath.h"
+#endif
 
 /* vec.h's names, defined again for the next element type */
 #undef RN_PFV_X
@@ -26,5 +29,6 @@
 #undef RN_VEC
 #undef RN_NACC
 #undef RN_DW
+#undef RN_SBYTES
 #undef RN_W
 #undef RN_NAME

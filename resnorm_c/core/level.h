@@ -18,21 +18,50 @@
 #define RN_C float
 #define RN_TS f32
 #define RN_TFLOAT 1
+#define RN_HALF 0
 #include "element.h"
 #undef RN_T
 #undef RN_C
 #undef RN_TS
 #undef RN_TFLOAT
+#undef RN_HALF
 
 #define RN_T double
 #define RN_C double
 #define RN_TS f64
 #define RN_TFLOAT 0
+#define RN_HALF 0
 #include "element.h"
 #undef RN_T
 #undef RN_C
 #undef RN_TS
 #undef RN_TFLOAT
+#undef RN_HALF
+
+/* the 16-bit types (rn_half.h): computed in float */
+#define RN_T rn_bf16
+#define RN_C float
+#define RN_TS bf16
+#define RN_TFLOAT 1
+#define RN_HALF RN_BF16
+#include "element.h"
+#undef RN_T
+#undef RN_C
+#undef RN_TS
+#undef RN_TFLOAT
+#undef RN_HALF
+
+#define RN_T rn_f16
+#define RN_C float
+#define RN_TS f16
+#define RN_TFLOAT 1
+#define RN_HALF RN_F16
+#include "element.h"
+#undef RN_T
+#undef RN_C
+#undef RN_TS
+#undef RN_TFLOAT
+#undef RN_HALF
 
 #define RN_EXPAND_(M, A) M(A)
 const rn_ops RN_CAT(rn_ops_, RN_ISA) = RN_EXPAND_(RN_LEVEL_TABLE, RN_ISA);

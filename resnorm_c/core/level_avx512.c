@@ -1,10 +1,11 @@
-/* The core compiled for AVX-512F (chosen at import when the CPU has it: dispatch.c). */
+/* The core compiled for AVX-512F and F16C (chosen at import when the CPU has both: dispatch.c;
+ * F16C converts float16). */
 #include "rn_base.h"
 #if RN_X86
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,f16c"))), apply_to = function)
 #else
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,f16c")
 #endif
 #define RN_LEVEL 3
 #define RN_ISA avx512

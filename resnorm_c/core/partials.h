@@ -10,10 +10,10 @@ static void RN_CAT(rn_accumulate_, RN_ISA)(double *acc, const double *part, Py_s
         acc[i] += part[i];
 }
 #else
-/* out_i = (T) acc_i */
+/* out_i = (T) acc_i, rounded once */
 static void RN_NAME(narrow)(RN_T *out, const double *acc, Py_ssize_t d)
 {
     for (Py_ssize_t i = 0; i < d; i++)
-        RN_ST(out + i, (RN_C)acc[i]);
+        RN_NAME(st_double)(out + i, acc[i]);
 }
 #endif

@@ -3,10 +3,13 @@
  * multipliers, and the elementwise loop.  element.h includes this first, once per (level,
  * element type), with
  *
- *   RN_T       the element type as stored (float or double)
- *   RN_C       the type it is computed in (RN_T for float and double)
- *   RN_TS      f32 or f64 (name suffix)
+ *   RN_T       the element type as stored (float, double, rn_bf16 or rn_f16)
+ *   RN_C       the type it is computed in (RN_T for float and double, float for the
+ *              16-bit types)
+ *   RN_TS      f32, f64, bf16 or f16 (name suffix)
  *   RN_TFLOAT  1 when RN_C is float, 0 when it is double
+ *   RN_HALF    0, or RN_BF16 / RN_F16 for a 16-bit type (rn_half.h): stored as 16 bits,
+ *              converted on every load and store
  *   RN_ISA     level name suffix
  *   RN_LEVEL   3 avx512 | 2 avx2 | 1 sse2 | 0 portable
  *   RN_VBYTES  native vector width in bytes
@@ -41,11 +44,175 @@ typedef RN_C RN_NAME(hvec) __attribute__((vector_size(RN_DW * sizeof(RN_C))));
 
 /* ---------------------------------------------------------------- element access */
 
+#if RN_HALF
+/* ---- the 16-bit types: RN_W (or RN_DW) elements are RN_W 16-bit words, converted to and
+ * from RN_W floats with the same bits as rn_half.h's scalar conversions (see there). */
+typedef uint16_t RN_NAME(w16) __attribute__((vector_size(RN_VBYTES / 2)));
+typedef uint32_t RN_NAME(w32) __attribute__((vector_size(RN_VBYTES)));
+typedef uint16_t RN_NAME(hw16) __attribute__((vector_size(RN_DW * 2)));
+typedef uint32_t RN_NAME(hw32) __attribute__((vector_size(RN_DW * 4)));
+#if RN_HALF == RN_BF16
+#define RN_TO_F32_ rn_bf16_to_f32
+#define RN_FROM_F32_ rn_f32_to_bf16
+#define RN_FROM_F64_ rn_f64_to_bf16
+#else
+#define RN_TO_F32_ rn_f16_to_f32
+#define RN_FROM_F32_ rn_f32_to_f16
+#define RN_FROM_F64_ rn_f64_to_f16
+#endif
+
+/* one element */
+static inline RN_C RN_NAME(ld)(const RN_T *p) { return RN_TO_F32_(*p); }
+static inline void RN_NAME(st)(RN_T *p, RN_C v) { *p = RN_FROM_F32_(v); }
+/* a double rounded once (the sums over rows) */
+static inline void RN_NAME(st_double)(RN_T *p, double v) { *p = RN_FROM_F64_(v); }
+
+/* lane by lane with the scalar conversions (float16 without F16C) */
+#define RN_LANES_IN_(VT, NL)                                                            \
+    { VT v; for (int j_ = 0; j_ < (NL); j_++) v[j_] = RN_TO_F32_(p[j_]); return v; }
+#define RN_LANES_OUT_(NL)                                                               \
+    { for (int j_ = 0; j_ < (NL); j_++) p[j_] = RN_FROM_F32_(v[j_]); }
+
+#if RN_HALF == RN_BF16 && RN_LEVEL == 3
+/* bfloat16 in: a shift.  Out: rn_bf16_round_bits, the same integer operations lane by
+ * lane (a NaN lane selected by mask).  The widenings and the narrowing are spelled out:
+ * GCC lowers the vector-extension forms below into several half-width steps here. */
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return (RN_VEC)_mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return (RN_HVEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    const __m512i u = _mm512_castps_si512((__m512)v), top = _mm512_srli_epi32(u, 16);
+    const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+#elif RN_HALF == RN_BF16 && RN_LEVEL == 2
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return (RN_VEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    const __m128i u = _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return (RN_HVEC)_mm_castsi128_ps(_mm_slli_epi32(u, 16));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    const __m256i u = _mm256_castps_si256((__m256)v), top = _mm256_srli_epi32(u, 16);
+    const __m256i odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    /* |u| as a signed integer is >= 0, so the signed compare is the unsigned one */
+    const __m256i nan = _mm256_cmpgt_epi32(
+        _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
+    /* every lane is below 2^16: the saturating pack is exact; it packs within 128-bit
+     * halves, and the permute puts the two halves' results together */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+}
+#elif RN_HALF == RN_BF16
+/* bfloat16 in: a shift.  Out: rn_bf16_round_bits in vector code, lane selects for NaN. */
+#define RN_BF16_IN_(VT, W16, W32)                                                       \
+    { W16 b; memcpy(&b, p, sizeof b);                                                   \
+      return (VT)(__builtin_convertvector(b, W32) << 16); }
+#define RN_BF16_OUT_(W16, W32)                                                          \
+    { const W32 u = (W32)v;                                                             \
+      const W32 nan = (W32)((u & 0x7fffffffu) > 0x7f800000u);                           \
+      const W32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;                             \
+      const W16 b = __builtin_convertvector((nan & ((u >> 16) | 0x40u)) | (~nan & r), W16); \
+      memcpy(p, &b, sizeof b); }
+static inline RN_VEC RN_NAME(vload)(const RN_T *p) RN_BF16_IN_(RN_VEC, RN_NAME(w16), RN_NAME(w32))
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p) RN_BF16_IN_(RN_HVEC, RN_NAME(hw16), RN_NAME(hw32))
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v) RN_BF16_OUT_(RN_NAME(w16), RN_NAME(w32))
+#undef RN_BF16_IN_
+#undef RN_BF16_OUT_
+#elif RN_LEVEL == 3
+/* float16 with F16C: vcvtph2ps, and vcvtps2ph with round-to-nearest-even in the
+ * instruction (not taken from MXCSR) */
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    return (RN_VEC)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    return (RN_HVEC)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph((__m512)v, _MM_FROUND_TO_NEAREST_INT));
+}
+#elif RN_LEVEL == 2
+static inline RN_VEC RN_NAME(vload)(const RN_T *p)
+{
+    return (RN_VEC)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
+{
+    return (RN_HVEC)_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph((__m256)v, _MM_FROUND_TO_NEAREST_INT));
+}
+#else
+static inline RN_VEC RN_NAME(vload)(const RN_T *p) RN_LANES_IN_(RN_VEC, RN_W)
+static inline RN_HVEC RN_NAME(hload)(const RN_T *p) RN_LANES_IN_(RN_HVEC, RN_DW)
+static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v) RN_LANES_OUT_(RN_W)
+#endif
+#undef RN_LANES_IN_
+#undef RN_LANES_OUT_
+#undef RN_TO_F32_
+#undef RN_FROM_F32_
+#undef RN_FROM_F64_
+
+/* partial vectors through a buffer of RN_W elements: nothing at or past p + n is touched */
+static inline RN_VEC RN_NAME(vload_n)(const RN_T *p, Py_ssize_t n)
+{
+    RN_T t[RN_W];
+    memset(t, 0, sizeof t);
+    memcpy(t, p, (size_t)n * sizeof(RN_T));
+    return RN_NAME(vload)(t);
+}
+
+static inline void RN_NAME(vstore_n)(RN_T *p, RN_VEC v, Py_ssize_t n)
+{
+    RN_T t[RN_W];
+    RN_NAME(vstore)(t, v);
+    memcpy(p, t, (size_t)n * sizeof(RN_T));
+}
+
+/* Non-temporal store of RN_W elements (half a native vector of bytes, aligned to that) */
+static inline void RN_NAME(vstream)(RN_T *p, RN_VEC v)
+{
+    RN_T t[RN_W];
+    RN_NAME(vstore)(t, v);
+#if RN_LEVEL == 3
+    _mm256_stream_si256((__m256i *)p, _mm256_loadu_si256((const __m256i *)t));
+#elif RN_LEVEL == 2
+    _mm_stream_si128((__m128i *)p, _mm_loadu_si128((const __m128i *)t));
+#else
+    memcpy(p, t, sizeof t);
+#endif
+}
+#else /* float and double */
 /* one element */
 static inline RN_C RN_NAME(ld)(const RN_T *p) { return *p; }
 static inline void RN_NAME(st)(RN_T *p, RN_C v) { *p = v; }
-#define RN_LD(p) RN_NAME(ld)(p)
-#define RN_ST(p, v) RN_NAME(st)((p), (v))
+static inline void RN_NAME(st_double)(RN_T *p, double v) { *p = (RN_T)v; }
 
 /* RN_W elements */
 static inline RN_VEC RN_NAME(vload)(const RN_T *p)
@@ -107,7 +274,7 @@ static inline void RN_NAME(vstore_n)(RN_T *p, RN_VEC v, Py_ssize_t n)
 #endif
 }
 
-/* Non-temporal store of one native vector; p must be RN_VBYTES-aligned. */
+/* Non-temporal store of one native vector; p must be RN_VBYTES-aligned (RN_SBYTES). */
 static inline void RN_NAME(vstream)(RN_T *p, RN_VEC v)
 {
 #if RN_TFLOAT && RN_LEVEL == 3
@@ -126,6 +293,10 @@ static inline void RN_NAME(vstream)(RN_T *p, RN_VEC v)
     RN_NAME(vstore)(p, v);
 #endif
 }
+
+#endif /* RN_HALF */
+#define RN_LD(p) RN_NAME(ld)(p)
+#define RN_ST(p, v) RN_NAME(st)((p), (v))
 
 /* ---------------------------------------------------------------- widening to double */
 
@@ -202,14 +373,18 @@ static inline __attribute__((always_inline)) void RN_NAME(add_widened)(double *p
 
 /* ---------------------------------------------------------------- placement, prefetch */
 
-/* Leading elements before out + k is vector-aligned (at most d; 0 when out is not even
- * aligned to its element size, and no element will ever be aligned). */
+/* The bytes of RN_W stored elements: RN_VBYTES, or half of it for the 16-bit types. */
+#define RN_SBYTES ((uintptr_t)(RN_W * sizeof(RN_T)))
+
+/* Leading elements before out + k is aligned to RN_SBYTES (at most d, and fewer than RN_W;
+ * 0 when out is not even aligned to its element size, and no element will ever be
+ * aligned). */
 static inline Py_ssize_t RN_NAME(align_head)(const RN_T *out, Py_ssize_t d)
 {
     uintptr_t addr = (uintptr_t)out;
     if (addr % sizeof(RN_T) != 0)
         return 0;
-    Py_ssize_t k = (Py_ssize_t)(((RN_VBYTES - addr % RN_VBYTES) % RN_VBYTES) / sizeof(RN_T));
+    Py_ssize_t k = (Py_ssize_t)(((RN_SBYTES - addr % RN_SBYTES) % RN_SBYTES) / sizeof(RN_T));
     return k < d ? k : d;
 }
 

@@ -152,8 +152,9 @@ def main(argv=None):
                    "torch.compile: about half a minute")
     b.add_argument("--ops", nargs="+", help="subset of ops (default: all; --quick: the main ones)")
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
-    b.add_argument("--dtype", nargs="+", choices=["float32", "float64"],
-                   help="default: both (--quick: float32)")
+    b.add_argument("--dtype", nargs="+", choices=["float32", "float64", "float16", "bfloat16"],
+                   help="default: float32 and float64 (--quick: float32); bfloat16 needs "
+                   "ml_dtypes; the gated residual has no 16-bit form")
     b.add_argument("--threads", nargs="+", type=int, help="default: 1, 2 and all cores")
     b.add_argument("--sections", nargs="+", choices=SECTIONS,
                    help="default: all (--quick: table latency)")

@@ -68,14 +68,37 @@ def fixed(fn):
 _REGISTRY = {}
 
 
-def register(name, kind, table=True):
+_HALVES = set()   # the ops whose resnorm functions take float16 and bfloat16
+
+
+def register(name, kind, table=True, halves=True):
     """Decorator: setup(shape, dtype, torch) -> Case of kind, listed under name in
     resnorm.bench.OPS.  table=False: left out of the default table (the training forms,
-    which run the inference form's kernel and also return its statistics)."""
+    which run the inference form's kernel and also return its statistics).  halves=False:
+    the op has no float16 / bfloat16 form (it is left out for those dtypes)."""
     def deco(setup):
         _REGISTRY[name] = (kind, table, setup)
+        if halves:
+            _HALVES.add(name)
         return setup
     return deco
+
+
+def takes(op, dtype):
+    """Whether op runs at dtype (every op takes float32 and float64)."""
+    return dtype.itemsize > 2 or op in _HALVES
+
+
+def dtype_of(name):
+    """The NumPy dtype of a --dtype name; bfloat16 is ml_dtypes' (imported here, on
+    request)."""
+    if name != "bfloat16":
+        return np.dtype(name)
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise ValueError("the bfloat16 benchmark needs ml_dtypes (pip install ml_dtypes)") from e
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def ops():
@@ -96,7 +119,7 @@ def setup(op, shape, dtype, torch=None):
     if op not in _REGISTRY:
         raise ValueError(f"unknown op {op!r}; known: {', '.join(_REGISTRY)}")
     kind, _, make = _REGISTRY[op]
-    shape, dtype = tuple(shape), np.dtype(dtype)
+    shape, dtype = tuple(shape), dtype_of(dtype) if isinstance(dtype, str) else np.dtype(dtype)
     return replace(make(shape, dtype, torch), op=op, kind=kind, shape=shape, dtype=dtype)
 
 
@@ -123,6 +146,8 @@ def arrays(shape, dtype, names):
                 made[name] = (1.0 + 0.1 * rng.standard_normal(shape[1])).astype(dtype)
             elif name == "b":
                 made[name] = (0.1 * rng.standard_normal(shape[1])).astype(dtype)
+            elif dtype.itemsize == 2:   # drawn in float32, rounded to the 16-bit dtype
+                made[name] = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
             else:
                 made[name] = rng.standard_normal(shape, dtype=dtype)
     return [made[name] for name in names]

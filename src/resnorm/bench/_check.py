@@ -16,7 +16,10 @@ and the dropped fraction must be within 6 standard deviations of p.
 """
 import numpy as np
 
-TOLERANCE = {"float32": 1e-3, "float64": 1e-9}
+# float16 / bfloat16: two units of their epsilon (each output is rounded once to the dtype,
+# half a unit of its own size; the float32 arithmetic inside adds far less)
+TOLERANCE = {"float32": 1e-3, "float64": 1e-9, "float16": 2 * 2.0 ** -10,
+             "bfloat16": 2 * 2.0 ** -7}
 BLOCK_ELEMENTS = 1 << 20     # rows per reference block: about this many elements
 
 
@@ -24,7 +27,10 @@ def _numpy(a):
     """An output as a NumPy array (torch tensors through .detach().numpy())."""
     if a is None:
         return None
-    return a.detach().numpy() if hasattr(a, "detach") else np.asarray(a)
+    if hasattr(a, "detach"):   # NumPy has no bfloat16: widened, exactly, to float32
+        a = a.detach()
+        return (a.float() if str(a.dtype) == "torch.bfloat16" else a).numpy()
+    return np.asarray(a)
 
 
 def _blocks(n_rows, n_cols):

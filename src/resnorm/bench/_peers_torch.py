@@ -22,6 +22,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from . import _cases, _check
 from ._results import OK, UNSUPPORTED, WRONG, note_of, peer_result
 from ._timing import time_budgeted
@@ -34,14 +36,21 @@ class TorchSpec:
     grads: list | None = None    # backward op: the gradients of fn's outputs
 
 
+def _tensor(torch, a):
+    """The tensor sharing an array's memory (an ml_dtypes bfloat16 array: bit-cast)."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _call(torch, spec, fn):
     """The timed call of fn on spec's arrays (autograd through it for a backward op)."""
     if spec.grads is None:
-        tensors = [torch.from_numpy(a) for a in spec.inputs]
+        tensors = [_tensor(torch, a) for a in spec.inputs]
         return lambda: fn(*tensors)
-    leaves = [torch.from_numpy(a).requires_grad_(True) for a in spec.inputs]
+    leaves = [_tensor(torch, a).requires_grad_(True) for a in spec.inputs]
     outputs = fn(*leaves)
-    grads = [torch.from_numpy(g) for g in spec.grads]
+    grads = [_tensor(torch, g) for g in spec.grads]
     return lambda: torch.autograd.grad(outputs, leaves, grads, retain_graph=True)
 
 

@@ -15,28 +15,44 @@ import torch
 from torch.autograd import forward_ad
 
 # The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
-# dtype.  Half precision gets its own refusal below until the kernels take it; taking it
-# means an entry here (torch.bfloat16: ml_dtypes.bfloat16, torch.float16: np.float16), a
-# bit-cast in view() and tensor() (numpy() has no bfloat16: t.view(torch.int16).numpy()
-# .view(...), and back), and param_tensor's dtype rule if float32 weights are allowed.
-NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+# dtype.  NumPy has no bfloat16 of its own: torch.bfloat16 tensors are viewed as
+# ml_dtypes.bfloat16 arrays (bit-cast through int16, no copy), so they need ml_dtypes,
+# imported the first time a bfloat16 tensor is seen.
+NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
+                torch.float16: np.dtype(np.float16), torch.bfloat16: None}
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _bfloat16():
+    """ml_dtypes.bfloat16 as a NumPy dtype (None when ml_dtypes is not installed)."""
+    if NUMPY_DTYPES[torch.bfloat16] is None:
+        try:
+            import ml_dtypes
+        except ImportError:
+            return None
+        NUMPY_DTYPES[torch.bfloat16] = np.dtype(ml_dtypes.bfloat16)
+    return NUMPY_DTYPES[torch.bfloat16]
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype resnorm sees for tensors of a dtype resnorm.torch takes."""
+    return _bfloat16() if dtype is torch.bfloat16 else NUMPY_DTYPES[dtype]
 
 
 def dtype_problem(dtype):
     """Why resnorm's kernels cannot take tensors of this dtype (a sentence), or None."""
+    if dtype is torch.bfloat16 and _bfloat16() is None:
+        return ("resnorm views torch.bfloat16 tensors as ml_dtypes.bfloat16 arrays: "
+                "pip install ml_dtypes")
     if dtype in NUMPY_DTYPES:
         return None
-    if dtype in HALF_DTYPES:
-        return (f"resnorm has no {dtype} kernels yet (half precision): run the norm in "
-                f"float32, or leave it to torch")
-    return f"resnorm's kernels take torch.float32 or torch.float64, not {dtype}"
+    return (f"resnorm's kernels take torch.float32, torch.float64, torch.float16 or "
+            f"torch.bfloat16, not {dtype}")
 
 
 def _dtype_error(name, dtype):
-    reason = dtype_problem(dtype)
-    return TypeError(f"{name} must have dtype torch.float32 or torch.float64, got {dtype}"
-                     + ("" if dtype not in HALF_DTYPES else f"; {reason}"))
+    return TypeError(f"{name} must have dtype torch.float32, torch.float64, torch.float16 or "
+                     f"torch.bfloat16, got {dtype}; {dtype_problem(dtype)}")
 
 
 # torch has no public test for "inside a torch.func transform" or "inside a forward-mode AD
@@ -62,8 +78,8 @@ def transforms_active():
 
 
 def input_tensor(x, name="x"):
-    """x checked: a dense float32/float64 CPU tensor with at least one axis and a non-empty
-    last axis (shape (..., D)).  Returns x."""
+    """x checked: a dense float32/float64/float16/bfloat16 CPU tensor with at least one
+    axis and a non-empty last axis (shape (..., D)).  Returns x."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_cpu:
@@ -71,7 +87,7 @@ def input_tensor(x, name="x"):
                         f"got a tensor on device '{x.device}'")
     if x.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {x.layout}")
-    if x.dtype not in NUMPY_DTYPES:
+    if x.dtype not in NUMPY_DTYPES or dtype_problem(x.dtype) is not None:
         raise _dtype_error(name, x.dtype)
     if x.dim() == 0:
         raise ValueError(f"{name} must have at least one axis (shape (..., D)), got a scalar")
@@ -80,9 +96,15 @@ def input_tensor(x, name="x"):
     return x
 
 
+def default_eps(dtype):
+    """The eps that None stands for, as in torch.nn.functional.rms_norm: the machine
+    epsilon of the type the norm is computed in (float32 for float16 and bfloat16)."""
+    return torch.finfo(torch.float32 if dtype in HALF_DTYPES else dtype).eps
+
+
 def eps_for(eps, x):
-    """eps=None means torch.finfo(x.dtype).eps, as in torch.nn.functional.rms_norm."""
-    return torch.finfo(x.dtype).eps if eps is None else eps
+    """eps=None means default_eps(x.dtype), as in torch.nn.functional.rms_norm."""
+    return default_eps(x.dtype) if eps is None else eps
 
 
 def row_shape(normalized_shape, x):
@@ -175,6 +197,10 @@ def view(t):
     if not t.is_cpu:   # numpy(force=True) would copy it to the CPU
         raise NoStorage(f"resnorm.torch cannot view a tensor on '{t.device}'")
     try:   # force=True: detach (a tensor that requires grad), in one call
+        if t.dtype is torch.bfloat16:   # NumPy has no bfloat16: the bits, as ml_dtypes'
+            bits = t.view(torch.int16)
+            return (bits.numpy(force=True) if t.requires_grad else bits.numpy()).view(
+                _bfloat16())
         return t.numpy(force=True) if t.requires_grad else t.numpy()
     except (RuntimeError, TypeError) as e:
         raise NoStorage(f"resnorm.torch cannot view this tensor's storage: {e}") from e
@@ -201,7 +227,11 @@ def threads():
 
 def tensor(a):
     """The tensor sharing the memory of an array resnorm returned (None stays None)."""
-    return None if a is None else torch.from_numpy(a)
+    if a is None:
+        return None
+    if a.dtype.itemsize == 2 and a.dtype.kind == "V":   # ml_dtypes.bfloat16: its bits
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 class ParamViews:
@@ -224,7 +254,7 @@ class ParamViews:
         self.w_ptr, self.w_shape = _where(weight)
         self.b_ptr, self.b_shape = _where(bias)
         self.weight_view, self.bias_view = view(weight), view(bias)
-        self.default_eps = torch.finfo(x.dtype).eps
+        self.default_eps = default_eps(x.dtype)
 
     def valid(self, weight, bias, x):
         """True when weight and bias are the same tensors with the same memory, and x has

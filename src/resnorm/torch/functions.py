@@ -225,7 +225,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_w
     weight : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype, or None (w = 1).
     eps : float or None
-        Added to mean(x^2); None means torch.finfo(x.dtype).eps, as in torch.
+        Added to mean(x^2); None means torch.finfo(x.dtype).eps (float32's for float16 and
+        bfloat16, which are computed in float32), as in torch.
     normalized_shape : int or sequence of int, optional
         The normalised trailing axes, as in torch.nn.functional.rms_norm (e.g. (5, 64) for
         x of shape (..., 5, 64)); None: the last axis.
@@ -275,7 +276,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
     weight, bias : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype, or None, independently.
     eps : float or None
-        Added to the (biased) variance; None means torch.finfo(x.dtype).eps.
+        Added to the (biased) variance; None means torch.finfo(x.dtype).eps (float32's
+        for float16 and bfloat16).
     normalized_shape : int or sequence of int, optional
     zero_centered_weight : bool
         As in rms_norm.

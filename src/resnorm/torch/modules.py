@@ -7,7 +7,9 @@ reset_parameters, repr and isinstance checks are torch's: ``model.load_state_dic
 unchanged in both directions.
 
 Supported: any normalized_shape (an int, or the trailing axes of the input, e.g. (5, 64)),
-float32/float64 CPU tensors; CUDA tensors and other dtypes raise TypeError in forward.
+float32/float64/float16/bfloat16 CPU tensors; CUDA tensors and other dtypes raise TypeError
+in forward.  float16/bfloat16 input with float32 parameters (torch.autocast's mixed case)
+is computed by torch's own norm: resnorm's kernels take parameters of the input's dtype.
 Like torch's modules, RMSNorm follows the input's dtype (a float32 module takes float64
 input and returns float64) and LayerNorm requires the parameters' dtype.
 GemmaRMSNorm applies 1 + weight, with the weight initialised at 0.  Under TorchScript
@@ -60,6 +62,8 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     """
     weight = parameter(module, "weight")
     bias = parameter(module, "bias") if layer else None
+    if mixed_dtypes(x, weight, bias):
+        return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     views = module.__dict__.get(_VIEWS)
@@ -90,6 +94,24 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
                                                  zero_centered)[0]
     return functions.RMSNormFunction.apply(x, weight, eps, (views.weight_view,), ns,
                                            zero_centered)[0]
+
+
+def mixed_dtypes(x, weight, bias):
+    """Half-precision x with parameters of another dtype: torch's mixed case (bfloat16
+    activations reaching a float32 module under torch.autocast), which resnorm's kernels,
+    taking parameters of x's dtype only, do not compute."""
+    return (type(x) is torch.Tensor and x.dtype in T.HALF_DTYPES
+            and any(p is not None and p.dtype is not x.dtype for p in (weight, bias)))
+
+
+def _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
+    """torch's own norm, for the mixed case (mixed_dtypes): what the module computes on torch."""
+    row = tuple(normalized_shape) if normalized_shape is not None else (x.shape[-1],)
+    if zero_centered and weight is not None:
+        weight = weight + 1
+    if layer:
+        return nn.functional.layer_norm(x, row, weight, bias, T.eps_for(eps, x))
+    return nn.functional.rms_norm(x, row, weight, eps)
 
 
 def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
@@ -128,7 +150,8 @@ class RMSNorm(_ViewsNotPickled, _ZeroCentered, nn.RMSNorm):
         The normalised trailing axes: D, the size of the last axis, or several (e.g.
         (5, 64)), whose elements form one row.
     eps : float or None
-        None (the default) means torch.finfo(x.dtype).eps, as in torch.
+        None (the default) means torch.finfo(x.dtype).eps (float32's for float16
+        and bfloat16), as in torch.
     elementwise_affine : bool
         Whether the module has a learnable weight (initialised to ones).
     device, dtype

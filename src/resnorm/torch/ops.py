@@ -16,8 +16,8 @@ resnorm.torch.kernels directly (resnorm.torch.functions).
                                  zero_centered=False) -> [dx, dweight?, dbias?]
     resnorm::dropout(x, p, seed) -> y      (its own backward: the same mask on dy)
 
-eps None: torch.finfo(dtype).eps; axes: how many trailing axes of x a row spans (weight and
-bias have their shape); zero_centered: the gain is 1 + weight.
+eps None: torch.finfo(dtype).eps (float32's for the 16-bit dtypes); axes: how many trailing
+axes of x a row spans (weight and bias have their shape); zero_centered: the gain is 1 + w.
 
 A backward asked to build a graph (create_graph=True) returns resnorm.torch.composite's
 differentiable expressions instead of calling the backward operator.

@@ -9,16 +9,18 @@ so an optimizer built before the patch keeps training the same tensors.
 torch.nn.RMSNorm / LayerNorm become resnorm.torch.RMSNorm / LayerNorm; any other class C
 becomes a subclass of C made once per class (same name, isinstance(m, C) still true).
 undo() switches the classes back.  Modules that do not match, or that resnorm cannot run
-(half precision, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
+(complex or integer parameters, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
 and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
 swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
+float16/bfloat16 models are patched like the others; a patched module that receives
+half-precision input while its parameters are float32 (torch.autocast) runs its own forward.
 """
 import warnings
 
 import torch
 from torch import nn
 
-from .modules import LayerNorm, RMSNorm, forget_views, module_norm
+from .modules import LayerNorm, RMSNorm, forget_views, mixed_dtypes, module_norm
 from .residual_modules import OWN_MODULES
 from .recognise import norm_like, recognise
 
@@ -49,6 +51,10 @@ class _Patched:
 def _forward(self, x):
     """A patched module's forward: its recognised formula on resnorm."""
     spec = self.__dict__[_SPEC]
+    if mixed_dtypes(x, getattr(self, "weight", None), getattr(self, "bias", None)):
+        # half-precision input, parameters of another dtype (torch.autocast): the module's
+        # own forward, on torch (resnorm's kernels take parameters of x's dtype only)
+        return type(self)._resnorm_original.forward(self, x)
     if isinstance(x, torch.Tensor) and x.dtype not in spec.dtypes:
         raise TypeError(
             f"resnorm.torch.patch checked this {type(self).__name__} against resnorm for "

@@ -5,7 +5,7 @@ patch() hands every norm-like module of a model (a leaf module whose class name 
 
 1. reads what resnorm would need: a weight and/or bias of one shape (the normalised
    axes: (D,), or several, e.g. (5, 64)), no buffers, an eps attribute (``eps``,
-   ``variance_epsilon`` or ``epsilon``), float32/float64 on the CPU;
+   ``variance_epsilon`` or ``epsilon``), float32/float64/float16/bfloat16 on the CPU;
 2. runs the module on a probe input (with random parameters, through
    torch.func.functional_call, so the module's own tensors are not touched) in training
    and in eval mode, and compares the outputs with each formula resnorm computes:
@@ -18,7 +18,9 @@ The probe rows include rows whose mean square is of the order of eps, so a modul
 adds eps elsewhere (or uses another eps) does not match.  A module matches a formula when
 its output is within 256 units in the last place of the dtype (relative to 1 + |y|) on
 every probe element: float32 rounding differences pass, another formula, another eps or
-another precision (a float64 module that computes in float32) does not.  What does not
+another precision (a float64 module that computes in float32) does not.  A float16 or
+bfloat16 module is probed in its dtype within 4 units in the last place (a module that
+rounds an intermediate step, such as Llama's, passes) and in float32 within 256.  What does not
 match is not swapped, and the reason says why.
 """
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")
 TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
                nn.modules.batchnorm._NormBase)
 _ULPS = 256
+_ULPS_HALF = 4   # 16-bit outputs: the rounding of the output and of a module's own steps
 _ROWS = 8
 
 
@@ -112,7 +115,7 @@ def _resnorm_output(kind, x, params, eps, row):
 def _mismatch(y, ref, dtype):
     """The largest relative difference of y from resnorm's ref (inf for another dtype or
     shape), and the tolerance it is held to."""
-    tol = _ULPS * float(torch.finfo(dtype).eps)
+    tol = (_ULPS_HALF if dtype in T.HALF_DTYPES else _ULPS) * float(torch.finfo(dtype).eps)
     if not isinstance(y, torch.Tensor) or y.shape != ref.shape or y.dtype != ref.dtype:
         return float("inf"), tol
     diff = ((y.double() - ref.double()).abs() / (1 + ref.double().abs())).max().item()
@@ -156,9 +159,14 @@ def recognise(module):
     if eps_attr is None:
         return None, (f"it has no eps attribute ({', '.join(EPS_ATTRIBUTES)}) to pass to "
                       f"resnorm")
-    dtypes = tuple({p.dtype for p in params.values()}) or tuple(T.NUMPY_DTYPES)
+    dtypes = tuple({p.dtype for p in params.values()}) or tuple(
+        d for d in T.NUMPY_DTYPES if T.dtype_problem(d) is None)
     if len(dtypes) > 1 and params:
         return None, "its weight and bias have different dtypes"
+    if torch.float32 not in dtypes and set(dtypes) & set(T.HALF_DTYPES):
+        # a half-precision module is also probed in float32, where the tolerance tells
+        # formulas and eps apart (in 16 bits only gross differences show)
+        dtypes += (torch.float32,)
     return _probe(module, params, row, eps_attr, dtypes)
 
 
@@ -169,7 +177,7 @@ def _probe(module, params, row, eps_attr, dtypes):
         worst = (0.0, 0.0, 0.0, kind, None)
         for dtype in dtypes:
             eps = getattr(module, eps_attr)
-            eps = torch.finfo(dtype).eps if eps is None else eps
+            eps = T.default_eps(dtype) if eps is None else eps
             x = _probe_input(row, dtype, eps, generator)
             random = {n: (1 + 0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
                           if n == "weight" else

@@ -248,7 +248,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
     weight : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype.
     eps : float or None
-        None: torch.finfo(x.dtype).eps.
+        None: torch.finfo(x.dtype).eps (float32's for float16 and bfloat16).
     normalized_shape : int or sequence of int, optional
         The normalised trailing axes, as in torch (None: the last axis); weight and a
         per-channel alpha then have this shape.
@@ -414,7 +414,7 @@ def dropout(x, p, *, seed, training=True):
         return ops.dropout(x, p, ops.dropout_seed(seed))
     if training is False or p == 0:
         # no kernel runs: resnorm checks p, seed and training on a one-element array
-        resnorm.dropout(np.zeros(1, T.NUMPY_DTYPES[x.dtype]), p, seed=seed,
+        resnorm.dropout(np.zeros(1, T.numpy_dtype(x.dtype)), p, seed=seed,
                         training=training)
         return x
     if T.functorch_active():

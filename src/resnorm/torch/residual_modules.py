@@ -84,7 +84,8 @@ class AddRMSNorm(_AddNorm):
     normalized_shape : int or tuple of int
         The normalised trailing axes (D, or several together), as for torch.nn.RMSNorm.
     eps : float or None
-        None (the default) means torch.finfo(x.dtype).eps, as in torch.
+        None (the default) means torch.finfo(x.dtype).eps (float32's for float16
+        and bfloat16), as in torch.
     elementwise_affine : bool
         Whether the module has a learnable weight (ones).
     zero_centered_weight : bool

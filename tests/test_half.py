@@ -1,0 +1,384 @@
+"""float16 and bfloat16: the conversions, the norms and the fused add + norm forward and
+backward against the float64 reference rounded once, reproducibility over threads and
+SIMD levels.  float16 tests need nothing beyond NumPy; bfloat16 tests need ml_dtypes."""
+import numpy as np
+import pytest
+
+import resnorm
+from resnorm import _api
+from resnorm import reference as ref
+from conftest import run_at_level
+
+bf16 = None
+try:
+    import ml_dtypes
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is an optional extra
+    pass
+
+F16 = np.dtype(np.float16)
+HALVES = [F16, pytest.param("bfloat16", marks=pytest.mark.skipif(bf16 is None,
+                                                                  reason="needs ml_dtypes"))]
+SIZES = [1, 3, 17, 1000, 4097]
+
+
+def half(name):
+    return F16 if name is F16 or name == "float16" else bf16
+
+
+def ordered(a):
+    """The 16-bit patterns of a as integers in the order of the values (so that adjacent
+    values differ by 1: the distance in units in the last place)."""
+    u = a.view(np.uint16).astype(np.int64)
+    return np.where(u & 0x8000, 0x8000 - u, u)
+
+
+def ulps(got, want64):
+    """Distance in units in the last place of got from want64 rounded once to got's dtype."""
+    return np.abs(ordered(got) - ordered(want64.astype(got.dtype)))
+
+
+def rows(rng, kind, n, d, dt):
+    if kind == "normal":
+        x = rng.standard_normal((n, d))
+    elif kind == "offset":
+        x = 1e2 + rng.standard_normal((n, d))
+    else:  # mixed scales: each row its own scale from 1e-3 to 1e3
+        x = rng.standard_normal((n, d)) * 10.0 ** rng.uniform(-3, 3, (n, 1))
+    return x.astype(dt)
+
+
+# --------------------------------------------------------------------------- conversions
+
+def test_float16_conversions_every_pattern():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    h = bits.view(np.float16)
+    out = np.empty(h.size, np.float32)
+    _api.to_float32(out, h)
+    want = h.astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(out.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+    assert np.isnan(out[nan]).all()
+    back = np.empty(h.size, np.float16)
+    _api.from_float32(back, out)   # round trip: exact, NaN stays NaN
+    assert np.array_equal(back.view(np.uint16)[~nan], bits[~nan])
+    assert np.isnan(back[nan]).all()
+
+
+def special_floats():
+    """Ties, overflow boundaries, subnormals, inf and NaN of both 16-bit formats, and random
+    bit patterns."""
+    rng = np.random.default_rng(3)
+    f = [0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65519.99, 65520.0, 65536.0, 1e6,
+         2.0 ** -24, 2.0 ** -25, 2.0 ** -25 * 1.0000001, 3 * 2.0 ** -25, 2.0 ** -14,
+         1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8,
+         3.3895314e38, 3.4028235e38, 1e-40, -1e-45, 2.0 ** -133, 2.0 ** -134]
+    f = np.array(f, np.float32)
+    raw = rng.integers(0, 1 << 32, 200_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    return np.concatenate([f, -f, raw])
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_round_to_nearest_even_as_numpy_and_ml_dtypes(name):
+    dt = half(name)
+    f = special_floats()
+    got = np.empty(f.size, dt)
+    _api.from_float32(got, f)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = f.astype(dt)   # NumPy's / ml_dtypes' own conversion
+    nan = np.isnan(f)
+    assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    assert np.isnan(got[nan].astype(np.float32)).all()
+
+
+@pytest.mark.skipif(bf16 is None, reason="needs ml_dtypes")
+def test_bfloat16_widening_every_pattern():
+    h = np.arange(1 << 16, dtype=np.uint16).view(bf16)
+    out = np.empty(h.size, np.float32)
+    _api.to_float32(out, h)
+    assert np.array_equal(out.view(np.uint32), h.view(np.uint16).astype(np.uint32) << 16)
+
+
+# --------------------------------------------------------------------------- forward
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("kind", ["normal", "offset", "mixed"])
+@pytest.mark.parametrize("d", SIZES)
+def test_norms_forward_within_one_ulp(rng, name, kind, d):
+    dt = half(name)
+    x = rows(rng, kind, 5, d, dt)
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+    b = rng.standard_normal(d).astype(dt)
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    y, c = resnorm.rms_norm_forward(x, w)
+    want, rstd = ref.rms_norm_forward(x64, w64)
+    assert y.dtype == dt and ulps(y, want).max() <= 1
+    np.testing.assert_allclose(c.rstd, rstd, rtol=1e-12)   # float64 statistics, as before
+    y, c = resnorm.layer_norm_forward(x, w, b)
+    want, mean, rstd = ref.layer_norm_forward(x64, w64, b64)
+    assert y.dtype == dt and ulps(y, want).max() <= 1
+    np.testing.assert_allclose(c.rstd, rstd, rtol=1e-9)
+    assert ulps(resnorm.layer_norm(x), ref.layer_norm_forward(x64)[0]).max() <= 1
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("d", [3, 17, 1000])
+def test_fused_forward_within_one_ulp(rng, name, layer, d):
+    # h = x + residual is rounded once into the half dtype; y normalises the sum formed in
+    # float32 (not the rounded h)
+    dt = half(name)
+    x = rows(rng, "normal", 6, d, dt)
+    r = rows(rng, "mixed", 6, d, dt)
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+    h64 = x.astype(np.float64) + r.astype(np.float64)
+    if layer:
+        y, h = resnorm.add_layer_norm(x, r, w)
+        want = ref.layer_norm_forward(h64, w.astype(np.float64))[0]
+        post = resnorm.add_layer_norm_post(x, r, w)
+    else:
+        y, h = resnorm.add_rms_norm(x, r, w)
+        want = ref.rms_norm_forward(h64, w.astype(np.float64))[0]
+        post = resnorm.add_rms_norm_post(x, r, w)
+    assert h.dtype == y.dtype == dt
+    assert ulps(h, h64).max() <= 1
+    assert ulps(y, want).max() <= 1
+    assert np.array_equal(post.view(np.uint16), y.view(np.uint16))
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_non_contiguous_read_only_inputs_unchanged(rng, name):
+    dt = half(name)
+    base = rows(rng, "normal", 8, 34, dt)
+    x = base[::2, ::2]              # strided view
+    w = (1 + rng.standard_normal(17)).astype(dt)
+    w.flags.writeable = False
+    keep_x, keep_w = x.copy(), w.copy()
+    y = resnorm.rms_norm(x, w)
+    assert np.array_equal(y.view(np.uint16), resnorm.rms_norm(np.ascontiguousarray(x), w).view(np.uint16))
+    y, c = resnorm.layer_norm_forward(x, w)
+    dx, dw, _ = resnorm.layer_norm_backward(np.ones_like(x), c)
+    assert np.array_equal(x.view(np.uint16), keep_x.view(np.uint16))
+    assert np.array_equal(w.view(np.uint16), keep_w.view(np.uint16))
+    assert dx.dtype == dw.dtype == dt
+
+
+# --------------------------------------------------------------------------- backward
+
+def spacing(want64, dt):
+    """One unit in the last place of want64 rounded to dt, as float64."""
+    r = want64.astype(dt)
+    u = r.view(np.uint16)
+    up = (u & 0x8000) | ((u & 0x7fff) + 1)
+    return np.abs(up.astype(np.uint16).view(dt).astype(np.float64) - r.astype(np.float64))
+
+
+# Backward tolerances.  Every term is formed in float32 from exactly widened 16-bit inputs:
+# a product or sum of a few float32 operations is within 4 * 2^-24 of its magnitude, and
+# the reductions over a row add their float32 block sums (8 terms) in double, so a row sum
+# is within 16 * 2^-24 of the sum of its terms' magnitudes.  dx = rstd * (g - xn * m) is
+# then within ~32 * 2^-24 of rstd * (|g| + |xn * m|) (plus the mean terms for LayerNorm),
+# and rounding it to the half dtype adds one unit in the last place.  dweight / dbias sum
+# float32 terms over rows in double: within 16 * 2^-24 of the sum of |terms|, plus one
+# unit in the last place of the rounded result.
+F32_TERMS = 32 * 2.0 ** -24
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [3, 17, 1000])
+def test_norm_backward_within_float32_bounds(rng, name, d):
+    dt = half(name)
+    x = rows(rng, "normal", 37, d, dt)
+    dy = rows(rng, "normal", 37, d, dt)
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+    b = rng.standard_normal(d).astype(dt)
+    x64, dy64, w64 = (a.astype(np.float64) for a in (x, dy, w))
+
+    y, c = resnorm.rms_norm_forward(x, w)
+    dx, dw = resnorm.rms_norm_backward(dy, c)
+    _, rstd = ref.rms_norm_forward(x64, w64)
+    want_dx, want_dw = ref.rms_norm_backward(dy64, x64, w64, rstd)
+    xn, g = x64 * rstd[:, None], dy64 * w64
+    m = np.mean(g * xn, axis=1, keepdims=True)
+    scale = rstd[:, None] * (np.abs(g) + np.abs(xn * m))
+    assert dx.dtype == dw.dtype == dt
+    assert np.all(np.abs(dx - want_dx) <= spacing(want_dx, dt) + F32_TERMS * scale)
+    assert np.all(np.abs(dw - want_dw) <= spacing(want_dw, dt)
+                  + F32_TERMS * np.abs(dy64 * xn).sum(0))
+
+    y, c = resnorm.layer_norm_forward(x, w, b)
+    dx, dw, db = resnorm.layer_norm_backward(dy, c)
+    _, mean, rstd = ref.layer_norm_forward(x64, w64, b.astype(np.float64))
+    want_dx, want_dw, want_db = ref.layer_norm_backward(dy64, x64, w64, mean, rstd)
+    xhat = (x64 - mean[:, None]) * rstd[:, None]
+    mg = g.mean(1, keepdims=True)
+    mgx = (g * xhat).mean(1, keepdims=True)
+    scale = rstd[:, None] * (np.abs(g) + np.abs(mg) + np.abs(xhat * mgx))
+    assert np.all(np.abs(dx - want_dx) <= spacing(want_dx, dt) + F32_TERMS * scale)
+    assert np.all(np.abs(dw - want_dw) <= spacing(want_dw, dt)
+                  + F32_TERMS * np.abs(dy64 * xhat).sum(0))
+    assert np.all(np.abs(db - want_db) <= spacing(want_db, dt) + F32_TERMS * np.abs(dy64).sum(0))
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+def test_fused_backward_within_float32_bounds(rng, name, layer):
+    # the norm's backward at the stored h (float64 reference), plus dh along the stream.
+    # The gradient reaching h from the norm, gh, is rounded to the half dtype in its row
+    # (as torch's autograd rounds it), then gh + dh is rounded once more: half a unit of
+    # each, plus the float32 bounds of the norm backward above with |dh| among the terms.
+    dt = half(name)
+    x, r, dy, dh = (rows(rng, "normal", 21, 33, dt) for _ in range(4))
+    w = (1 + 0.5 * rng.standard_normal(33)).astype(dt)
+    if layer:
+        (y, h), c = resnorm.add_layer_norm_forward(x, r, w)
+        dx, dres, dw, _, _ = resnorm.add_layer_norm_backward(dy, dh, c)
+    else:
+        (y, h), c = resnorm.add_rms_norm_forward(x, r, w)
+        dx, dres, dw, _ = resnorm.add_rms_norm_backward(dy, dh, c)[:4]
+    h64, dy64, dh64, w64 = (a.astype(np.float64) for a in (h, dy, dh, w))
+    g = dy64 * w64
+    if layer:
+        gx, gw, _ = ref.layer_norm_backward(dy64, h64, w64, c.mean, c.rstd)
+        hhat = (h64 - c.mean[:, None]) * c.rstd[:, None]
+        mg, mgx = g.mean(1, keepdims=True), (g * hhat).mean(1, keepdims=True)
+        scale = c.rstd[:, None] * (np.abs(g) + np.abs(mg) + np.abs(hhat * mgx))
+    else:
+        gx, gw = ref.rms_norm_backward(dy64, h64, w64, c.rstd)
+        hhat = h64 * c.rstd[:, None]
+        m = (g * hhat).mean(1, keepdims=True)
+        scale = c.rstd[:, None] * (np.abs(g) + np.abs(hhat * m))
+    assert dx.dtype == dres.dtype == dw.dtype == dt
+    assert np.array_equal(dx.view(np.uint16), dres.view(np.uint16))
+    want = gx + dh64
+    assert np.all(np.abs(dx - want) <= 0.5 * (spacing(gx, dt) + spacing(want, dt))
+                  + F32_TERMS * (scale + np.abs(dh64)))
+    assert np.all(np.abs(dw - gw) <= spacing(gw, dt) + F32_TERMS * np.abs(dy64 * hhat).sum(0))
+
+
+# --------------------------------------------------------------------------- elementwise
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [1, 17, 4097])
+def test_dropout_and_scaled_residual_round_once(rng, name, d):
+    # each output is one float32 product (and sum) rounded once: bitwise what NumPy's
+    # float32 arithmetic rounded to the half dtype gives, and within one unit of float64
+    dt = half(name)
+    x, F, dh = (rows(rng, "mixed", 7, d, dt) for _ in range(3))
+    x32, F32, dh32 = (a.astype(np.float32) for a in (x, F, dh))
+    y, cache = resnorm.dropout_forward(x, 0.3, seed=5, return_mask=True)
+    keep = cache.mask
+    m = np.where(keep, np.float32(1 / 0.7), np.float32(0))   # x * 0 keeps x's sign
+    want32 = x32 * m
+    assert y.dtype == dt and np.array_equal(y.view(np.uint16), want32.astype(dt).view(np.uint16))
+    assert ulps(y, ref.dropout_forward(x.astype(np.float64), 0.3, 5)[0]).max() <= 1
+    dx = resnorm.dropout_backward(dh, cache)
+    assert np.array_equal(dx.view(np.uint16), (dh32 * m).astype(dt).view(np.uint16))
+    alpha = (0.5 + rng.random(d)).astype(dt)
+    h, cache = resnorm.scaled_residual_forward(x, F, alpha)
+    want = x32 + F32 * alpha.astype(np.float32)
+    assert h.dtype == dt and np.array_equal(h.view(np.uint16), want.astype(dt).view(np.uint16))
+    gx, gF, galpha = resnorm.scaled_residual_backward(dh, cache)
+    assert np.array_equal(gx.view(np.uint16), dh.view(np.uint16))
+    assert np.array_equal(gF.view(np.uint16),
+                          (dh32 * alpha.astype(np.float32)).astype(dt).view(np.uint16))
+    want = (dh.astype(np.float64) * F.astype(np.float64)).sum(0)
+    terms = np.abs(dh.astype(np.float64) * F.astype(np.float64)).sum(0)
+    assert galpha.dtype == dt
+    assert np.all(np.abs(galpha - want) <= spacing(want, dt) + F32_TERMS * terms)
+
+
+# --------------------------------------------------------------------------- checks
+
+@pytest.mark.parametrize("name", HALVES)
+def test_mixed_dtypes_refused_naming_the_argument(rng, name):
+    dt = half(name)
+    x = rows(rng, "normal", 2, 8, dt)
+    with pytest.raises(TypeError, match="weight"):
+        resnorm.rms_norm(x, np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="residual"):
+        resnorm.add_rms_norm(x, x.astype(np.float32))
+    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64"):
+        resnorm.gated_residual(x, x, x)   # no 16-bit kernels: its exp loops are float32's
+    with pytest.raises(TypeError, match=r"float32, float64, float16 or bfloat16, got int32"):
+        resnorm.rms_norm(x.astype(np.float32).astype(np.int32))
+
+
+def test_float16_eps_is_checked_in_float32():
+    x = np.ones((2, 4), np.float16)
+    resnorm.rms_norm(x, eps=1e-30)   # below float16's smallest normal, fine in float32
+    with pytest.raises(ValueError, match="eps"):
+        resnorm.rms_norm(x, eps=1e-39)
+
+
+# --------------------------------------------------------------------------- reproducibility
+
+@pytest.mark.parametrize("name", HALVES)
+def test_identical_for_any_thread_count(rng, name):
+    dt = half(name)
+    x, r, dy = (rows(rng, "normal", 600, 1024, dt) for _ in range(3))
+    w = (1 + 0.5 * rng.standard_normal(1024)).astype(dt)
+
+    def run(nt):
+        out = []
+        y, c = resnorm.layer_norm_forward(x, w, w, n_threads=nt)
+        out += [y, *resnorm.layer_norm_backward(dy, c, n_threads=nt)]
+        y, c = resnorm.rms_norm_forward(x, w, n_threads=nt)
+        out += [y, *resnorm.rms_norm_backward(dy, c, n_threads=nt)]
+        (y, h), c = resnorm.add_rms_norm_forward(x, r, w, n_threads=nt)
+        out += [y, h, *resnorm.add_rms_norm_backward(dy, dy, c, n_threads=nt)[:3]]
+        assert all(a is not None for a in out)
+        return [a.view(np.uint16) for a in out]
+
+    base = run(1)
+    for nt in (2, 4):
+        for a, b in zip(run(nt), base):
+            assert np.array_equal(a, b)
+
+
+_LEVEL_SCRIPT = r"""
+import json, sys
+import numpy as np
+import resnorm
+from resnorm import _api
+out = {}
+rng = np.random.default_rng(11)
+names = ["float16"]
+try:
+    import ml_dtypes
+    names.append("bfloat16")
+except ImportError:
+    pass
+f = rng.integers(0, 1 << 32, 100_003, dtype=np.uint64).astype(np.uint32).view(np.float32)
+for name in names:
+    dt = np.dtype(np.float16) if name == "float16" else np.dtype(ml_dtypes.bfloat16)
+    h = np.empty(f.size, dt)
+    _api.from_float32(h, f)
+    back = np.empty(1 << 16, np.float32)
+    _api.to_float32(back, np.arange(1 << 16, dtype=np.uint16).view(dt))
+    out[name + "_from"], out[name + "_to"] = h.view(np.uint16), back.view(np.uint32)
+    for shape in [(3, 7), (5, 33), (40, 97), (300, 1031)]:
+        x, r, dy = (rng.standard_normal(shape).astype(dt) for _ in range(3))
+        w = (1 + 0.5 * rng.standard_normal(shape[1])).astype(dt)
+        tag = f"{name}_{shape[0]}x{shape[1]}"
+        y, c = resnorm.rms_norm_forward(x, w)
+        res = [y, *resnorm.rms_norm_backward(dy, c)]
+        y, c = resnorm.layer_norm_forward(x, w, w)
+        res += [y, *resnorm.layer_norm_backward(dy, c)]
+        (y, h), c = resnorm.add_layer_norm_forward(x, r, w)
+        res += [y, h, *resnorm.add_layer_norm_backward(dy, dy, c)[:3]]
+        for k, a in enumerate(res):
+            out[f"{tag}_{k}"] = a.view(np.uint16)
+np.savez(sys.argv[1], **out)
+print(json.dumps({"simd_level": resnorm.simd_level()}))
+"""
+
+
+def test_every_simd_level_gives_identical_bits(tmp_path):
+    results = dict(run_at_level(_LEVEL_SCRIPT, tmp_path / f"{level}.npz", level)
+                   for level in ("sse2", "avx2", "avx512"))
+    first = next(iter(results.values()))
+    for level, res in results.items():
+        assert res.keys() == first.keys()
+        for k in first:
+            assert np.array_equal(res[k], first[k]), f"{k} differs on {level}"

@@ -1,0 +1,195 @@
+"""resnorm.torch with float16 and bfloat16 tensors: zero-copy views, the norms against
+torch's own CPU results and the float64 formula, autograd, modules after .to(dtype),
+patch(), torch.autocast and torch.compile."""
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("ml_dtypes")   # torch.bfloat16 tensors are viewed as ml_dtypes arrays
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+import resnorm.torch as rt  # noqa: E402
+from resnorm.torch import _tensors as T  # noqa: E402
+
+HALVES = [torch.bfloat16, torch.float16]
+ids = str
+
+
+@pytest.fixture(autouse=True)
+def _own_random_state():
+    """These tests seed torch's global generator: restore it afterwards, so that the
+    tests after them see the state they would see without these."""
+    with torch.random.fork_rng():
+        yield
+
+
+def ordered(t):
+    """16-bit patterns as integers in the order of the values (adjacent values differ by 1)."""
+    u = t.contiguous().view(torch.int16).to(torch.int32)
+    return torch.where(u < 0, -32768 - u, u)
+
+
+def ulps(a, b):
+    return (ordered(a) - ordered(b)).abs().max().item()
+
+
+def inputs(dtype, shape=(64, 1000), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x[1::3] = x[1::3] * 1e-2 + 3.0          # rows with an offset, rows at other scales
+    w = 1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    b = torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    return x.to(dtype), w.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_views_share_the_tensors_memory(dtype):
+    x, w, _ = inputs(dtype, (4, 8))
+    a = T.view(x)
+    assert a.ctypes.data == x.data_ptr() and a.dtype.itemsize == 2
+    assert T.tensor(a).dtype is dtype and T.tensor(a).data_ptr() == x.data_ptr()
+    y = rt.rms_norm(x, w)
+    assert y.dtype is dtype
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_norms_as_torch_and_within_one_ulp_of_float64(dtype):
+    # torch's CPU norms compute half precision in float32 and round once, as resnorm does:
+    # on N(0,1) rows both are within one unit in the last place of the float64 formula
+    # rounded once (they differ only where float32 results straddle a rounding boundary)
+    x, w, b = inputs(dtype)
+    d = x.shape[-1]
+    plain = x[0::3]
+    for rows in (x, plain):
+        y = rt.layer_norm(rows, w, b, eps=1e-5)
+        assert ulps(y, F.layer_norm(rows.double(), (d,), w.double(), b.double(),
+                                    eps=1e-5).to(dtype)) <= 1
+        y = rt.rms_norm(rows, w, eps=1e-6)
+        assert ulps(y, F.rms_norm(rows.double(), (d,), w.double(), eps=1e-6).to(dtype)) <= 1
+    assert ulps(rt.layer_norm(plain, w, b, eps=1e-5), F.layer_norm(plain, (d,), w, b)) <= 1
+    assert ulps(rt.rms_norm(plain, w, eps=1e-6), F.rms_norm(plain, (d,), w, eps=1e-6)) <= 1
+    # eps=None: float32's machine epsilon, as torch takes for half precision
+    assert ulps(rt.rms_norm(plain, w), F.rms_norm(plain, (d,), w)) <= 1
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_where_torch_differs_layer_norm_of_offset_rows(dtype):
+    # Rows whose mean is far above their spread (3 + 0.01 N(0,1)): torch's half-precision
+    # LayerNorm misses the float64 result by many units in the last place (its float32
+    # variance loses the small spread to the mean), resnorm's two-pass statistics in
+    # float64 keep it within one.
+    x, w, b = inputs(dtype)
+    offset = x[1::3]
+    want = F.layer_norm(offset.double(), (x.shape[-1],), w.double(), b.double()).to(dtype)
+    assert ulps(rt.layer_norm(offset, w, b), want) <= 1
+    assert ulps(F.layer_norm(offset, (x.shape[-1],), w, b), want) > 4
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+def test_gradients_within_float32_bounds_of_float64(dtype, layer):
+    # the same bound as tests/test_half.py: one unit in the last place of the result plus
+    # 32 float32 epsilons of the terms' size (dx: rstd * (|g| + |xhat * m| (+ |mean g|));
+    # dweight: the sum over rows of |dy * xhat|)
+    x, w, b = inputs(dtype, (37, 65))
+    dy = inputs(dtype, (37, 65), seed=1)[0]
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    wide = [t.double().requires_grad_() for t in (x, w, b)]
+    if layer:
+        y = rt.layer_norm(*leaves)
+        ref = F.layer_norm(wide[0], (65,), wide[1], wide[2], eps=1e-5)
+    else:
+        y = rt.rms_norm(leaves[0], leaves[1])
+        ref = F.rms_norm(wide[0], (65,), wide[1], eps=T.default_eps(dtype))
+    y.backward(dy)
+    ref.backward(dy.double())
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    if layer:
+        mean = x64.mean(1, keepdim=True)
+        rstd = 1 / torch.sqrt(((x64 - mean) ** 2).mean(1, keepdim=True) + 1e-5)
+        xhat = (x64 - mean) * rstd
+    else:
+        rstd = 1 / torch.sqrt((x64 ** 2).mean(1, keepdim=True) + T.default_eps(dtype))
+        xhat = x64 * rstd
+    g = dy64 * w64
+    m = (g * xhat).mean(1, keepdim=True)
+    scale = rstd * (g.abs() + (xhat * m).abs() + g.mean(1, keepdim=True).abs())
+    f32 = 32 * 2.0 ** -24
+
+    def unit(t):   # one unit in the last place of t in dtype, at most
+        return torch.finfo(dtype).eps * t.abs() + torch.finfo(dtype).tiny
+
+    for got, want, terms in [(leaves[0].grad, wide[0].grad, scale),
+                             (leaves[1].grad, wide[1].grad, (dy64 * xhat).abs().sum(0))]:
+        assert got.dtype is dtype
+        assert torch.all((got.double() - want).abs() <= unit(want) + f32 * terms)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_modules_follow_model_to_dtype(dtype):
+    torch.manual_seed(0)
+    mine = nn.Sequential(rt.RMSNorm(16), rt.LayerNorm(16), rt.AddRMSNorm(16)).to(dtype)
+    x = torch.randn(3, 16).to(dtype)
+    y = mine[1](mine[0](x))
+    assert y.dtype is dtype
+    assert ulps(y, F.layer_norm(F.rms_norm(x, (16,), mine[0].weight), (16,), mine[1].weight,
+                                mine[1].bias)) <= 1
+    y, h = mine[2](x, y)
+    assert y.dtype is h.dtype is dtype
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_patch_swaps_half_precision_models(dtype):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.RMSNorm(16)).to(dtype)
+    x = torch.randn(4, 16).to(dtype)
+    ref = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # nothing is left on torch
+        handle = rt.patch(model)
+    assert len(handle.swapped) == 2 and handle.skipped == []
+    assert ulps(model(x), ref) <= 1
+    handle.undo()
+
+
+def test_autocast_norms_return_what_torchs_return():
+    # Under CPU autocast, torch runs neither norm in lower precision: a norm receives the
+    # bfloat16 output of a Linear with its own float32 parameters, and returns bfloat16.
+    # resnorm's kernels take parameters of x's dtype only, so that mixed case is
+    # computed by torch's own norm (the patched module's own forward).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16),
+                          nn.RMSNorm(16))
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(x)
+    with rt.patch(model), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(x)
+    assert got.dtype is ref.dtype is torch.bfloat16
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_compile_keeps_one_graph(dtype):
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), rt.RMSNorm(8), rt.LayerNorm(8)).to(dtype)
+    x = torch.randn(3, 8).to(dtype).requires_grad_()
+    explanation = torch._dynamo.explain(net)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    assert y.dtype is dtype and torch.equal(y, net(x))
+    (gx,) = torch.autograd.grad(y.float().sum(), x)
+    assert gx.dtype is dtype
+    torch._dynamo.reset()
+
+
+def test_other_dtypes_still_refused():
+    with pytest.raises(TypeError, match="torch.float16 or torch.bfloat16, got torch.int32"):
+        rt.rms_norm(torch.ones(2, 4, dtype=torch.int32))
+    with pytest.raises(TypeError, match="weight must have the input's dtype"):
+        rt.layer_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4))
+    assert np.dtype(T.numpy_dtype(torch.bfloat16)).name == "bfloat16"
