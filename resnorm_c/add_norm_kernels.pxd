@@ -93,9 +93,10 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     Streamed outputs, per row: reduction passes over x and residual that only load (h is
     not stored: a plain store would queue behind the streamed stores still draining), then
     one pass that recomputes h from the cached rows and writes y and h (apply_row).
-    Otherwise h is formed once and stored (into y for Post-Norm), and normalised as the norm
-    kernels normalise any row: fewer operations per element, and the same bits, as
-    residual_reduce reduces h exactly as sum, sumsq and sumsqdev do."""
+    Otherwise, for float and double, h is formed once and stored (into y for Post-Norm), and
+    normalised as the norm kernels normalise any row: fewer operations per element, and the
+    same bits, as residual_reduce reduces h exactly as sum, sumsq and sumsqdev do.  (The
+    16-bit types keep the fused pass: it normalises h before h is rounded to 16 bits.)"""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var
@@ -108,7 +109,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
-        if not stream:
+        if not stream and (element is float or element is double):
             hrow = h + i * d if h != NULL else y + i * d
             rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
                             i * d % 64, scale, d, False)
