@@ -40,7 +40,7 @@ def dropout_forward(x: ArrayLike, p: float, *, seed: int, training: bool = True,
 
     Parameters
     ----------
-    x : array_like of float32 or float64
+    x : array_like of float32, float64, float16 or bfloat16
         Any shape.
     p : float
         Drop probability in [0, 1] (p = 1: y = x * 0).
@@ -87,7 +87,7 @@ def dropout(x: ArrayLike, p: float, *, seed: int, training: bool = True,
 
     Parameters
     ----------
-    x : array_like of float32 or float64
+    x : array_like of float32, float64, float16 or bfloat16
     p : float
     seed : int
     training : bool, default True

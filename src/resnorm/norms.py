@@ -46,7 +46,7 @@ def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None, eps: float =
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
         The rows to normalise (any rank; the last axis is normalised).
     weight : ndarray, shape (D,), optional
         The per-channel gain ``w``, of x's dtype; None means 1.
@@ -104,7 +104,7 @@ def rms_norm(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
     weight : ndarray, shape (D,) (or normalized_shape), optional
     eps : float, default 1e-6
     normalized_shape : int or tuple of int, optional
@@ -204,7 +204,7 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
     weight, bias : ndarray, shape (D,) (or normalized_shape), optional
         Of x's dtype, each None independently (w = 1, b = 0).
     eps : float, default 1e-5
@@ -255,7 +255,7 @@ def layer_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike | 
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
     weight, bias : ndarray, shape (D,) (or normalized_shape), optional
     eps : float, default 1e-5
     normalized_shape : int or tuple of int, optional

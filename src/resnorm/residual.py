@@ -56,7 +56,7 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
         The sublayer's output (the branch).
     residual : ndarray
         The residual stream, x's shape and dtype.
@@ -607,7 +607,7 @@ def scaled_residual_forward(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
         The residual stream.
     F : ndarray
         The branch, x's shape and dtype.
