@@ -63,8 +63,9 @@ def _main_rows(rows):
     return [r for r in rows if r.dtype == _goals.DTYPE and r.op in _goals.OPS]
 
 
-def render(results, note=None, png=None, goals=False):
+def render(results, note=None, png=None, goals=False, commands=None):
     meta, m = results.meta, results.machine
+    commands = commands or [meta["command"]]
     out = ["# resnorm benchmark results\n"]
     if note:
         out.append(f"**{note}**\n")
@@ -78,8 +79,9 @@ def render(results, note=None, png=None, goals=False):
         out.append(report.latency_section(results.latency))
     out.append(report.peers_section(results))
     out.append("## How these numbers were made\n")
-    out.append(f"```\npython -m {meta['command']}\n"
-               f"python benchmarks/make_results.py <that json> --out <RESULTS.md>\n```\n")
+    runs = "".join(f"python -m {c}\n" for c in commands)
+    jsons = "<that json>" if len(commands) == 1 else "<their jsons, in this order>"
+    out.append(f"```\n{runs}python benchmarks/make_results.py {jsons} --out <RESULTS.md>\n```\n")
     budget = meta["budget"]
     out.append(METHOD.format(scaling_threads=", ".join(map(str, meta["scaling_threads"])),
                              tolerance=TOLERANCE["float32"],
@@ -105,6 +107,8 @@ def render(results, note=None, png=None, goals=False):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", help="the --json file of a `resnorm bench` run")
+    parser.add_argument("more", nargs="*", help="--json files of further runs (e.g. other "
+                        "dtypes): their table rows are added; the first run gives the rest")
     parser.add_argument("--out", help="where to write the Markdown (default: stdout)")
     parser.add_argument("--png", help="the run's --png chart, linked from the Markdown "
                         "(a path from here, e.g. docs/img/bench.png)")
@@ -113,11 +117,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with open(args.json) as f:
         results = bench.Results.from_json(f.read())
+    commands = [results.meta["command"]]
+    for path in args.more:
+        with open(path) as f:
+            more = bench.Results.from_json(f.read())
+        results.rows += more.rows
+        commands.append(more.meta["command"])
     link = None
     if args.png:   # the image link is relative to where the Markdown is
         base = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
         link = os.path.relpath(args.png, base)
-    text = render(results, args.note, link, args.goals)
+    text = render(results, args.note, link, args.goals, commands)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

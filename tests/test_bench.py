@@ -492,3 +492,20 @@ def test_make_results_renders_every_section(tmp_path):
         assert part in text, part
     assert "## Goals" not in text and "issue" not in text.lower()
     assert "## Goals" in make_results.render(results, goals=True)
+
+
+def test_make_results_adds_the_rows_of_further_runs(tmp_path):
+    first, second, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "RESULTS.md"
+    for path, dtype in ((first, "float32"), (second, "float64")):
+        bench.run(ops=["rms_norm"], shapes=[(8, 64)], dtypes=[dtype], threads=[1],
+                  peers=["numpy"], budget=TINY, progress=False, json_path=str(path),
+                  command=f"resnorm bench --dtype {dtype}")
+    spec = importlib.util.spec_from_file_location(
+        "make_results", os.path.join(ROOT, "benchmarks", "make_results.py"))
+    make_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_results)
+    make_results.main([str(first), str(second), "--out", str(out)])
+    text = out.read_text()
+    for part in ("## All rows, float32", "## All rows, float64",
+                 "python -m resnorm bench --dtype float32\npython -m resnorm bench --dtype float64"):
+        assert part in text, part
