@@ -209,7 +209,7 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
         # per channel: the gate is a LayerScale vector s = sigmoid(g), formed once by the
         # sigmoid of the full gate (the same bits); ds in double, for dg = ds * sum_rows dh F
         s = cnp.PyArray_NewCopy(ga, cnp.NPY_CORDER)
-        g64 = np.ascontiguousarray(ga, dtype=np.float64)
+        g64 = contiguous(np.asarray(ga, dtype=np.float64))   # aligned, as the kernels read it
         ds = new_like(g64)
         s64 = new_like(g64)   # (the double sigmoid's s, not kept)
         pg = cnp.PyArray_DATA(s)

@@ -102,6 +102,23 @@ def test_per_channel_gate_equals_the_broadcast_full_gate_bitwise():
     np.testing.assert_allclose(dg1, dg2.sum(axis=0), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_misaligned_per_channel_gate_gives_the_aligned_bits(dtype):
+    # a gate one byte off its alignment is copied before a kernel reads it (the
+    # sanitizer build checks that no kernel ever loads it misaligned)
+    x, F, dh = make((5, 9), dtype)
+    g = np.linspace(-3, 3, 9).astype(dtype)
+    raw = np.zeros(g.nbytes + 1, np.uint8)
+    off = np.frombuffer(raw[1:], dtype)
+    off[:] = g
+    assert not off.flags.aligned
+    h1, c1 = rn.gated_residual_forward(x, F, g)
+    h2, c2 = rn.gated_residual_forward(x, F, off)
+    assert np.array_equal(h1, h2)
+    for a, b in zip(rn.gated_residual_backward(dh, c1), rn.gated_residual_backward(dh, c2)):
+        assert np.array_equal(a, b)
+
+
 def test_extreme_gate_logits_stay_finite_and_accurate():
     x = np.zeros((1, 6))
     F = np.ones((1, 6))

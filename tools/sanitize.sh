@@ -47,7 +47,10 @@ status=0
     export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
     export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$work/reports/asan"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan"
-    "$python" -m pytest -q -p no:cacheprovider "${@:-tests}"
+    # --capture=sys: UBSan writes its reports to stderr (not to log_path when it runs in
+    # ASan's runtime), and pytest's default fd-level capture would swallow them with the
+    # process it halts
+    "$python" -m pytest -q -p no:cacheprovider --capture=sys "${@:-tests}"
 ) || status=$?
 
 # Canary: the sanitizers must catch a real error.  A backward kernel is called directly
