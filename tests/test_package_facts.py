@@ -1,5 +1,6 @@
 """What a user finds in the package besides the kernels: the version, the license, type
 information and the input-check reference, from an installed package as from a checkout."""
+import fnmatch
 import os
 import subprocess
 import sys
@@ -70,3 +71,23 @@ def test_metadata_declares_mit_and_one_version():
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "resnorm.__version__"}
     shipped = set(project["tool"]["setuptools"]["package-data"]["resnorm"])
     assert {"py.typed", "input-checks.md"} <= shipped
+
+
+def test_source_distribution_carries_every_build_input():
+    """Every tracked file under resnorm_c/ (what setup.py compiles, includes or runs to
+    generate the core's tables) matches a MANIFEST.in pattern or is a listed C source, so
+    that a wheel built from the sdist finds it (tools/check_wheel.sh builds one, slowly)."""
+    manifest = ROOT / "MANIFEST.in"
+    if not (ROOT / ".git").exists() or not manifest.exists():
+        pytest.skip("not run from a git checkout")
+    tracked = subprocess.run(["git", "ls-files", "resnorm_c"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    patterns = [line.split()[2:] for line in manifest.read_text(encoding="utf-8").splitlines()
+                if line.startswith("recursive-include resnorm_c ")]
+    patterns = [p for group in patterns for p in group]
+    setup_text = (ROOT / "setup.py").read_text(encoding="utf-8")
+    missing = [path for path in tracked
+               if not any(fnmatch.fnmatch(Path(path).name, p) for p in patterns)
+               and not (path.startswith("resnorm_c/core/") and path.endswith(".c")
+                        and Path(path).stem in setup_text)]
+    assert tracked and not missing, missing

@@ -2,13 +2,20 @@
 
 Every entry of tests/api_table.OPS on: both dtypes; with and without weight / bias
 (the residual and dropout functions: one or the other per shape, to keep memcheck's time);
-learnable per-channel, learnable scalar and fixed alpha; dropout on and off; full and
+float16 and bfloat16 (with ml_dtypes) where a function takes them; learnable per-channel,
+learnable scalar and fixed alpha; dropout on and off; full and
 per-channel gates; D = 1, 7, 33 and 300; no rows; rank 1 and 3; strided, misaligned and
 read-only inputs; out= and residual_out= where a function has them; 1, 2 and 3 threads
 with the size thresholds forced down, so that tiny inputs run parallel and stream their
 stores; rows taking the kernels' rare paths (beyond the double range, spanning past
 FLT_MAX, constant, NaN; for the fused ops, as h); and a few refused calls.  Checks nothing itself but that the outputs are
 what a plain call gives: valgrind memcheck does the checking.
+
+    python tools/valgrind_smoke.py              the whole workout
+    python tools/valgrind_smoke.py --one-team   for a second SIMD level: one thread team (2
+                                                threads) and the layouts once (the SIMD paths
+                                                are the same; the thread splits and layout
+                                                copies do not depend on the level)
 """
 import dataclasses
 import sys
@@ -35,7 +42,27 @@ def rare_rows(rng, dtype, d):
     return inp, values
 
 
-def main():
+def half_dtypes():
+    """float16, and bfloat16 when ml_dtypes is installed."""
+    try:
+        import ml_dtypes
+    except ImportError:  # an optional extra: the bfloat16 paths then go unchecked here
+        return [np.dtype(np.float16)]
+    return [np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+
+
+def takes(op, inp):
+    """Whether op takes inp's dtype (the 16-bit types are refused by some functions)."""
+    try:
+        op.run(inp)
+    except TypeError:
+        return False
+    return True
+
+
+def main(one_team=False):
+    # (forced parallel and streaming?, the thread counts to run, the input layouts too?)
+    settings = ((False, (None,), True), (True, (2,) if one_team else (1, 2, 3), not one_team))
     rng = np.random.default_rng(61)
     cases, rare = [], []
     for dtype in (np.float32, np.float64):
@@ -45,15 +72,19 @@ def main():
                                      alpha=["scalar", "fixed"][len(cases) % 2], p=0.0,
                                      gate="channel"))
         rare.append(rare_rows(rng, dtype, 45))
+    halves = [make_inputs(rng, shape, dtype, weight=w, bias=w)
+              for dtype in half_dtypes() for shape, w in [((3, 1), True), ((5, 33), False),
+                                                          ((4, 300), True), ((2, 3, 17), True)]]
     calls = 0
     with np.errstate(all="ignore"):
-        for parallel, nts in ((False, (None,)), (True, (1, 2, 3))):
+        for parallel, nts, with_layouts in settings:
             _parallel.PARALLEL_MIN_ELEMENTS = 0 if parallel else 1 << 15
             _parallel.STREAM_MIN_BYTES = 0 if parallel else 8 << 20
             for op in OPS.values():
                 forward = OPS[op.forward] if op.form == "backward" else op
                 # the residual and dropout functions: one of the two variants per shape
                 mine = cases if op.norm and not op.fused else cases[len(op.name) % 2::2]
+                mine = mine + [h for h in halves if takes(op, h)]
                 for inp in mine + [with_data(forward, i, v, split=True) for i, v in rare]:
                     for nt in nts:
                         want = op.run(inp, n_threads=nt)
@@ -64,7 +95,7 @@ def main():
                             assert np.array_equal(got[name], want[name], equal_nan=True)
                         calls += 2
                     arg = op.arrays[0]
-                    for view in layouts(getattr(inp, arg)).values():
+                    for view in layouts(getattr(inp, arg)).values() if with_layouts else ():
                         op.run(dataclasses.replace(inp, **{arg: view}))
                         calls += 1
                 try:
@@ -76,4 +107,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(one_team="--one-team" in sys.argv[1:])
