@@ -274,6 +274,49 @@ def test_residual_stream_updated_in_place(layer):
     assert np.array_equal(xx, y0) and np.array_equal(rr, h0)
 
 
+def at_offset(shape, dtype, offset):
+    """An empty C-contiguous array whose data starts `offset` elements past a 64-byte
+    boundary (the vector width of the widest SIMD level)."""
+    size = int(np.prod(shape))
+    raw = np.empty(size + 64, dtype)
+    start = (-raw.ctypes.data % 64) // raw.itemsize + offset
+    return raw[start:start + size].reshape(shape)
+
+
+@pytest.mark.parametrize("dtype", DTYPES + (np.float16,))
+@pytest.mark.parametrize("kind, prenorm", VARIANTS, ids=VARIANT_IDS)
+@pytest.mark.parametrize("alpha_kind, p", [("one", 0.0), ("channel", 0.3)])
+def test_backward_outputs_at_any_offset_from_a_vector_boundary(dtype, kind, prenorm,
+                                                               alpha_kind, p):
+    """out and dresidual_out at every pair of offsets (the kernels write each in a loop
+    aligned to it when the two differ) get the bits of aligned outputs, on 1 and 2 threads,
+    and so does dresidual_out=dh in place (the second loop reads g back from it)."""
+    shape = (5, 133)
+    x, r, w, b, alpha = inputs(shape, dtype, seed=4, alpha_kind=alpha_kind)
+    rng = np.random.default_rng(5)
+    dy, dh = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    dh = dh if prenorm else None
+    _, cache = forward(kind, prenorm, x, r, w, b if kind == "layer" else None, alpha=alpha,
+                       p=p, seed=3)
+    want = backward(kind, prenorm, dy, dh, cache, out=at_offset(shape, dtype, 0),
+                    dresidual_out=at_offset(shape, dtype, 0))
+    for o1, o2 in [(0, 1), (3, 0), (1, 2), (5, 5), (15, 4)]:
+        for nt in (1, 2):
+            got = backward(kind, prenorm, dy, dh, cache, out=at_offset(shape, dtype, o1),
+                           dresidual_out=at_offset(shape, dtype, o2), n_threads=nt)
+            for g0, g1 in zip(want, got):
+                assert (g0 is None) == (g1 is None)
+                assert g0 is None or np.array_equal(g0, g1)
+    if prenorm:
+        for o1, o2 in [(0, 3), (3, 0)]:
+            stream = at_offset(shape, dtype, o2)
+            stream[...] = dh
+            got = backward(kind, prenorm, dy, stream, cache, out=at_offset(shape, dtype, o1),
+                           dresidual_out=stream)
+            assert got[1] is stream
+            assert all(g0 is None or np.array_equal(g0, g1) for g0, g1 in zip(want, got))
+
+
 def test_residual_out_in_training_form_and_strided_out_buffers():
     x, r, w, _, alpha = inputs((6, 10), np.float64, alpha_kind="scalar")
     dy = np.random.default_rng(9).standard_normal(x.shape)
