@@ -15,15 +15,14 @@ from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memset
 
-from common cimport RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials
+from common cimport RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
-from primitives cimport (element, rn_rms_bwd_dot, rn_rms_bwd_apply_rows, rn_ln_bwd_sums,
-                         rn_ln_bwd_apply_rows, rn_residual_add, rn_residual_reduce,
-                         rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
-from norm_kernels cimport layer_forward_row, rms_forward_row
+from primitives cimport (element, rn_residual_add, rn_residual_reduce, rn_residual_norm_apply,
+                         rn_residual_bwd, rn_rms_apply)
+from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
+                          rms_forward_row)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
-from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
-                        _ln_backward_careful, _overflowed)
+from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
 
 cdef inline Py_ssize_t add_norm_mask_words(Py_ssize_t d, const rn_dropout *dp) noexcept nogil:
@@ -203,39 +202,16 @@ cdef inline void through_add(element *dx, element *dresidual, double *dalpha_par
         k += length
 
 
-cdef inline void norm_backward_row(element *gh, double *dw_part, double *db_part,
-                                   const element *dy, const element *h, const element *w,
-                                   bint layer, double mean, double rstd,
-                                   Py_ssize_t d) noexcept nogil:
-    """J_norm(h)^T dy into gh for one row, adding the row's dweight / dbias terms:
-    RMSNorm: rstd * (g - hn * m);  LayerNorm: rstd * (g - mean_g - hhat * mean_ghhat)."""
-    cdef double m, sum_g = 0.0, sum_ghhat = 0.0, mean_g, mean_ghhat
-    if layer:
-        # two reductions in one pass
-        rn_ln_bwd_sums(&sum_g, &sum_ghhat, dy, h, w, mean, rstd, d)
-        mean_g = sum_g / d
-        mean_ghhat = sum_ghhat / d
-        if _overflowed(mean_g, mean_ghhat, dy, h, d):
-            # h - mean overflowed the element type (rare_rows.pxd)
-            _ln_backward_careful(gh, dw_part, db_part, dy, h, w, mean, rstd, d)
-        else:
-            rn_ln_bwd_apply_rows(gh, dw_part, db_part, dy, h, w, &mean, &rstd, &mean_g,
-                                 &mean_ghhat, 1, d, False)
-    else:
-        m = rn_rms_bwd_dot(dy, h, w, rstd, d) / d
-        rn_rms_bwd_apply_rows(gh, dw_part, dy, h, w, &rstd, &m, 1, d, False)
-
-
-cdef inline Py_ssize_t gs_row_bytes(Py_ssize_t d) noexcept nogil:
-    """A row of the gradient reaching h, in whole cache lines of doubles (enough for either
-    element type)."""
-    return ((d * sizeof(double) + 63) // 64) * 64
+cdef inline Py_ssize_t gs_bytes(Py_ssize_t d) noexcept nogil:
+    """RN_GROUP rows of the gradient reaching h, in whole cache lines of doubles (enough
+    for any element type)."""
+    return ((RN_GROUP * d * sizeof(double) + 63) // 64) * 64
 
 
 cdef inline Py_ssize_t add_norm_backward_scratch(Py_ssize_t d, const rn_dropout *dp) noexcept nogil:
-    """Bytes of scratch per thread of add_norm_backward: a row of gs and the keep bits, in
-    whole cache lines (so that each thread's scratch starts on one)."""
-    return (gs_row_bytes(d) + add_norm_mask_words(d, dp) * 8 + 63) // 64 * 64
+    """Bytes of scratch per thread of add_norm_backward: a group of rows of gs and the keep
+    bits, in whole cache lines (so that each thread's scratch starts on one)."""
+    return (gs_bytes(d) + add_norm_mask_words(d, dp) * 8 + 63) // 64 * 64
 
 
 cdef inline void add_norm_backward_block(element *dx, element *dresidual, double *partials,
@@ -248,16 +224,22 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                          char *mine, Py_ssize_t blk, Py_ssize_t nb,
                                          Py_ssize_t n, Py_ssize_t d, bint stream) noexcept nogil:
     """Row block blk (of nb) of add_norm_backward, adding into its partial rows of the
-    wanted sums (partials: as add_norm_backward's).  mine: this thread's scratch, a row for
-    the gradient reaching h (in Post-Norm first h itself), then the keep bits of this row
-    and of the next."""
+    wanted sums (partials: as add_norm_backward's).  mine: this thread's scratch, a group of
+    rows for the gradient reaching h (in Post-Norm first h itself), then the keep bits of
+    this row and of the next.  Without dropout the norm's passes take groups of RN_GROUP
+    rows, as the norms' backward kernels do (the dweight and dbias terms are then widened
+    once per group); with it, one row at a time, its keep bits made while the row before
+    goes through the add."""
     cdef double *dw_part = partials + blk * d if want_dw else NULL
     cdef double *db_part = partials + (nb + blk) * d if want_db else NULL
     cdef double *dalpha_part = partials + (2 * nb + blk) * d if want_dalpha else NULL
     cdef element *gs = <element *>mine
-    cdef uint64_t *masks = <uint64_t *>(mine + gs_row_bytes(d))
+    cdef uint64_t *masks = <uint64_t *>(mine + gs_bytes(d))
     cdef Py_ssize_t lo = blk * n // nb, hi = (blk + 1) * n // nb
-    cdef Py_ssize_t i, nw = mask_words(d)
+    cdef Py_ssize_t i = lo, r, rows, nw = mask_words(d)
+    cdef Py_ssize_t group = 1 if dp != NULL else RN_GROUP
+    cdef double m[RN_GROUP]
+    cdef double mean_g[RN_GROUP]
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0
     cdef uint64_t *keep = masks if dp != NULL else NULL
@@ -277,22 +259,30 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         memset(masks, 0, 2 * nw * 8)
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
-    for i in range(lo, hi):
+    while i < hi:
+        rows = min(group, hi - i)
         if h != NULL:
             hp = h + i * d
         else:
-            rn_residual_add(gs, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                            i * d % 64, scale, d, False)
+            for r in range(rows):
+                rn_residual_add(gs + r * d, residual + (i + r) * d, x + (i + r) * d, alpha,
+                                <uint8_t *>keep, (i + r) * d % 64, scale, d, False)
             hp = gs
-        # the norm backward leaves the gradient reaching h in gs
-        norm_backward_row(gs, dw_part, db_part, dy + i * d, hp, w, mean != NULL,
-                          mean[i] if mean != NULL else 0.0, rstd[i], d)
-        through_add(dx + i * d, dresidual + i * d, dalpha_part, gs, at(dh, i * d),
-                    x + i * d if want_dalpha else NULL, alpha, <uint8_t *>keep, i * d % 64,
-                    keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
-        swap = keep
-        keep = keep_next
-        keep_next = swap
+        # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm)
+        if mean == NULL:
+            rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False)
+        else:
+            layer_backward_group(gs, dw_part, db_part, mean_g, m, dy + i * d, hp, w, mean + i,
+                                 rstd + i, rows, d, False)
+        for r in range(i, i + rows):
+            through_add(dx + r * d, dresidual + r * d, dalpha_part, gs + (r - i) * d,
+                        at(dh, r * d), x + r * d if want_dalpha else NULL, alpha,
+                        <uint8_t *>keep, r * d % 64, keep_next if r + 1 < hi else NULL, dp,
+                        (r + 1) * d, d, unfenced)
+            swap = keep
+            keep = keep_next
+            keep_next = swap
+        i += rows
     if stream:
         rn_sfence()
 

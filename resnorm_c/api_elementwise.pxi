@@ -19,14 +19,14 @@ cdef inline elementwise_cache_type(cache, type kind, str forward_name):
                         f"got {type(cache).__name__}")
 
 
-cdef inline cnp.ndarray gradient_of_h(dh, cache):
-    """dh checked against the cache's shape and dtype."""
+cdef inline cnp.ndarray gradient_like(g, str name, cache):
+    """The incoming gradient g (called name) checked against the cache's shape and dtype."""
     dtype, shape = cache.dtype, cache.shape
-    if (type(dh) is cnp.ndarray and type(dtype) is np.dtype
-            and cnp.PyArray_TYPE(<cnp.ndarray>dh) == dtype.num
-            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>dh) and shape_is(<cnp.ndarray>dh, shape)):
-        return <cnp.ndarray>dh
-    return like_array(dh, "dh", shape, dtype)
+    if (type(g) is cnp.ndarray and cnp.PyArray_DescrCheck(dtype)
+            and cnp.PyArray_TYPE(<cnp.ndarray>g) == dtype.num
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>g) and shape_is(<cnp.ndarray>g, shape)):
+        return <cnp.ndarray>g
+    return like_array(g, name, shape, dtype)
 
 
 # --------------------------------------------------------------------------- scaled residual
@@ -132,7 +132,7 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
         return [(c.branch, (n, d), dtype, learnable), (c.alpha.vector, (d,), dtype, learnable)]
 
     cache_arrays(c, expected, valid_scale(c.alpha), 1, True)
-    cdef cnp.ndarray dha = gradient_of_h(dh, c)
+    cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
@@ -252,7 +252,7 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
                 (c.s, (d,), dtype, not full), (c.ds, (d,), np.float64, not full)]
 
     cache_arrays(c, expected)
-    cdef cnp.ndarray dha = gradient_of_h(dh, c)
+    cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
@@ -365,5 +365,5 @@ def dropout_backward(dy, cache, out, n_threads):
                         f"got {type(cache).__name__}")
     cdef DropoutCache c = <DropoutCache>cache
     cache_arrays(c, lambda n, d, dtype: [], valid_spec(c.spec), 1, True)  # no arrays read
-    cdef cnp.ndarray dya = like_array(dy, "dy", c.shape, c.dtype)
+    cdef cnp.ndarray dya = gradient_like(dy, "dy", c)
     return apply_dropout(dya, "dy", kernel_dropout(c.spec), out, threads_of(n_threads))

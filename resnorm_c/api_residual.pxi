@@ -216,7 +216,7 @@ cdef bint add_norm_cache_ok(AddNormCache cache, bint layer, bint prenorm) noexce
     cdef int typenum
     if not (spec_ok(cache.dropout) and type(cache.alpha) is ResidualScale
             and (cache.has_bias is True or cache.has_bias is False)
-            and shape_ok(cache.shape, cache.axes, &n, &d) and type(cache.dtype) is np.dtype
+            and shape_ok(cache.shape, cache.axes, &n, &d) and cnp.PyArray_DescrCheck(cache.dtype)
             and is_element_type(cache.dtype.num)):
         return False
     typenum = cache.dtype.num

@@ -53,22 +53,31 @@ cdef inline void rms_forward(element *y, double *rstd, const element *x, const e
             rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream)
 
 
+cdef inline void rms_backward_group(element *dx, double *dw_part, double *m, const element *dy,
+                                    const element *x, const element *w, const double *rstd,
+                                    Py_ssize_t rows, Py_ssize_t d, bint stream) noexcept nogil:
+    """`rows` (<= RN_GROUP) consecutive rows of rms_backward, adding their dweight terms
+    into dw_part (NULL: none): first each row's reduction m[r] = mean(g * xn), then one
+    elementwise pass over the group (core/backward.h).  dx may be dy or x."""
+    cdef Py_ssize_t r
+    for r in range(rows):
+        m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d) / d
+    rn_rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, <int>rows, d, stream)
+
+
 cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, const element *dy,
                                     const element *x, const element *w, const double *rstd,
                                     Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
                                     bint stream) noexcept nogil:
-    """Rows lo .. hi of rms_backward, adding their dweight terms into this block's partial
-    row (dw_part NULL: none): in groups of up to RN_GROUP rows, first each row's reduction
-    m = mean(g * xn), then one elementwise pass over the group (core/backward.h)."""
-    cdef Py_ssize_t i = lo, r, rows
+    """Rows lo .. hi of rms_backward in groups of up to RN_GROUP rows (the groups start at
+    lo), adding their dweight terms into this block's partial row (dw_part NULL: none)."""
+    cdef Py_ssize_t i = lo, rows
     if dw_part != NULL:
         memset(dw_part, 0, d * sizeof(double))
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        for r in range(i, i + rows):
-            m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d) / d
-        rn_rms_bwd_apply_rows(dx + i * d, dw_part, dy + i * d, x + i * d, w, &rstd[i], &m[i],
-                              <int>rows, d, stream)
+        rms_backward_group(dx + i * d, dw_part, m + i, dy + i * d, x + i * d, w, rstd + i, rows,
+                           d, stream)
         i += rows
 
 
@@ -132,43 +141,54 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
             layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
 
 
+cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_part,
+                                      double *mean_g, double *mean_gxhat, const element *dy,
+                                      const element *x, const element *w, const double *mean,
+                                      const double *rstd, Py_ssize_t rows, Py_ssize_t d,
+                                      bint stream) noexcept nogil:
+    """`rows` (<= RN_GROUP) consecutive rows of layer_backward, as in rms_backward_group,
+    with two reductions per row; a row whose reductions overflowed takes the scalar path.
+    dx may be dy or x."""
+    cdef Py_ssize_t r
+    cdef bint trusted = True
+    for r in range(rows):
+        # two reductions in one pass: sum(g) and sum(g * xhat)
+        rn_ln_bwd_sums(&mean_g[r], &mean_gxhat[r], dy + r * d, x + r * d, w, mean[r], rstd[r],
+                       d)
+        mean_g[r] = mean_g[r] / d
+        mean_gxhat[r] = mean_gxhat[r] / d
+        trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d,
+                                              d)
+    if trusted:
+        rn_ln_bwd_apply_rows(dx, dw_part, db_part, dy, x, w, mean, rstd, mean_g, mean_gxhat,
+                             <int>rows, d, stream)
+        return
+    for r in range(rows):
+        if _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d, d):
+            # x - mean overflowed the element type (rare_rows.pxd)
+            _ln_backward_careful(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
+                                 mean[r], rstd[r], d)
+        else:
+            rn_ln_bwd_apply_rows(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
+                                 &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1, d, stream)
+
+
 cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_part,
                                       double *mean_g, double *mean_gxhat, const element *dy,
                                       const element *x, const element *w, const double *mean,
                                       const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
                                       Py_ssize_t d, bint stream) noexcept nogil:
     """Rows lo .. hi of layer_backward, in groups of up to RN_GROUP rows as in
-    rms_backward_block; a row whose reductions overflowed takes the scalar path."""
-    cdef Py_ssize_t i = lo, r, rows
-    cdef bint trusted
+    rms_backward_block."""
+    cdef Py_ssize_t i = lo, rows
     if dw_part != NULL:
         memset(dw_part, 0, d * sizeof(double))
     if db_part != NULL:
         memset(db_part, 0, d * sizeof(double))
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        trusted = True
-        for r in range(i, i + rows):
-            # two reductions in one pass: sum(g) and sum(g * xhat)
-            rn_ln_bwd_sums(&mean_g[r], &mean_gxhat[r], dy + r * d, x + r * d, w, mean[r],
-                           rstd[r], d)
-            mean_g[r] = mean_g[r] / d
-            mean_gxhat[r] = mean_gxhat[r] / d
-            trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d,
-                                                  x + r * d, d)
-        if trusted:
-            rn_ln_bwd_apply_rows(dx + i * d, dw_part, db_part, dy + i * d, x + i * d, w,
-                                 &mean[i], &rstd[i], &mean_g[i], &mean_gxhat[i], <int>rows, d,
-                                 stream)
-        else:
-            for r in range(i, i + rows):
-                if _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d, d):
-                    _ln_backward_careful(dx + r * d, dw_part, db_part, dy + r * d, x + r * d,
-                                         w, mean[r], rstd[r], d)
-                else:
-                    rn_ln_bwd_apply_rows(dx + r * d, dw_part, db_part, dy + r * d, x + r * d,
-                                         w, &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1,
-                                         d, stream)
+        layer_backward_group(dx + i * d, dw_part, db_part, mean_g + i, mean_gxhat + i,
+                             dy + i * d, x + i * d, w, mean + i, rstd + i, rows, d, stream)
         i += rows
 
 
