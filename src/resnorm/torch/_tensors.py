@@ -258,13 +258,17 @@ class ParamViews:
 
     def valid(self, weight, bias, x):
         """True when weight and bias are the same tensors with the same memory, and x has
-        the dtype and the normalised axes they were checked for."""
-        return (x.dtype is self.dtype and x.shape[-1] == self.d
-                and (self.row is None or tuple(x.shape[x.dim() - len(self.row):]) == self.row)
-                and weight is self.weight and bias is self.bias
-                and (weight is None or (weight.data_ptr() == self.w_ptr
-                                        and weight.dtype is self.dtype
-                                        and weight.shape == self.w_shape))
+        the dtype and the normalised axes they were checked for (identity first: the
+        cheapest reads decide the common cases)."""
+        if weight is not self.weight or bias is not self.bias or x.dtype is not self.dtype:
+            return False
+        shape = x.shape
+        if shape[-1] != self.d or (self.row is not None
+                                   and tuple(shape[len(shape) - len(self.row):]) != self.row):
+            return False
+        return ((weight is None or (weight.data_ptr() == self.w_ptr
+                                    and weight.dtype is self.dtype
+                                    and weight.shape == self.w_shape))
                 and (bias is None or (bias.data_ptr() == self.b_ptr
                                       and bias.dtype is self.dtype
                                       and bias.shape == self.b_shape)))

@@ -62,13 +62,16 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     """
     weight = parameter(module, "weight")
     bias = parameter(module, "bias") if layer else None
-    if mixed_dtypes(x, weight, bias):
-        return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
+        if mixed_dtypes(x, weight, bias):
+            return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     views = module.__dict__.get(_VIEWS)
+    # valid views imply that x and the parameters share a dtype: not the mixed case
     if views is None or type(x) is not torch.Tensor or not x.ndim or not views.valid(
             weight, bias, x):
+        if mixed_dtypes(x, weight, bias):
+            return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         x = T.input_tensor(x)
         if not layer and weight is not None and weight.dtype is not x.dtype:
             return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
