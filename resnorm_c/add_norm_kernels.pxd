@@ -17,10 +17,10 @@ from libc.string cimport memset
 
 from common cimport RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
-from primitives cimport (element, rn_residual_add, rn_residual_reduce, rn_residual_norm_apply,
-                         rn_residual_bwd, rn_rms_apply)
-from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
-                          rms_forward_row)
+from primitives cimport (element, rn_residual_add, rn_residual_add_reduce, rn_residual_reduce,
+                         rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
+from norm_kernels cimport (layer_backward_group, layer_forward_row_from, rms_backward_group,
+                          rms_forward_row_from)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -92,13 +92,15 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     Streamed outputs, per row: reduction passes over x and residual that only load (h is
     not stored: a plain store would queue behind the streamed stores still draining), then
     one pass that recomputes h from the cached rows and writes y and h (apply_row).
-    Otherwise, for float and double, h is formed once and stored (into y for Post-Norm), and
-    normalised as the norm kernels normalise any row: fewer operations per element, and the
-    same bits, as residual_reduce reduces h exactly as sum, sumsq and sumsqdev do.  (The
-    16-bit types keep the fused pass: it normalises h before h is rounded to 16 bits.)"""
+    Otherwise, for float and double, h is formed once and stored (into y for Post-Norm) by
+    the pass that takes the norm's first reduction (residual_add_reduce: RMSNorm's sum of
+    squares, LayerNorm's sum), and the norm kernels finish the row from it: fewer
+    operations per element, and the same bits, as residual_reduce and residual_add_reduce
+    reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
+    it normalises h before h is rounded to 16 bits.)"""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
-    cdef double scale = dp.scale if dp != NULL else 1.0, mu, var
+    cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
     cdef bint layer = mean != NULL
     # keep, keep_next: the bits of this row and of the next (from their first group)
     cdef uint64_t *keep = masks if dp != NULL else NULL
@@ -109,13 +111,19 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
         if not stream and (element is float or element is double):
+            # h stored by the pass that takes the norm's first reduction
             hrow = h + i * d if h != NULL else y + i * d
-            rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                            i * d % 64, scale, d, False)
+            if element is float:   # one branch per type: the primitive has no 16-bit form
+                total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                               <uint8_t *>keep, i * d % 64, scale, d, not layer)
+            elif element is double:
+                total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                               <uint8_t *>keep, i * d % 64, scale, d, not layer)
             if layer:
-                layer_forward_row(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps, False)
+                layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
+                                       total, False)
             else:
-                rms_forward_row(y + i * d, &rstd[i], hrow, w, d, eps, False)
+                rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False)
             if dp != NULL and i + 1 < hi:
                 extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
                             (i + 1) * d + d)

@@ -30,7 +30,13 @@ from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_caref
 cdef inline void rms_forward_row(element *y, double *rstd, const element *x, const element *w,
                                  Py_ssize_t d, double eps, bint stream) noexcept nogil:
     # one reduction: the sum of squares, accumulated in double
-    cdef double sumsq = rn_sumsq(x, d)
+    rms_forward_row_from(y, rstd, x, w, d, eps, rn_sumsq(x, d), stream)
+
+
+cdef inline void rms_forward_row_from(element *y, double *rstd, const element *x,
+                                      const element *w, Py_ssize_t d, double eps, double sumsq,
+                                      bint stream) noexcept nogil:
+    """rms_forward_row given the row's sum of squares (rn_sumsq's bits)."""
     if element is double and not isfinite(sumsq):
         # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
         rstd[0] = _rms_rstd_rescaled(x, d, eps)
@@ -113,7 +119,15 @@ cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const
                                    const element *w, const element *b, Py_ssize_t d,
                                    double eps, bint stream) noexcept nogil:
     # two reductions: the mean, then the mean squared deviation from it
-    mean[0] = rn_sum(x, d) / d
+    layer_forward_row_from(y, mean, rstd, x, w, b, d, eps, rn_sum(x, d), stream)
+
+
+cdef inline void layer_forward_row_from(element *y, double *mean, double *rstd,
+                                        const element *x, const element *w, const element *b,
+                                        Py_ssize_t d, double eps, double total,
+                                        bint stream) noexcept nogil:
+    """layer_forward_row given the row's sum (rn_sum's bits)."""
+    mean[0] = total / d
     cdef double var = rn_sumsqdev(x, d, mean[0]) / d
     if _ln_stats_trusted(x, mean[0], var, d):
         rstd[0] = 1.0 / sqrt(var + eps)

@@ -57,6 +57,11 @@ PRIMITIVES = [
               "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, double shift",
               "sum_i (h_i - shift)^(1 + squares);  h = residual + alpha*(x*m), not stored",
               "reduce.h"),
+    Primitive("residual_add_reduce", "double",
+              "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
+              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares",
+              "h_i = residual_i + alpha_i*(x_i*m_i), stored;  sum_i h_i^(1 + squares)",
+              "reduce.h", halves=False),
     # ---- forward elementwise passes (apply.h)
     Primitive("rms_apply", "void",
               "T *y, const T *x, const T *w, double rstd, Py_ssize_t d, int stream",

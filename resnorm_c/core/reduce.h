@@ -268,6 +268,68 @@ static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, cons
 }
 
 
+#if !RN_HALF
+/* h_k = residual_k + alpha_k * (x_k * m_k) stored, formed exactly as residual_add forms it,
+ * and reduced as it goes:
+ *   sum_k h_k     (squares = 0: the LayerNorm mean pass)
+ *   sum_k h_k^2   (squares = 1: RMSNorm's sum of squares)
+ * Each vector of h is widened into the lanes RN_REDUCE gives its elements, so the result
+ * is bitwise sum / sumsq of the stored h: the first pass of the fused forward when h stays
+ * in cache for the norm's next pass (one pass fewer than residual_add, then sum / sumsq).
+ * x and residual are prefetched one row ahead.  (float and double: the fused forward keeps
+ * a 16-bit h unrounded until it is normalised.) */
+static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const RN_T *x,
+                                           const RN_T *alpha, const uint8_t *keep,
+                                           Py_ssize_t kpos, double scale, Py_ssize_t d,
+                                           int squares)
+{
+    const RN_C sc = (RN_C)scale;
+    RN_DVEC acc[RN_NACC] = {{0}}, wide[RN_NHALF];
+    Py_ssize_t i = 0;
+#define H_(k) ({ RN_VEC v_ = RN_NAME(vload)(x + (k));                                  \
+                 if (keep) { v_ *= RN_NAME(vmult)(keep, kpos + (k), sc); }              \
+                 if (alpha) { v_ *= RN_NAME(vload)(alpha + (k)); }                      \
+                 v_ = RN_NAME(vload)(residual + (k)) + v_;                              \
+                 RN_NAME(vstore)(h + (k), v_); v_; })
+#define PASS_(ADD)                                                                      \
+    for (; i + 32 <= d; i += 32) {                                                      \
+        RN_NAME(prefetch_next)(x, d, i, 32);                                            \
+        RN_NAME(prefetch_next)(residual, d, i, 32);                                     \
+        for (int c = 0; c < 32 / RN_W; c++) {                                           \
+            RN_NAME(widen_vec)(H_(i + c * RN_W), wide);                                 \
+            for (int q = 0; q < RN_NHALF; q++)                                          \
+                acc[c * RN_NHALF + q] = ADD(acc[c * RN_NHALF + q], wide[q]);            \
+        }                                                                               \
+    }
+#define SUM_(a, v) ((a) + (v))
+#if RN_TFLOAT
+#define SQ_(a, v) RN_NAME(add_exact_square)((a), (v))
+#else
+#define SQ_(a, v) ((a) + RN_NAME(square)(v))
+#endif
+    if (squares) { PASS_(SQ_) } else { PASS_(SUM_) }
+    if (i < d) {
+        double lanes[32];
+        memcpy(lanes, acc, sizeof lanes);
+        for (Py_ssize_t j = 0; i + j < d; j++) {
+            const Py_ssize_t k = i + j;
+            RN_C v = RN_LD(x + k);
+            if (keep) v *= RN_KEEP(k) ? sc : (RN_C)0;
+            if (alpha) v *= RN_LD(alpha + k);
+            v = RN_LD(residual + k) + v;
+            RN_ST(h + k, v);
+            lanes[j] += squares ? (double)v * (double)v : (double)v;
+        }
+        memcpy(acc, lanes, sizeof lanes);
+    }
+#undef H_
+#undef PASS_
+#undef SUM_
+#undef SQ_
+    return RN_NAME(fold_acc)(acc);
+}
+#endif
+
 #undef RN_REDUCE
 #undef RN_REDUCE_BLOCKED
 #undef RN_BLOCK
