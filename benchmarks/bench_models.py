@@ -9,11 +9,12 @@ hidden 512, 4 layers, 8 heads, vocabulary 8192.  For each architecture and threa
 * generate:       greedy, batch 1, a 16-token prompt and 32 new tokens (with the KV cache)
 * train 8x256:    zero_grad, forward with labels, backward, AdamW step
 
-The patched model is a deep copy of the torch model switched with resnorm.torch.patch, so
-both have the same weights; the script checks that their logits agree and that generate
-gives the same tokens.  Times are medians of interleaved repeats (torch, patched, torch,
-...: both see the same machine noise), in milliseconds; threads are set with
-torch.set_num_threads, which resnorm.torch follows.
+Both models are deep copies of one build (the same weights, allocated alike), one of them
+switched with resnorm.torch.patch; the script checks that their logits agree and that
+generate gives the same tokens.  Times are medians of interleaved repeats (torch,
+patched, torch, ...: both see the same machine noise), in milliseconds; a repeat of
+"forward 1x1" is a burst of 20 steps.  Threads are set with torch.set_num_threads, which
+resnorm.torch follows.
 
 Norm time: every call a norm module receives during one run of the case is recorded
 (module, input) and replayed alone, as forward (inference cases) or forward + backward
@@ -132,6 +133,18 @@ def check_same(theirs, mine):
         assert torch.equal(mine.generate(ids[:1], **kw), theirs.generate(ids[:1], **kw))
 
 
+# Calls per timed run of the short cases, so that one run outlasts the machine's noise.
+BURST = {"forward 1x1": 20}
+
+
+def bursts(fn, count):
+    """fn called count times in a row (one timed run)."""
+    def run():
+        for _ in range(count):
+            fn()
+    return run
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="llama,gpt2")
@@ -164,8 +177,10 @@ def main():
           "norm ms patched | norm share torch | norm share patched |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arch in args.arch.split(","):
-        theirs = build(arch, args.hidden, args.layers, args.heads, args.vocab, 512)
-        mine = copy.deepcopy(theirs)
+        # both models deep copies of one build: the same weights, allocated alike
+        base = build(arch, args.hidden, args.layers, args.heads, args.vocab, 512)
+        theirs, mine = copy.deepcopy(base), copy.deepcopy(base)
+        del base
         with warnings.catch_warnings():
             warnings.simplefilter("error")     # every norm must be swapped
             handle = rt.patch(mine)
@@ -176,7 +191,9 @@ def main():
         for case in cases:
             for t in threads:
                 pair = [Case(case, m, args.batch, t) for m in (theirs, mine)]
-                run_t, run_m = time_interleaved([c.run for c in pair], args.repeats, warmup=1)
+                burst = BURST.get(case, 1)
+                run_t, run_m = (v / burst for v in time_interleaved(
+                    [bursts(c.run, burst) for c in pair], args.repeats, warmup=1))
                 replays = [replay(c.norm_calls(norms[id(c.model)]), t) for c in pair]
                 norm_t, norm_m = time_interleaved(replays, args.repeats, warmup=1)
                 print(f"| {arch} | {case} | {t} | {run_t * 1e3:.2f} | {run_m * 1e3:.2f} | "
