@@ -168,6 +168,10 @@ def _extension(name, sources):
 primitives.generate()  # resnorm_c/core/primitives.h and resnorm_c/primitives.pxd
 extensions = [_extension("core", ["resnorm_c/core.pyx"] + CORE_SOURCES)]
 extensions += [_extension(name, [f"resnorm_c/{name}.pyx"]) for name in KERNEL_MODULES]
+# resnorm.torch's NumPy views of tensor memory (no torch headers: it sees addresses)
+extensions += [Extension("resnorm.torch._storage", ["resnorm_c/torch_storage.pyx"],
+                         include_dirs=[numpy.get_include()],
+                         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])]
 
 setup(
     ext_modules=cythonize(extensions, compiler_directives=CYTHON_DIRECTIVES),

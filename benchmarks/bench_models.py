@@ -9,11 +9,14 @@ hidden 512, 4 layers, 8 heads, vocabulary 8192.  For each architecture and threa
 * generate:       greedy, batch 1, a 16-token prompt and 32 new tokens (with the KV cache)
 * train 8x256:    zero_grad, forward with labels, backward, AdamW step
 
-Both models are deep copies of one build (the same weights, allocated alike), one of them
-switched with resnorm.torch.patch; the script checks that their logits agree and that
-generate gives the same tokens.  Times are medians of interleaved repeats (torch,
-patched, torch, ...: both see the same machine noise), in milliseconds; a repeat of
-"forward 1x1" is a burst of 20 steps.  Threads are set with torch.set_num_threads, which
+Three deep copies of one build (the same weights, allocated alike) are timed: torch,
+patched (switched with resnorm.torch.patch) and a second torch copy, the control: the
+"control" column is torch / control, the ratio two identical models get on this machine,
+so a speed-up closer to 1 than the control is within the noise.  The script checks that
+the patched model's logits agree with torch's and that generate gives the same tokens.
+Times are medians of interleaved repeats (torch, patched, control, torch, ...: all see
+the same machine noise), in milliseconds; a repeat of "forward 1x1" is a burst of 20
+steps, and that case takes three times the repeats (its steps are short).  Threads are set with torch.set_num_threads, which
 resnorm.torch follows.
 
 Norm time: every call a norm module receives during one run of the case is recorded
@@ -133,8 +136,10 @@ def check_same(theirs, mine):
         assert torch.equal(mine.generate(ids[:1], **kw), theirs.generate(ids[:1], **kw))
 
 
-# Calls per timed run of the short cases, so that one run outlasts the machine's noise.
+# Calls per timed run of the short cases, so that one run outlasts the machine's noise,
+# and how many times the repeats they take.
 BURST = {"forward 1x1": 20}
+MORE_REPEATS = {"forward 1x1": 3}
 
 
 def bursts(fn, count):
@@ -173,13 +178,13 @@ def main():
     print(f"# hidden={args.hidden} layers={args.layers} heads={args.heads} "
           f"vocab={args.vocab} batch={args.batch} float32; medians of {args.repeats} "
           f"interleaved runs; 'x 256' cases use batch {args.batch}\n")
-    print("| arch | case | threads | torch ms | patched ms | speed-up | norm ms torch | "
+    print("| arch | case | threads | torch ms | patched ms | speed-up | control | norm ms torch | "
           "norm ms patched | norm share torch | norm share patched |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for arch in args.arch.split(","):
-        # both models deep copies of one build: the same weights, allocated alike
+        # deep copies of one build: the same weights, allocated alike
         base = build(arch, args.hidden, args.layers, args.heads, args.vocab, 512)
-        theirs, mine = copy.deepcopy(base), copy.deepcopy(base)
+        theirs, mine, control = (copy.deepcopy(base) for _ in range(3))
         del base
         with warnings.catch_warnings():
             warnings.simplefilter("error")     # every norm must be swapped
@@ -190,14 +195,16 @@ def main():
         check_same(theirs, mine)
         for case in cases:
             for t in threads:
-                pair = [Case(case, m, args.batch, t) for m in (theirs, mine)]
+                runs = [Case(case, m, args.batch, t) for m in (theirs, mine, control)]
                 burst = BURST.get(case, 1)
-                run_t, run_m = (v / burst for v in time_interleaved(
-                    [bursts(c.run, burst) for c in pair], args.repeats, warmup=1))
-                replays = [replay(c.norm_calls(norms[id(c.model)]), t) for c in pair]
+                run_t, run_m, run_c = (v / burst for v in time_interleaved(
+                    [bursts(c.run, burst) for c in runs],
+                    args.repeats * MORE_REPEATS.get(case, 1), warmup=1))
+                replays = [replay(c.norm_calls(norms[id(c.model)]), t) for c in runs[:2]]
                 norm_t, norm_m = time_interleaved(replays, args.repeats, warmup=1)
                 print(f"| {arch} | {case} | {t} | {run_t * 1e3:.2f} | {run_m * 1e3:.2f} | "
-                      f"{run_t / run_m:.3f}x | {norm_t * 1e3:.3f} | {norm_m * 1e3:.3f} | "
+                      f"{run_t / run_m:.3f}x | {run_t / run_c:.3f}x | {norm_t * 1e3:.3f} | "
+                      f"{norm_m * 1e3:.3f} | "
                       f"{norm_t / run_t:.1%} | {norm_m / run_m:.1%} |", flush=True)
 
 

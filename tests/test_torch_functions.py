@@ -219,6 +219,37 @@ def test_non_contiguous_input_is_copied_once_and_correct():
         torch.testing.assert_close(g, r)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_views_of_contiguous_tensors_share_memory_read_only_and_keep_it_alive(dtype):
+    from resnorm.torch import _tensors as T
+    x = torch.randn(3, 4, 5).to(dtype)
+    a = T.view(x)
+    assert a.shape == (3, 4, 5) and a.dtype == x.numpy().dtype
+    assert _ptr(a) == x.data_ptr() and not a.flags.writeable and a.flags.aligned
+    want = x.clone()
+    del x                       # the view's base keeps the tensor's memory alive
+    np.testing.assert_array_equal(a, want.numpy())
+    p = torch.nn.Parameter(torch.randn(7).to(dtype))   # requires grad: viewed all the same
+    assert _ptr(T.view(p)) == p.data_ptr()
+    sliced = torch.randn(6, 5).to(dtype)[2:]            # an offset into the storage
+    np.testing.assert_array_equal(T.view(sliced), sliced.numpy())
+
+
+def test_lazily_negated_inputs_give_their_values():
+    """z.conj().imag is a float tensor whose negation is pending (its negative bit): the
+    norms see its values, in every path, as torch's do."""
+    z = torch.randn(4, 8, dtype=torch.complex128, generator=torch.Generator().manual_seed(3))
+    x = z.conj().imag
+    assert x.is_neg()
+    want = F.layer_norm(x.resolve_neg(), (8,))
+    torch.testing.assert_close(rt.layer_norm(x), want)
+    with torch.no_grad():
+        torch.testing.assert_close(rt.layer_norm(x), want)
+        torch.testing.assert_close(rt.LayerNorm(8, dtype=torch.float64)(x), want)
+    torch.testing.assert_close(rt.rms_norm(x.t().contiguous().t()[:, :5], eps=1e-6),
+                               F.rms_norm(x.resolve_neg()[:, :5], (5,), eps=1e-6))
+
+
 def test_broadcast_gradient_is_accepted():
     """y.sum().backward() hands backward an expanded (stride 0) dy."""
     x, w, _ = _make((5, 6), torch.float64)

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
+from ._storage import contiguous_view
+
 # The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
 # dtype.  NumPy has no bfloat16 of its own: torch.bfloat16 tensors are viewed as
 # ml_dtypes.bfloat16 arrays (bit-cast through int16, no copy), so they need ml_dtypes,
@@ -190,13 +192,30 @@ class NoStorage(RuntimeError):
     batched gradients), or one that input_tensor would refuse (on the GPU, sparse)."""
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)   # no subclass that redefines what it holds
+
+
 def view(t):
-    """The NumPy view of a CPU tensor's storage (None stays None), else NoStorage."""
+    """The NumPy view of a CPU tensor's storage (None stays None), else NoStorage.
+
+    A dense, contiguous CPU tensor of a dtype resnorm takes gets a read-only view made in
+    C from its address (resnorm.torch._storage; resnorm only reads the tensors it views):
+    Tensor.numpy() takes about a microsecond, most of a small norm's cost."""
     if t is None:
         return None
+    dtype = NUMPY_DTYPES.get(t.dtype)   # bfloat16's is None until ml_dtypes is loaded
+    if dtype is not None and type(t) in _PLAIN:
+        try:   # a layout without strides (sparse, mkldnn) raises: Tensor.numpy() tells
+            if t.is_cpu and t.is_contiguous() and not t.is_neg():
+                return contiguous_view(t.data_ptr(), t.shape, dtype, t)
+        except RuntimeError:
+            pass
     if not t.is_cpu:   # numpy(force=True) would copy it to the CPU
         raise NoStorage(f"resnorm.torch cannot view a tensor on '{t.device}'")
-    try:   # force=True: detach (a tensor that requires grad), in one call
+    try:
+        if t.is_neg():   # a lazily negated view (z.conj().imag): its values, copied once
+            t = t.resolve_neg()
+        # force=True: detach (a tensor that requires grad), in one call
         if t.dtype is torch.bfloat16:   # NumPy has no bfloat16: the bits, as ml_dtypes'
             bits = t.view(torch.int16)
             return (bits.numpy(force=True) if t.requires_grad else bits.numpy()).view(
