@@ -19,14 +19,21 @@ import resnorm
 from ._tensors import tensor, threads, view
 
 
-def rms_norm(x, weight_view, eps, **options):
-    """Inference: y = x * rstd * w (resnorm.rms_norm); weight as a NumPy view or None."""
-    return tensor(resnorm.rms_norm(view(x), weight_view, eps, **options, n_threads=threads()))
+def rms_norm(x, weight_view, eps, normalized_shape=None, zero_centered_weight=False):
+    """Inference: y = x * rstd * w (resnorm.rms_norm); weight as a NumPy view or None.
+    The options spelled out, not as **options: this is the decode-sized call's path."""
+    return tensor(resnorm.rms_norm(view(x), weight_view, eps,
+                                   normalized_shape=normalized_shape,
+                                   zero_centered_weight=zero_centered_weight,
+                                   n_threads=threads()))
 
 
-def layer_norm(x, weight_view, bias_view, eps, **options):
+def layer_norm(x, weight_view, bias_view, eps, normalized_shape=None,
+               zero_centered_weight=False):
     """Inference: y = (x - mean) * rstd * w + b (resnorm.layer_norm); NumPy views or None."""
-    return tensor(resnorm.layer_norm(view(x), weight_view, bias_view, eps, **options,
+    return tensor(resnorm.layer_norm(view(x), weight_view, bias_view, eps,
+                                     normalized_shape=normalized_shape,
+                                     zero_centered_weight=zero_centered_weight,
                                      n_threads=threads()))
 
 

@@ -84,10 +84,9 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     if not (functions.wants_grad(x, weight, bias) or T.transforms_active()):
         try:
             if layer:
-                return kernels.layer_norm(x, views.weight_view, views.bias_view, eps,
-                                          normalized_shape=ns, zero_centered_weight=zero_centered)
-            return kernels.rms_norm(x, views.weight_view, eps, normalized_shape=ns,
-                                    zero_centered_weight=zero_centered)
+                return kernels.layer_norm(x, views.weight_view, views.bias_view, eps, ns,
+                                          zero_centered)
+            return kernels.rms_norm(x, views.weight_view, eps, ns, zero_centered)
         except T.NoStorage:
             pass   # the general path gives the error or takes the batched tensor
         return functions.norm(layer, x, weight, bias, eps, None, ns, zero_centered)
