@@ -46,8 +46,8 @@ static inline int RN_NAME(meets)(const RN_T *a, const RN_T *p, Py_ssize_t d)
 }
 
 /* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
- * read it just before):  h_k = residual_k + alpha_k * (x_k * m_k),  m_k = RN_KEEP(k) ?
- * scale : 0,
+ * read it just before):  h_k = residual_k + alpha_k * (x_k * m_k) (RN_RESIDUAL_SUM, m_k
+ * scale or 0),
  *   y_k = ((h_k - mean) * rstd) * w_k + b_k      (RMSNorm: mean = 0, b = NULL: h_k * rstd * w_k)
  *   h_k is stored too                            (h NULL: Post-Norm, h is not kept)
  * The same operations as residual_add then ln_apply / rms_apply (x - 0 is x), so y is
@@ -75,10 +75,7 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
         }
     }
 #define PF_(k)
-#define B_(k) { RN_VEC h_ = RN_GET(x + (k));                                            \
-                if (keep) { h_ *= RN_NAME(vmult)(keep, kpos + (k), sc); }               \
-                if (alpha) { h_ *= RN_GET(alpha + (k)); }                               \
-                h_ = RN_GET(residual + (k)) + h_;                                       \
+#define B_(k) { RN_VEC h_ = RN_RESIDUAL_SUM(RN_GET, RN_NAME(vmult), k);                 \
                 RN_VEC v_ = ((h_ - mh) - ml) * rs;                                      \
                 if (w) { v_ *= RN_GET(w + (k)); }                                       \
                 if (b) { v_ += RN_GET(b + (k)); }                                       \

@@ -21,7 +21,8 @@
 #undef RN_GET
 #undef RN_PUT
 #undef RN_ADD_WIDENED
-#undef RN_KEEP
+#undef RN_RESIDUAL_BRANCH
+#undef RN_RESIDUAL_SUM
 #undef RN_ITYPE
 #undef RN_NHALF
 #undef RN_HVEC

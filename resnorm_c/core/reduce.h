@@ -219,8 +219,8 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
     *sum_gxhat = s[1];
 }
 
-/* The residual sum of a row, h_k = residual_k + alpha_k * (x_k * m_k) (m_k = RN_KEEP(k) ?
- * scale : 0; alpha, keep NULL: 1), formed in the input precision exactly as residual_add
+/* The residual sum of a row, h_k = residual_k + alpha_k * (x_k * m_k) (RN_RESIDUAL_SUM: m_k
+ * scale or 0; alpha, keep NULL: 1), formed in the input precision exactly as residual_add
  * forms it, then reduced without being stored:
  *   sum_k (h_k - shift)     (squares = 0, shift = 0: the LayerNorm mean pass)
  *   sum_k (h_k - shift)^2   (squares = 1: shift = 0 for RMSNorm, = mean for LayerNorm)
@@ -235,13 +235,8 @@ static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, cons
     const RN_C sc = (RN_C)scale;
     double s;
 #define PF_(i) (RN_NAME(prefetch_next)(x, d, (i), 32), RN_NAME(prefetch_next)(residual, d, (i), 32))
-#define H_(i) ({ RN_HVEC v_ = RN_NAME(hload)(x + (i));                                  \
-                 if (keep) { v_ *= RN_NAME(hmult)(keep, kpos + (i), sc); }              \
-                 if (alpha) { v_ *= RN_NAME(hload)(alpha + (i)); }                      \
-                 RN_NAME(widen)(RN_NAME(hload)(residual + (i)) + v_); })
-#define HS_(i) ({ RN_C v_ = RN_LD(x + (i)); if (keep) { v_ *= RN_KEEP(i) ? sc : (RN_C)0; } \
-                  if (alpha) { v_ *= RN_LD(alpha + (i)); }                                \
-                  (double)(RN_LD(residual + (i)) + v_) - shift; })
+#define H_(i) RN_NAME(widen)(RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i))
+#define HS_(i) ((double)RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), i) - shift)
 #define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
     /* one expansion per case: h - 0 is h itself (and, for float, its square is exact) */
 #define A0_(a, i) ((a) + H_(i))
@@ -286,10 +281,7 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
     const RN_C sc = (RN_C)scale;
     RN_DVEC acc[RN_NACC] = {{0}}, wide[RN_NHALF];
     Py_ssize_t i = 0;
-#define H_(k) ({ RN_VEC v_ = RN_NAME(vload)(x + (k));                                  \
-                 if (keep) { v_ *= RN_NAME(vmult)(keep, kpos + (k), sc); }              \
-                 if (alpha) { v_ *= RN_NAME(vload)(alpha + (k)); }                      \
-                 v_ = RN_NAME(vload)(residual + (k)) + v_;                              \
+#define H_(k) ({ RN_VEC v_ = RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), k);          \
                  RN_NAME(vstore)(h + (k), v_); v_; })
 #define PASS_(ADD)                                                                      \
     for (; i + 32 <= d; i += 32) {                                                      \
@@ -313,10 +305,7 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
         memcpy(lanes, acc, sizeof lanes);
         for (Py_ssize_t j = 0; i + j < d; j++) {
             const Py_ssize_t k = i + j;
-            RN_C v = RN_LD(x + k);
-            if (keep) v *= RN_KEEP(k) ? sc : (RN_C)0;
-            if (alpha) v *= RN_LD(alpha + k);
-            v = RN_LD(residual + k) + v;
+            const RN_C v = RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), k);
             RN_ST(h + k, v);
             lanes[j] += squares ? (double)v * (double)v : (double)v;
         }

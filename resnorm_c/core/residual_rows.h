@@ -1,6 +1,6 @@
 /* Rows of the residual connections and of dropout (typed template; element.h includes it
  * after vec.h; the gated residual's rows, which need exp, are in vmath.h).  m_k is element
- * k's dropout multiplier, RN_KEEP(k) ? scale : 0 (vec.h). */
+ * k's dropout multiplier, scale or 0 (keep_mult in vec.h). */
 
 /* h_k = residual_k + alpha_k * (x_k * m_k): branch x, dropout multipliers m and scale alpha,
  * added onto the residual stream.  residual may be NULL (0), alpha and keep NULL (1).  The
@@ -14,10 +14,8 @@ static void RN_NAME(residual_add)(RN_T *h, const RN_T *residual, const RN_T *x,
     const RN_C sc = (RN_C)scale;
 #define PF_(k) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                               \
                  if (residual) { RN_NAME(prefetch_next)(residual, d, (k), RN_W); } }
-#define B_(k) { RN_VEC v = RN_GET(x + (k));                                             \
-                if (keep) { v *= RN_NAME(vmult)(keep, kpos + (k), sc); }                \
-                if (alpha) { v *= RN_GET(alpha + (k)); }                                \
-                if (residual) { v = RN_GET(residual + (k)) + v; } RN_PUT(h + (k), v); }
+#define B_(k) { RN_PUT(h + (k), residual ? RN_RESIDUAL_SUM(RN_GET, RN_NAME(vmult), k)      \
+                                         : RN_RESIDUAL_BRANCH(RN_GET, RN_NAME(vmult), k)); }
     /* The hot cases get their own expansion: dropout alone, and the plain add. */
     if (!residual && !alpha && keep) {
         const RN_T *residual = NULL, *alpha = NULL;

@@ -417,7 +417,7 @@ static inline void RN_NAME(split_mean)(double mean, RN_C *hi, RN_C *lo)
  *
  * From keep bits (philox.h's dropout_bits): element k of a span uses bit kpos + k of
  * `keep`, and its multiplier m_k is scale when the bit is set, 0 when not: selected, never
- * computed, so a vector lane equals the scalar RN_KEEP(k) ? scale : 0.  A vector's bits are
+ * computed, so a vector lane equals the scalar keep_mult.  A vector's bits are
  * read as one (unaligned) 64-bit word, broadcast, and tested against the lane bits 1, 2,
  * 4, ...: plain vector code on every level.  One bit per element keeps a row's mask in a
  * few hundred bytes, in L1 beside the row; readers may read up to 8 bytes past the last
@@ -429,7 +429,11 @@ static inline void RN_NAME(split_mean)(double mean, RN_C *hi, RN_C *lo)
 #endif
 typedef RN_ITYPE RN_NAME(ivec) __attribute__((vector_size(RN_VBYTES)));
 typedef RN_ITYPE RN_NAME(hivec) __attribute__((vector_size(RN_DW * sizeof(RN_ITYPE))));
-#define RN_KEEP(k) ((keep[(kpos + (k)) >> 3] >> ((kpos + (k)) & 7)) & 1)
+/* The multiplier of element pos: scale where its keep bit is set, else 0. */
+static inline RN_C RN_NAME(keep_mult)(const uint8_t *keep, Py_ssize_t pos, RN_C scale)
+{
+    return ((keep[pos >> 3] >> (pos & 7)) & 1) ? scale : (RN_C)0;
+}
 
 static inline uint64_t RN_NAME(keep_word)(const uint8_t *keep, Py_ssize_t pos)
 {
@@ -453,6 +457,20 @@ static inline RN_VEC RN_NAME(vmult)(const uint8_t *keep, Py_ssize_t pos, RN_C sc
 static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_C scale)
     RN_MULT_BODY(RN_HVEC, RN_NAME(hivec), RN_DW)
 #undef RN_MULT_BODY
+
+/* The residual branch alpha * (x * m) and the residual sum h = residual + alpha * (x * m)
+ * at element k (a vector of lanes from k), m = scale where the keep bit of element kpos + k
+ * is set, else 0 (alpha, keep NULL: 1).  Written once, in the one order of operations every
+ * kernel forms them in, so all of them compute the same bits of h.  LOAD and MULT are the
+ * width's load and keep multipliers: RN_GET or vload and vmult (RN_W lanes), hload and hmult
+ * (RN_DW lanes), RN_LD and keep_mult (one element).  They read the caller's x, residual,
+ * alpha, keep, kpos and sc (the scale as RN_C). */
+#define RN_RESIDUAL_BRANCH(LOAD, MULT, k)                                                  \
+    ({ __typeof__(LOAD(x + (k))) rb_ = LOAD(x + (k));                                      \
+       if (keep) { rb_ *= MULT(keep, kpos + (k), sc); }                                    \
+       if (alpha) { rb_ *= LOAD(alpha + (k)); }                                            \
+       rb_; })
+#define RN_RESIDUAL_SUM(LOAD, MULT, k) (LOAD(residual + (k)) + RN_RESIDUAL_BRANCH(LOAD, MULT, k))
 
 /* ---------------------------------------------------------------- the elementwise loop
  *
