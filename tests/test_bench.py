@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ from resnorm.bench import _check, _peers, _peers_torch, _run
 from resnorm.bench._cases import fixed, parts
 from resnorm.bench._copy import CopyReference
 from resnorm.bench._run import Budget, scaling_threads
-from resnorm.bench._timing import per_call_seconds, repeats_for
+from resnorm.bench._timing import (BURST_SECONDS, burst_calls, per_call_seconds,
+                                   repeats_for, time_budgeted)
 
 TINY = Budget(seconds=0.002, lo=3, hi=5, calls=10, latency_repeats=3, latency_seconds=1e-5)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,6 +127,26 @@ def test_time_interleaved_calls_every_function_in_rounds():
                                    repeats=3, warmup=1)
     assert calls == ["a", "b"] * 4
     assert len(times) == 2 and all(t >= 0 for t in times)
+
+
+def test_short_calls_are_timed_in_bursts_long_ones_alone():
+    assert burst_calls(1.0) == 1 and burst_calls(BURST_SECONDS * 2) == 1
+    assert burst_calls(BURST_SECONDS / 50) == 50
+    assert burst_calls(0.0) == 1000                   # bounded
+    calls = {"short": 0, "long": 0}
+
+    def short():
+        calls["short"] += 1
+
+    def long():
+        calls["long"] += 1
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2 * BURST_SECONDS:
+            pass
+    (t_short, t_long), repeats = time_budgeted([short, long], budget=0.0, lo=3, hi=3)
+    assert repeats == 3 and calls["long"] == 2 + 1 + 3    # two single calls, warm-up, rounds
+    assert calls["short"] > 10 * (2 + 1 + 3)                  # bursts of many calls
+    assert t_short < BURST_SECONDS < t_long                   # per call, not per burst
 
 
 def test_per_call_seconds_takes_a_count_per_function():

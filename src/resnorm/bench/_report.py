@@ -91,7 +91,8 @@ def standing(rows, worst=5):
 
 
 X_COPY_NOTE = (
-    "Medians of interleaved rounds, in microseconds.  x copy: GB/s of the op's minimum "
+    "Medians of interleaved rounds, in microseconds per call (a call under 0.2 ms is timed "
+    "in bursts of back-to-back calls, every function alike).  x copy: GB/s of the op's minimum "
     "traffic / GB/s of np.copyto of the same bytes on as many threads, same rounds.  "
     "vs best: the fastest peer's time / resnorm's time (above 1: resnorm is faster); the "
     "fastest peer's time is in bold.  '-': the peer has no such op; 'wrong': its output "
