@@ -18,7 +18,7 @@ cnp.import_array()
 
 
 cdef extern from "numpy/arrayobject.h":
-    # steals a reference to descr (NumPy's C API; Cython's numpy.pxd does not declare it)
+    # steals a reference to descr (NumPy's C API, which Cython's numpy declarations lack)
     object PyArray_NewFromDescr(type subtype, cnp.dtype descr, int nd, cnp.npy_intp *dims,
                                 cnp.npy_intp *strides, void *data, int flags, object obj)
 
