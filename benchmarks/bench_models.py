@@ -16,8 +16,8 @@ so a speed-up closer to 1 than the control is within the noise.  The script chec
 the patched model's logits agree with torch's and that generate gives the same tokens.
 Times are medians of interleaved repeats (torch, patched, control, torch, ...: all see
 the same machine noise), in milliseconds; a repeat of "forward 1x1" is a burst of 20
-steps, and that case takes three times the repeats (its steps are short).  Threads are set with torch.set_num_threads, which
-resnorm.torch follows.
+steps, and that case takes three times the repeats (its steps are short).  Threads are
+set with torch.set_num_threads, which resnorm.torch follows.
 
 Norm time: every call a norm module receives during one run of the case is recorded
 (module, input) and replayed alone, as forward (inference cases) or forward + backward

@@ -20,14 +20,18 @@ from resnorm import bench
 from resnorm.bench import _goals
 from resnorm.bench import _report as report
 from resnorm.bench._check import TOLERANCE
+from resnorm.bench._timing import BURST_SECONDS
 
 METHOD = """\
 * Every output (resnorm's and each peer's) is compared with the float64 reference
   (`resnorm.reference`) before it is timed; one that is off by more than
   {tolerance:g} of the output's scale (float32) is reported as wrong and not timed.
 * Every case is timed in interleaved rounds: resnorm writing into preallocated outputs,
-  resnorm allocating its outputs, each peer and `np.copyto` run once per round, so all see
-  the same machine state.  Reported: medians after warm-up.  Rounds per case come from a
+  resnorm allocating its outputs, each peer and `np.copyto` run once per round (a call
+  under {burst_ms:g} ms as a burst of back-to-back calls, per call), so all see the same
+  machine state.  Each round starts one function later than the one before: the first
+  function of a round finds the caches as the last one of the previous round left them,
+  and timed in a fixed order that was always resnorm's preallocated form.  Reported: medians after warm-up.  Rounds per case come from a
   time budget ({seconds} s per case, at least {lo}, at most {hi}): big shapes get few
   rounds.  torch.compile runs in its own process per thread count (Inductor fixes its
   team size when it compiles), timed there the same way but not in the same rounds.
@@ -85,7 +89,8 @@ def render(results, note=None, png=None, goals=False, commands=None):
     budget = meta["budget"]
     out.append(METHOD.format(scaling_threads=", ".join(map(str, meta["scaling_threads"])),
                              tolerance=TOLERANCE["float32"],
-                             latency_ms=budget["latency_seconds"] * 1e3, **budget) + "\n")
+                             latency_ms=budget["latency_seconds"] * 1e3,
+                             burst_ms=BURST_SECONDS * 1e3, **budget) + "\n")
     out.append(report.caveat(results))
     out.append("Machine and build:\n\n" + _machine_table(m))
     if png:

@@ -149,6 +149,13 @@ def test_short_calls_are_timed_in_bursts_long_ones_alone():
     assert t_short < BURST_SECONDS < t_long                   # per call, not per burst
 
 
+def test_rounds_start_one_function_later_each_time():
+    calls = []
+    per_call_seconds([lambda: calls.append("a"), lambda: calls.append("b"),
+                      lambda: calls.append("c")], 1, repeats=3)
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"   # warm-up, then the rounds
+
+
 def test_per_call_seconds_takes_a_count_per_function():
     calls = {"a": 0, "b": 0}
     per_call_seconds([lambda: calls.__setitem__("a", calls["a"] + 1),

@@ -1,8 +1,8 @@
 /* Runtime CPU dispatch: every level of the core is compiled (level_*.c), and the widest one
  * the CPU supports is chosen once, at import, with __builtin_cpu_supports.
  * RESNORM_CPU=sse2|avx2|avx512|avx512bf16 caps the level, for testing and for comparing
- * levels in benchmarks.  All levels compute bitwise identical results (vec.h, reduce.h); they differ only in
- * speed. */
+ * levels in benchmarks.  All levels compute bitwise identical results (vec.h, reduce.h);
+ * they differ only in speed. */
 #include "rn_base.h"
 #include "dispatch.h"
 

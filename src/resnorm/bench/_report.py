@@ -6,6 +6,7 @@ from statistics import median
 from .._parallel import PARALLEL_MIN_ELEMENTS
 from . import _check, _peers
 from ._machine import OPENBLAS_VARS
+from ._timing import BURST_SECONDS
 from ._results import OK, PEERS, UNSUPPORTED, WRONG, one_per_cell
 
 LATENCY_VARIANTS = ["preallocated", "allocating"]
@@ -91,8 +92,9 @@ def standing(rows, worst=5):
 
 
 X_COPY_NOTE = (
-    "Medians of interleaved rounds, in microseconds per call (a call under 0.2 ms is timed "
-    "in bursts of back-to-back calls, every function alike).  x copy: GB/s of the op's minimum "
+    f"Medians of interleaved rounds, in microseconds per call (a call under "
+    f"{BURST_SECONDS * 1e3:g} ms is timed in bursts of back-to-back calls, every function "
+    "alike).  x copy: GB/s of the op's minimum "
     "traffic / GB/s of np.copyto of the same bytes on as many threads, same rounds.  "
     "vs best: the fastest peer's time / resnorm's time (above 1: resnorm is faster); the "
     "fastest peer's time is in bold.  '-': the peer has no such op; 'wrong': its output "
