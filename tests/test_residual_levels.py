@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import resnorm as rn
-from resnorm import _core
 
 # Computes every residual op, forward and backward, and prints a digest of all the bits.
 SCRIPT = r"""
@@ -44,7 +43,7 @@ def _run(level):
 
 
 def test_every_dispatch_level_gives_the_same_bits():
-    results = {level: _run(level) for level in _core.simd_levels()}
+    results = {level: _run(level) for level in ("sse2", "avx2", "avx512")}
     digests = {digest for _, digest in results.values()}
     assert len(digests) == 1, results
     # the cap only lowers the level: at least the levels this machine has were compared

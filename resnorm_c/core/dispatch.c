@@ -1,8 +1,8 @@
 /* Runtime CPU dispatch: every level of the core is compiled (level_*.c), and the widest one
- * the CPU supports is chosen once, at import, with __builtin_cpu_supports.
- * RESNORM_CPU=sse2|avx2|avx512|avx512bf16 caps the level, for testing and for comparing
- * levels in benchmarks.  All levels compute bitwise identical results (vec.h, reduce.h);
- * they differ only in speed. */
+ * the CPU supports is chosen once, at import, with __builtin_cpu_supports.  RESNORM_CPU=
+ * sse2|avx2|avx512 caps the level, for testing and for comparing levels in benchmarks.
+ * All levels compute bitwise identical results (vec.h, reduce.h); they differ only in
+ * speed. */
 #include "rn_base.h"
 #include "dispatch.h"
 
@@ -11,21 +11,17 @@
 #endif
 
 #if RN_X86
-extern const rn_ops rn_ops_sse2, rn_ops_avx2, rn_ops_avx512, rn_ops_avx512bf16;
+extern const rn_ops rn_ops_sse2, rn_ops_avx2, rn_ops_avx512;
 /* narrowest first; best_level() returns an index into these */
-static const rn_ops *const levels[] = {&rn_ops_sse2, &rn_ops_avx2, &rn_ops_avx512,
-                                       &rn_ops_avx512bf16};
-static const char *const level_names[] = {"sse2", "avx2", "avx512", "avx512bf16"};
+static const rn_ops *const levels[] = {&rn_ops_sse2, &rn_ops_avx2, &rn_ops_avx512};
+static const char *const level_names[] = {"sse2", "avx2", "avx512"};
 
 static int best_level(void)
 {
     __builtin_cpu_init();
     /* F16C: the float16 conversions of both levels (every AVX-512F CPU has it) */
     const int f16c = __builtin_cpu_supports("f16c");
-    if (__builtin_cpu_supports("avx512f") && f16c) {
-        /* AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and later): bfloat16 rounding */
-        return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
-    }
+    if (__builtin_cpu_supports("avx512f") && f16c) return 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return 1;
     return 0;
 }

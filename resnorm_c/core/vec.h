@@ -12,7 +12,6 @@
  *              converted on every load and store
  *   RN_ISA     level name suffix
  *   RN_LEVEL   3 avx512 | 2 avx2 | 1 sse2 | 0 portable
- *   RN_BF16_NATIVE  1 at the avx512bf16 level: bfloat16 vectors rounded by the instruction
  *   RN_VBYTES  native vector width in bytes
  *
  * RN_NAME(sum) is rn_sum_<RN_TS>_<RN_ISA>, e.g. rn_sum_f32_avx2: the instance of a typed
@@ -74,9 +73,6 @@ static inline void RN_NAME(st_double)(RN_T *p, double v) { *p = RN_FROM_F64_(v);
 #define RN_LANES_OUT_(NL)                                                               \
     { for (int j_ = 0; j_ < (NL); j_++) p[j_] = RN_FROM_F32_(v[j_]); }
 
-#ifndef RN_BF16_NATIVE
-#define RN_BF16_NATIVE 0
-#endif
 #if RN_HALF == RN_BF16 && RN_LEVEL == 3
 /* bfloat16 in: a shift.  Out: rn_bf16_round_bits, the same integer operations lane by
  * lane (a NaN lane selected by mask).  The widenings and the narrowing are spelled out:
@@ -93,21 +89,6 @@ static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
 }
 static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
 {
-#if RN_BF16_NATIVE
-    /* vcvtneps2bf16 rounds to nearest even and makes a NaN quiet, keeping its top bits,
-     * exactly as rn_bf16_round_bits; but it reads a subnormal float as 0.  A vector with a
-     * subnormal lane (exponent bits 0, fraction not) takes the integer rounding below. */
-    {
-        const __m512i w = _mm512_castps_si512((__m512)v);
-        const __mmask16 subnormal = _mm512_mask_test_epi32_mask(
-            _mm512_testn_epi32_mask(w, _mm512_set1_epi32(0x7f800000)), w,
-            _mm512_set1_epi32(0x007fffff));
-        if (__builtin_expect(subnormal == 0, 1)) {
-            _mm256_storeu_si256((__m256i *)p, (__m256i)_mm512_cvtneps_pbh((__m512)v));
-            return;
-        }
-    }
-#endif
     const __m512i u = _mm512_castps_si512((__m512)v), top = _mm512_srli_epi32(u, 16);
     const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(

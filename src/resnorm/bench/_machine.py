@@ -91,8 +91,7 @@ def load_average():
 def machine_info():
     """CPU, cores, caches, SIMD, build flags, OpenMP, library versions, platform."""
     model, flags = _cpuinfo()
-    simd_flags = [f for f in ("sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
-                              "avx512_bf16") if f in flags]
+    simd_flags = [f for f in ("sse2", "avx", "avx2", "fma", "avx512f", "avx512bw") if f in flags]
     versions = {name.lower(): _version(name) for name in _VERSIONED}
     versions["numpy"] = np.__version__
     return {
