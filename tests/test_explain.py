@@ -226,7 +226,13 @@ def test_cli_negative_first_value(capsys):
     ({"kind": "dropout", "p": 0.5, "seed": -1}, ValueError, "seed must be in [0, 2**64)"),
     ({"kind": "dropout", "p": 0.5, "training": 1}, TypeError, "training must be a bool"),
     ({"eps": -1.0}, ValueError, "eps must be finite and > 0"),
-    ({"dtype": np.float16}, TypeError, "dtype must be float32 or float64"),
+    ({"dtype": np.int32}, TypeError, "dtype must be float32, float64, float16 or bfloat16"),
+    ({"dtype": "float8"}, TypeError, "dtype must be float32, float64, float16 or bfloat16"),
+    ({"kind": "add-rms", "residual": X, "dtype": np.float16}, TypeError,
+     "dtype float16 is explained for the kinds rms, layer, dropout, scaled, not "
+     "kind='add-rms'"),
+    ({"kind": "gated", "F": X, "g": X, "dtype": "float16"}, TypeError,
+     "not kind='gated'; explain it in float32 or float64"),
 ])
 def test_bad_input(kwargs, error, words):
     args = {"kind": "rms", "x": X, **kwargs}
@@ -562,3 +568,73 @@ def test_cli_other_kinds(capsys):
     with pytest.raises(SystemExit):
         main(["explain", "scaled", "--x", "1,2", "--F", "3,4", "--learnable-alpha"])
     assert "--learnable-alpha needs --alpha" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- float16, bfloat16
+
+def _halves():
+    names = ["float16"]
+    try:
+        import ml_dtypes  # noqa: F401
+        names.append("bfloat16")
+    except ImportError:
+        pass
+    return names
+
+
+HALF_CASES = [("rms", dict(weight=W, dy=DY)), ("layer", dict(weight=W, bias=B, dy=DY)),
+              ("dropout", dict(p=0.5, seed=1, dy=DY)), ("scaled", dict(F=F_, alpha=0.7, dh=DY)),
+              ("scaled", dict(F=F_, alpha=[0.7, 1.0, 2.0, 3.0], dh=DY))]
+
+
+@pytest.mark.parametrize("name", _halves())
+@pytest.mark.parametrize("kind, kwargs", HALF_CASES)
+def test_half_outputs_are_shown_as_their_rounding_and_agree(kind, kwargs, name):
+    e = explain(kind, [1.0, 2.1, 3.3, -4.7], dtype=name, **kwargs)
+    assert e.dtype.name == name and e.agree
+    rounded = [s for s in e.steps if s.source == "kernel" and s.value.dtype.itemsize == 2]
+    assert rounded, "no 16-bit output"
+    for s in rounded:
+        exact = e.step(f"{s.name}_exact")
+        assert exact.source == "reference" and exact.value.dtype == np.float64
+        assert s.formula.endswith(f"round({exact.formula.split(' = ')[0]})")
+        assert e.names.index(exact.name) == e.names.index(s.name) - 1
+        # the kernel's value is the exact one rounded once: within half a unit in the last
+        # place of the 16-bit value (plus float32 arithmetic, far below it)
+        k = s.value.astype(np.float64)
+        up = (s.value.view(np.uint16) + np.uint16(1)).view(s.value.dtype).astype(np.float64)
+        assert np.all(np.abs(k - exact.value) <= np.abs(up - k) / 2
+                      + 1e-6 * np.abs(exact.value)), s.name
+    # 16-bit checks are held to one unit in the last place; float64 statistics to float32's
+    for c in e.checks:
+        value = e.step(c.name).value
+        eps = 2.0 ** -7 if name == "bfloat16" else 2.0 ** -10
+        ulps = 1 if value.dtype.itemsize == 2 else 128
+        eps = eps if value.dtype.itemsize == 2 else 2.0 ** -23
+        assert c.tolerance == pytest.approx(ulps * eps * max(1.0, np.max(np.abs(
+            e.step(f"{c.name}_exact").value if value.dtype.itemsize == 2 else value)))), c.name
+    text = str(e)
+    assert f"({name})" in text.splitlines()[0] and "round(" in text and "verdict: AGREE" in text
+    assert f"1 * eps({name})" in text
+
+
+def test_half_check_catches_an_output_two_units_off(monkeypatch):
+    real = resnorm.rms_norm_forward
+
+    def off_by_one_ulp(x, *args, **kwargs):
+        y, cache = real(x, *args, **kwargs)
+        bits = y.view(np.uint16).copy()
+        largest = np.unravel_index(np.argmax(np.abs(y.astype(np.float64))), y.shape)
+        bits[largest] += 2       # two units in the last place of the largest value
+        return bits.view(y.dtype), cache
+    monkeypatch.setattr(resnorm, "rms_norm_forward", off_by_one_ulp)
+    e = explain("rms", [1.0, 2.1, 3.3, -4.7], dtype="float16")
+    assert not {c.name: c for c in e.checks}["y"].agree and not e.agree
+
+
+def test_half_default_dtype_follows_x_and_cli(capsys):
+    e = explain("rms", np.array([1.0, 2.0, 3.0], np.float16))
+    assert e.dtype == np.float16 and "y_exact" in e.names
+    assert main(["explain", "layer", "--x", "1,2,6", "--dy", "1,0,0", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("LayerNorm (float16)") and "y_0 = round(" in out

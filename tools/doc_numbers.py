@@ -328,6 +328,8 @@ def _batchnorm(out, res):
 EXPLAIN_EXAMPLES = {
     "explain.rms": "explain rms --x 1,2,3,4 --weight 1,0.5,2,1 --dy 1,0,0,-1",
     "explain.layer": "explain layer --x 1,2,6 --bias 0,0.5,1 --dy 1,0,0 --dtype float32",
+    "explain.rms-half": "explain rms --x 1,2,3,4 --weight 1,0.5,2,1 --dy 1,0,0,-1 "
+                        "--dtype float16",
     "explain.dropout": "explain dropout --x 1,2,3,4 --p 0.5 --seed 1 --dy 1,1,1,1",
     "explain.add-rms": "explain add-rms --x 1,2,3,4 --residual=0.5,-1,0,2 --p 0.25 --seed 3 "
                        "--dy 1,0,0,-1",
@@ -350,6 +352,13 @@ def explain(out):
     out.values["explain.layer.ydiff"] = _num(ydiff)
     out.claim("explain.layer.ulp", "float32 LayerNorm y within one ulp of 1 of the reference",
               0 < ydiff < 2.0**-23)
+    h = resnorm.explain("rms", [1, 2, 3, 4], weight=[1, 0.5, 2, 1], dy=[1, 0, 0, -1],
+                        dtype="float16")
+    y, exact = h["y"].astype(np.float64), h["y_exact"]
+    out.values["explain.rms-half.ydiff"] = _num(float(np.max(np.abs(y - exact))))
+    out.claim("explain.rms-half.halfulp", "float16 RMSNorm y within half a float16 ulp of "
+              "each exact value", bool(np.all(np.abs(y - exact) <= np.spacing(
+                  np.abs(exact).astype(np.float16)).astype(np.float64) / 2)))
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         exec(EXPLAIN_NOTEBOOK, {})

@@ -209,9 +209,8 @@ class _Printer:
             mark = "ok" if c.agree else "DIFFERENT"
             self.lines.append(f"  {c.name:<9} max |kernel - reference| = {c.max_abs_diff:.3g}"
                               f"   (tolerance {c.tolerance:.3g})  {mark}")
-        from .explain import TOLERANCE_ULPS
-        self.lines.append(f"  tolerance = {TOLERANCE_ULPS} * eps({e.dtype.name}) * "
-                          "max(1, max |reference value|)")
+        from .explain import tolerance_rule
+        self.lines.append(f"  tolerance = {tolerance_rule(e.dtype)}")
         extra = (", every gradient matches finite differences" if e.gradient_checks else "") + \
             (", the Jacobians and invariants hold" if e.jacobians or e.invariants else "")
         verdict = (f"AGREE: the kernel outputs match the reference{extra}" if e.agree else
@@ -247,8 +246,8 @@ class _Printer:
 
 
 def render(explanation, digits=None):
-    """The explanation as text.  digits: significant digits (default 8 for float32, 10 for
-    float64)."""
+    """The explanation as text.  digits: significant digits (default 6 for float16 and
+    bfloat16, 8 for float32, 10 for float64)."""
     if digits is None:
-        digits = 8 if explanation.dtype == np.float32 else 10
+        digits = {2: 6, 4: 8}.get(explanation.dtype.itemsize, 10)
     return _Printer(explanation, digits).render()

@@ -56,6 +56,15 @@ DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5, "add-rms": 1e-6, "add-layer": 1e-5,
 # Kernel and reference agree when every max |difference| <= TOLERANCE_ULPS * eps(dtype) *
 # max(1, max |reference value|): a few rounding errors per operation on a short row.
 TOLERANCE_ULPS = 128
+# A 16-bit output is computed in float32 and rounded once: within HALF_TOLERANCE_ULPS unit
+# in the last place of its dtype at the largest value (half a unit from the rounding, the
+# rest from float32 arithmetic).  The float64 row statistics of a 16-bit run come from
+# float32 values: they are held to the float32 rule.
+HALF_TOLERANCE_ULPS = 1
+# The kinds explained in float16 and bfloat16: one rounding at each output.  (The fused
+# kinds keep h unrounded inside the kernel and return it rounded, and the gated residual
+# has no 16-bit kernel: explained in float32 and float64.)
+HALF_KINDS = ("rms", "layer", "dropout", "scaled")
 # Finite differences: central, step FD_STEP * max(1, |value|), on the float64 forward
 # kernel.  Their error (step^2 truncation, rounding / step) stays far below FD_RELATIVE *
 # max(1, max |gradient|), the tolerance added to the kernel's own rounding tolerance.
@@ -294,7 +303,7 @@ class Explanation:
     kind : str
         What was explained: one of `resnorm.explain.KINDS`.
     dtype : numpy.dtype
-        float32 or float64: the dtype the kernels ran in.
+        float32, float64, float16 or bfloat16: the dtype the kernels ran in.
     eps : float or None
         The norm's eps (None for "dropout", "scaled" and "gated").
     steps : tuple of Step
@@ -388,7 +397,8 @@ class Explanation:
         Parameters
         ----------
         digits : int, optional
-            Significant digits of the numbers (default 8 for float32, 10 for float64).
+            Significant digits of the numbers (default 6 for float16 and bfloat16, 8 for
+            float32, 10 for float64).
 
         Returns
         -------
@@ -488,6 +498,42 @@ def _alpha(alpha, dtype):
     return float(alpha)
 
 
+def _half_dtype(name):
+    """np.dtype of "float16" or "bfloat16" (ml_dtypes'), or None for another name."""
+    if name == "float16":
+        return np.dtype(np.float16)
+    if name == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError("dtype bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return None
+
+
+def _run_dtype(kind, x, dtype):
+    """The dtype the kernels run in: dtype, else x's (a float array), else float64."""
+    if dtype is None:
+        floating = isinstance(x, np.ndarray) and (x.dtype.kind == "f"
+                                                  or x.dtype.name == "bfloat16")
+        dtype = x.dtype if floating else np.float64
+    half = _half_dtype(dtype) if isinstance(dtype, str) else None
+    try:
+        dtype = half or np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32, float64, float16 or bfloat16, "
+                        f"got {dtype!r}") from None
+    if dtype.name in ("float16", "bfloat16"):
+        if kind not in HALF_KINDS:
+            raise TypeError(f"dtype {dtype.name} is explained for the kinds "
+                            f"{', '.join(HALF_KINDS)}, not kind={kind!r}; explain it in "
+                            f"float32 or float64")
+        return dtype
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32, float64, float16 or bfloat16, got {dtype}")
+    return dtype
+
+
 def _inputs(kind, x, dy, dtype, given):
     if not isinstance(kind, str):
         raise TypeError(f"kind must be a str, one of {KINDS}, got {type(kind).__name__}")
@@ -509,14 +555,7 @@ def _inputs(kind, x, dy, dtype, given):
         raise ValueError("kind='scaled' needs alpha (the residual scale)")
     if given.get("dh") is not None and dy is None and kind not in OUTPUT_GRADIENT:
         raise ValueError("dh (the gradient along the residual stream) needs dy as well")
-    if dtype is None:
-        dtype = x.dtype if isinstance(x, np.ndarray) and x.dtype.kind == "f" else np.float64
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    dtype = _run_dtype(kind, x, dtype)
     x = _as_float(x, "x", dtype)
     if x.ndim == 0 or x.ndim > 2:
         raise ValueError(f"x must be one row (D,) or a few rows (N, D), got shape {x.shape}")
@@ -554,15 +593,71 @@ def _inputs(kind, x, dy, dtype, given):
         training=True if given["training"] is None else given["training"])
 
 
+def _is_half(dtype):
+    """True for float16 and bfloat16."""
+    return np.dtype(dtype).itemsize == 2
+
+
+def _eps(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return 2.0 ** -7     # 8 significant bits (ml_dtypes.finfo(bfloat16).eps)
+    return float(np.finfo(dtype).eps)
+
+
 def _tolerance(reference_value, dtype):
     scale = max(1.0, float(np.max(np.abs(reference_value), initial=0.0)))
-    return TOLERANCE_ULPS * float(np.finfo(dtype).eps) * scale
+    ulps = HALF_TOLERANCE_ULPS if _is_half(dtype) else TOLERANCE_ULPS
+    return ulps * _eps(dtype) * scale
+
+
+def _rule(value, dtype):
+    """The dtype whose rule a kernel value is held to: its own for a 16-bit output, float32
+    for the float64 statistics of a 16-bit run, else the run's dtype."""
+    if not _is_half(dtype):
+        return dtype
+    own = np.asarray(value).dtype
+    return own if _is_half(own) else np.dtype(np.float32)
+
+
+def tolerance_rule(dtype):
+    """The tolerance rule of a run in dtype, in words."""
+    dtype = np.dtype(dtype)
+    if not _is_half(dtype):
+        return f"{TOLERANCE_ULPS} * eps({dtype.name}) * max(1, max |reference value|)"
+    return (f"{HALF_TOLERANCE_ULPS} * eps({dtype.name}) * max(1, max |reference value|) for "
+            f"the {dtype.name} outputs (computed in float32, rounded once); "
+            f"{TOLERANCE_ULPS} * eps(float32) * ... for the float64 row statistics")
 
 
 def _check(name, kernel_value, reference_value, dtype):
     ref = np.asarray(reference_value, dtype=np.float64)
     diff = float(np.max(np.abs(np.asarray(kernel_value, dtype=np.float64) - ref)))
-    return Check(name, diff, _tolerance(ref, dtype))
+    return Check(name, diff, _tolerance(ref, _rule(kernel_value, dtype)))
+
+
+def _with_rounding(steps, comparisons, dtype):
+    """The steps of a 16-bit run with each 16-bit kernel output shown as its rounding: the
+    exact value first (float64, from the reference, with the output's formula), then the
+    output as round(exact), rounded once to dtype from the kernel's float32 result."""
+    exact = {name: ref for name, kernel, ref in comparisons
+             if _is_half(np.asarray(kernel).dtype)}
+    out = []
+    for s in steps:
+        if s.source != "kernel" or s.name not in exact:
+            out.append(s)
+            continue
+        lhs = _Trace.SYMBOL[s.per].format
+        name = f"{s.name}_exact"
+        value = np.asarray(exact[s.name], dtype=np.float64).reshape(np.shape(s.value))
+        out.append(Step(name, value, s.per, "reference", s.phase,
+                        s.formula.replace(lhs(s.name), lhs(name), 1), s.expr, s.reduce,
+                        "float64: the exact value, before rounding"))
+        out.append(Step(s.name, s.value, s.per, "kernel", s.phase,
+                        f"{lhs(s.name)} = round({lhs(name)})", f"round({{{name}}})", "",
+                        f"computed in float32, rounded once (to nearest even) to {dtype.name}"
+                        + (f"; {s.note}" if s.note else "")))
+    return out
 
 
 def _loss(built, values):
@@ -591,7 +686,7 @@ def _gradient_checks(built, dtype):
         fd = _finite_difference(built, wrt)
         k = np.asarray(kernel, dtype=np.float64).reshape(fd.shape)
         tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(fd), initial=0.0))) + \
-            _tolerance(fd, dtype)
+            _tolerance(fd, _rule(kernel, dtype))
         checks.append(GradientCheck(name, float(np.max(np.abs(k - fd))), tol, wrt, k, fd))
     return tuple(checks)
 
@@ -611,7 +706,9 @@ def _jacobians(built, dtype):
             lo[j] -= step
             fd[:, j] = (jac["norm_row"](hi[None]) - jac["norm_row"](lo[None]))[0] / (2 * step)
         backward = jac["dy"][r] @ closed
-        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(closed)))) + _tolerance(closed, dtype)
+        # a 16-bit gradient through the norm is rounded at its own scale, which can pass J's
+        rounded = np.concatenate([closed.ravel(), backward]) if _is_half(dtype) else closed
+        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(closed)))) + _tolerance(rounded, dtype)
         diff_fd = float(np.max(np.abs(fd - closed)))
         diff_backward = float(np.max(np.abs(backward - jac["through_norm"][r])))
         out.append(Jacobian(f"J row {r}", max(diff_fd, diff_backward), tol, r, jac["of"],
@@ -679,8 +776,11 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     dy : array_like, optional
         Gradient of y (x's shape): explains backward too (not for "scaled" and "gated",
         whose output is h: give dh).
-    dtype : {"float32", "float64"}, optional
-        Every input is converted to it; None: x's float dtype, else float64.
+    dtype : {"float32", "float64", "float16", "bfloat16"}, optional
+        Every input is converted to it; None: x's float dtype, else float64.  float16 and
+        bfloat16 (ml_dtypes'; kinds "rms", "layer", "dropout" and "scaled"): the kernels
+        compute in float32 and round each output once; every such output is shown as
+        ``round(<name>_exact)`` after its exact float64 value.
     residual : array_like, optional
         The fused kinds (required): the stream x is added to.
     dh : array_like, optional
@@ -735,6 +835,12 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     ...                     dh=[1.0, 1.0])
     >>> s["h"], s["dalpha"], [c.name for c in s.gradient_checks], s.agree
     (array([[2.5, 4. ]]), array(7.), ['dx', 'dF', 'dalpha'], True)
+
+    In float16 each output is computed in float32 and rounded once, and shown so:
+
+    >>> h = resnorm.explain("rms", [1.0, 2.0, 3.0], dtype="float16")
+    >>> h.step("y").formula, float(h["y_exact"][0, 0]), float(h["y"][0, 0]), h.agree
+    ('y_i = round(y_exact_i)', 0.4629100002887783, 0.462890625, True)
     """
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
              "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}
@@ -743,8 +849,10 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     built = _explain_steps.BUILDERS[kind](t, inp)
     checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in built.comparisons)
     backward = bool(built.gradients)
+    steps = _with_rounding(t.steps, built.comparisons, inp.dtype) if _is_half(inp.dtype) \
+        else t.steps
     return Explanation(
-        kind, inp.dtype, None if inp.eps is None else float(inp.eps), tuple(t.steps), checks,
+        kind, inp.dtype, None if inp.eps is None else float(inp.eps), tuple(steps), checks,
         gradient_checks=_gradient_checks(built, inp.dtype) if backward else (),
         jacobians=_jacobians(built, inp.dtype) if backward else (),
         invariants=_invariants(built, inp.dtype) if backward else (),
