@@ -620,8 +620,28 @@ def _rule(value, dtype):
     return own if _is_half(own) else np.dtype(np.float32)
 
 
-def tolerance_rule(dtype):
-    """The tolerance rule of a run in dtype, in words."""
+def tolerance_rule(dtype: DTypeLike) -> str:
+    """The rule `Check.tolerance` follows for a run in dtype, in words (what ``print`` of an
+    explanation states under its checks).
+
+    Parameters
+    ----------
+    dtype : {"float32", "float64", "float16", "bfloat16"}
+        The dtype the kernels ran in (`Explanation.dtype`).
+
+    Returns
+    -------
+    str
+        The rule: ``TOLERANCE_ULPS`` units of eps(dtype) at the largest value, and for
+        float16 and bfloat16 ``HALF_TOLERANCE_ULPS`` for the 16-bit outputs and float32's
+        rule for the float64 row statistics.
+
+    Examples
+    --------
+    >>> from resnorm.explain import tolerance_rule
+    >>> tolerance_rule("float32")
+    '128 * eps(float32) * max(1, max |reference value|)'
+    """
     dtype = np.dtype(dtype)
     if not _is_half(dtype):
         return f"{TOLERANCE_ULPS} * eps({dtype.name}) * max(1, max |reference value|)"
