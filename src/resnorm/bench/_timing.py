@@ -20,7 +20,7 @@ def time_interleaved(fns, repeats, warmup=2):
 
 
 def once_seconds(f):
-    """The seconds of one call of f (which also warms it up: call it twice, take the less)."""
+    """The seconds of one call of f (the call also warms f up)."""
     t0 = time.perf_counter()
     f()
     return time.perf_counter() - t0
