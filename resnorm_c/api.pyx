@@ -41,8 +41,9 @@ from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
                          rn_philox_uniforms, rn_to_float32)
-from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward, gated_forward,
-                               scaled_backward, scaled_forward, sigmoid)
+from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward,
+                               gated_channel_backward, gated_forward, scaled_backward,
+                               scaled_forward, sigmoid)
 
 rn_import_core()
 cnp.import_array()

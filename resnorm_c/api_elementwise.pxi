@@ -175,7 +175,7 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
 
 cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     """h = x + sigmoid(g) * F; returns h, or (h, cache) when keep_cache."""
-    xa, fa = branch_inputs(x, F)
+    xa, fa = branch_inputs(x, F, True)
     cdef cnp.ndarray ga = gate_array(g, shape_of(xa), xa.dtype)
     cdef int nt = threads_of(n_threads)
     if keep_cache:
@@ -194,33 +194,45 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     cdef void *px = cnp.PyArray_DATA(rows_x)
     cdef void *pf = cnp.PyArray_DATA(rows_f)
     cdef void *pg
-    cdef bint f32 = is_f32(rows_x)
-    if same_shape(ga, xa):
+    cdef Kind ek = kind_of(rows_x)
+    cdef bint full = same_shape(ga, xa)
+    # the gate's logits, read by the kernels (a per-channel g of the 16-bit types too:
+    # sigmoid(g) stays in float32 registers, as for a full gate, rather than being rounded
+    # to 16 bits before it scales F)
+    cdef Py_ssize_t g_step = d if full else 0
+    if full or ek == KIND_BF16 or ek == KIND_F16:
         gate = contiguous(ga)
         pg = cnp.PyArray_DATA(gate)
         with nogil:
-            if f32:
+            if ek == KIND_F32:
                 gated_forward(<float *>ph, <const float *>px, <const float *>pf,
-                              <const float *>pg, n, d, nt, stream)
-            else:
+                              <const float *>pg, g_step, n, d, nt, stream)
+            elif ek == KIND_F64:
                 gated_forward(<double *>ph, <const double *>px, <const double *>pf,
-                              <const double *>pg, n, d, nt, stream)
+                              <const double *>pg, g_step, n, d, nt, stream)
+            elif ek == KIND_BF16:
+                gated_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
+                              <const rn_bf16 *>pg, g_step, n, d, nt, stream)
+            else:
+                gated_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
+                              <const rn_f16 *>pg, g_step, n, d, nt, stream)
     else:
-        # per channel: the gate is a LayerScale vector s = sigmoid(g), formed once by the
-        # sigmoid of the full gate (the same bits); ds in double, for dg = ds * sum_rows dh F
+        # per channel, float and double: the gate is a LayerScale vector s = sigmoid(g),
+        # formed once by the sigmoid of the full gate (the same bits); ds in double, for
+        # dg = ds * sum_rows dh F
         s = cnp.PyArray_NewCopy(ga, cnp.NPY_CORDER)
         g64 = contiguous(np.asarray(ga, dtype=np.float64))   # aligned, as the kernels read it
         ds = new_like(g64)
         s64 = new_like(g64)   # (the double sigmoid's s, not kept)
         pg = cnp.PyArray_DATA(s)
         with nogil:
-            if f32:
+            if ek == KIND_F32:
                 sigmoid(<float *>pg, <float *>NULL, <const float *>pg, 1, d, 1)
             else:
                 sigmoid(<double *>pg, <double *>NULL, <const double *>pg, 1, d, 1)
             sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
                     <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
-            if f32:
+            if ek == KIND_F32:
                 scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
                                <const float *>pg, n, d, nt, stream)
             else:
@@ -229,8 +241,10 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     result = finish(out, h)
     if not keep_cache:
         return result
-    return result, GatedResidualCache(as_rows(rows_f), None if gate is None else as_rows(gate),
-                                      s, ds, shape_of(xa), xa.dtype)
+    # a full gate as the (N, D) rows, a per-channel one as its (D,) vector
+    return result, GatedResidualCache(as_rows(rows_f),
+                                      as_rows(gate, d) if full else gate, s, ds,
+                                      shape_of(xa), xa.dtype)
 
 
 def gated_residual(x, F, g, out, n_threads):
@@ -245,26 +259,29 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     """Returns (dx, dF, dg)."""
     elementwise_cache_type(cache, GatedResidualCache, "gated_residual_forward")
     cdef GatedResidualCache c = <GatedResidualCache>cache
+    # the kernels recompute sigmoid from the logits (a full gate, or a 16-bit per-channel
+    # one), or read s and ds (a per-channel gate of float and double)
+    cdef bint logits = c.s is None
+    cdef bint full = logits and np.ndim(c.gate) == 2
 
     def expected(n, d, dtype):
-        full = c.gate is not None
-        return [(c.branch, (n, d), dtype, True), (c.gate, (n, d), dtype, full),
-                (c.s, (d,), dtype, not full), (c.ds, (d,), np.float64, not full)]
+        return [(c.branch, (n, d), dtype, True), (c.gate, (n, d) if full else (d,), dtype, logits),
+                (c.s, (d,), dtype, not logits), (c.ds, (d,), np.float64, not logits)]
 
-    cache_arrays(c, expected)
+    cache_arrays(c, expected, True, 1, True)
     cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
     cdef int nt = 1
     cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
     cdef tuple kept = (c.branch, c.gate, c.s, c.ds)
-    cdef bint full = c.gate is not None
     cdef cnp.ndarray dx = elementwise_gradient(out, "out", dha, dha, GATED_CACHE_FIELDS, kept)
     cdef cnp.ndarray dF = elementwise_gradient(dbranch_out, "dbranch_out", dha, dha,
                                                GATED_CACHE_FIELDS, kept)
-    # dg has g's shape: F's, or (D,) per channel (then summed over rows, written at the end)
-    cdef cnp.ndarray dg = elementwise_gradient(dgate_out, "dgate_out",
-                                               dha if full else <cnp.ndarray>c.s, dha,
-                                               GATED_CACHE_FIELDS, kept)
+    # dg has g's shape: F's, or (D,) per channel (then summed over rows)
+    cdef cnp.ndarray dg = elementwise_gradient(
+        dgate_out, "dgate_out",
+        dha if full else <cnp.ndarray>(c.gate if logits else c.s),
+        dha, GATED_CACHE_FIELDS, kept)
     apart((out, dbranch_out, dgate_out), GATED_BUFFERS)
     cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
     cdef void *pdx = cnp.PyArray_DATA(dx)
@@ -275,26 +292,49 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     cdef void *pdg = cnp.PyArray_DATA(dg)
     cdef Scratch scratch
     cdef double *work
-    cdef bint f32 = is_f32(rows)
+    cdef Kind ek = kind_of(rows)
     if full:
         pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
         with nogil:
-            if f32:
+            if ek == KIND_F32:
                 gated_backward(<float *>pdx, <float *>pdf, <float *>pdg, <const float *>pdh,
                                <const float *>pf, <const float *>pg, n, d, nt, stream)
-            else:
+            elif ek == KIND_F64:
                 gated_backward(<double *>pdx, <double *>pdf, <double *>pdg,
                                <const double *>pdh, <const double *>pf, <const double *>pg,
                                n, d, nt, stream)
+            elif ek == KIND_BF16:
+                gated_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg,
+                               <const rn_bf16 *>pdh, <const rn_bf16 *>pf, <const rn_bf16 *>pg,
+                               n, d, nt, stream)
+            else:
+                gated_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg,
+                               <const rn_f16 *>pdh, <const rn_f16 *>pf, <const rn_f16 *>pg,
+                               n, d, nt, stream)
         return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
-    # per channel: the scaled residual's backward with alpha = s, then dg = dalpha * ds
+    scratch = lend(row_blocks(n) * d * sizeof(double))
+    work = <double *>scratch.data
+    if logits:
+        # per channel, 16-bit: dg summed over rows in double, rounded once
+        pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
+        with nogil:
+            if ek == KIND_BF16:
+                gated_channel_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg, work,
+                                       <const rn_bf16 *>pdh, <const rn_bf16 *>pf,
+                                       <const rn_bf16 *>pg, n, d, nt, stream)
+            else:
+                gated_channel_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg, work,
+                                       <const rn_f16 *>pdh, <const rn_f16 *>pf,
+                                       <const rn_f16 *>pg, n, d, nt, stream)
+        scratch.give_back()
+        return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
+    # per channel, float and double: the scaled residual's backward with alpha = s, then
+    # dg = dalpha * ds
     dsum = new_vector(d, cnp.NPY_DOUBLE)
     cdef double *pdsum = <double *>cnp.PyArray_DATA(dsum)
     pg = cnp.PyArray_DATA(<cnp.ndarray>c.s)
-    scratch = lend(row_blocks(n) * d * sizeof(double))
-    work = <double *>scratch.data
     with nogil:
-        if f32:
+        if ek == KIND_F32:
             scaled_backward(<float *>pdx, <float *>pdf, pdsum, work, <const float *>pdh,
                             <const float *>pf, <const float *>pg, n, d, nt, stream)
         else:

@@ -208,11 +208,12 @@ cdef class ScaledResidualCache:
 
 @cython.dataclasses.dataclass(frozen=True)
 cdef class GatedResidualCache:
-    """What gated_residual_backward needs: F and the gate (by reference).  A per-channel
-    gate keeps sigmoid(g) and sigmoid'(g) as (D,) vectors; a full gate recomputes them."""
+    """What gated_residual_backward needs: F and the gate (by reference).  A full gate, and
+    a per-channel gate of float16 or bfloat16, keep g and recompute sigmoid(g) from it; a
+    per-channel gate of float32 or float64 keeps sigmoid(g) and sigmoid'(g) as (D,) vectors."""
     branch: object  # (N, D) F
-    gate: object    # (N, D) g, full-shape gates only
-    s: object       # (D,) sigmoid(g) in the input dtype, per-channel gates only
-    ds: object      # (D,) float64 sigmoid(g)*(1-sigmoid(g)), per-channel only
+    gate: object    # (N, D) g, or (D,) g per channel in float16 / bfloat16
+    s: object       # (D,) sigmoid(g) in the input dtype, per-channel float32 / float64 only
+    ds: object      # (D,) float64 sigmoid(g)*(1-sigmoid(g)), likewise
     shape: object
     dtype: object

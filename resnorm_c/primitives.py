@@ -132,11 +132,12 @@ PRIMITIVES = [
               "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h", halves=False),
     Primitive("gated_add", "void",
               "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream",
-              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h", halves=False),
+              "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h"),
     Primitive("gated_bwd", "void",
-              "T *dx, T *dF, T *dg, const T *dh, const T *F, const T *g, Py_ssize_t d, "
-              "int stream",
-              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s));  s = sigmoid(g)", "vmath.h", halves=False),
+              "T *dx, T *dF, T *dg, double *dg_part, const T *dh, const T *F, const T *g, "
+              "Py_ssize_t d, int stream",
+              "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s)) (or dg_part += it);  s = sigmoid(g)",
+              "vmath.h"),
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

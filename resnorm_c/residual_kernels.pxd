@@ -132,33 +132,66 @@ cdef inline void sigmoid(real *s, real *ds, const real *g, Py_ssize_t n, Py_ssiz
         rn_sigmoid(s + i * d, ds + i * d if ds != NULL else NULL, g + i * d, d)
 
 
-cdef inline void gated_forward(real *h, const real *x, const real *F,
-                               const real *g, Py_ssize_t n, Py_ssize_t d, int n_threads,
-                               bint stream) noexcept nogil:
-    """h := x + sigmoid(g) * F, g of F's shape (a per-channel g goes through
-    scaled_forward), the sigmoid formed in registers.  h may be x, F or g.
+cdef inline void gated_forward(element *h, const element *x, const element *F,
+                               const element *g, Py_ssize_t g_step, Py_ssize_t n,
+                               Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """h := x + sigmoid(g) * F, the sigmoid formed in registers.  g_step: d for a g of F's
+    shape, 0 for a per-channel (D,) g used by every row (the 16-bit types: float and double
+    take scaled_forward with s = sigmoid(g) formed once).  h may be x, F or g.
     NumPy reference: resnorm.reference.gated_residual_forward."""
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * d, d, stream)
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * d, d, stream)
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream)
 
 
-cdef inline void gated_backward(real *dx, real *dF, real *dg, const real *dh,
-                                const real *F, const real *g, Py_ssize_t n,
+cdef inline void gated_backward(element *dx, element *dF, element *dg, const element *dh,
+                                const element *F, const element *g, Py_ssize_t n,
                                 Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
-    """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed.
-    Each output may be dh itself, none F or g.
+    """dx := dh;  dF := dh * s;  dg := F * (dh * s*(1-s)),  s = sigmoid(g) recomputed, g of
+    F's shape.  Each output may be dh itself, none F or g.
     NumPy reference: resnorm.reference.gated_residual_backward."""
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, dh + i * d, F + i * d, g + i * d,
-                         d, stream)
+            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, NULL, dh + i * d, F + i * d,
+                         g + i * d, d, stream)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, dh + i * d, F + i * d, g + i * d,
-                         d, stream)
+            rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, NULL, dh + i * d, F + i * d,
+                         g + i * d, d, stream)
+
+
+cdef inline void gated_channel_backward_block(element *dx, element *dF, double *dg_part,
+                                              const element *dh, const element *F,
+                                              const element *g, Py_ssize_t lo, Py_ssize_t hi,
+                                              Py_ssize_t d, bint stream) noexcept nogil:
+    """Rows lo .. hi of gated_channel_backward, their dg summed into dg_part."""
+    cdef Py_ssize_t i
+    memset(dg_part, 0, d * sizeof(double))
+    for i in range(lo, hi):
+        rn_gated_bwd(dx + i * d, dF + i * d, NULL, dg_part, dh + i * d, F + i * d, g, d,
+                     stream)
+
+
+cdef inline void gated_channel_backward(element *dx, element *dF, element *dg,
+                                        double *partials, const element *dh,
+                                        const element *F, const element *g, Py_ssize_t n,
+                                        Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+    """gated_backward for a per-channel (D,) g (the 16-bit types): dx and dF as there, and
+    dg := sum over rows of F * (dh * s*(1-s)), the float terms summed in double per row
+    block, the blocks in order, rounded once.  partials: (row_blocks(n), d) scratch.
+    NumPy reference: resnorm.reference.gated_residual_backward."""
+    cdef Py_ssize_t nb = row_blocks(n), blk
+    if n_threads == 1:
+        for blk in range(nb):
+            gated_channel_backward_block(dx, dF, partials + blk * d, dh, F, g, blk * n // nb,
+                                         (blk + 1) * n // nb, d, stream)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            gated_channel_backward_block(dx, dF, partials + blk * d, dh, F, g, blk * n // nb,
+                                         (blk + 1) * n // nb, d, stream)
+    sum_partials(dg, partials, nb, d, n_threads)

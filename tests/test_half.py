@@ -1,5 +1,5 @@
-"""float16 and bfloat16: the conversions, the norms and the fused add + norm forward and
-backward against the float64 reference rounded once, reproducibility over threads and
+"""float16 and bfloat16: the conversions, the norms, the fused add + norm and the
+elementwise residuals forward and backward against the float64 reference rounded once, reproducibility over threads and
 SIMD levels.  float16 tests need nothing beyond NumPy; bfloat16 tests need ml_dtypes."""
 import numpy as np
 import pytest
@@ -161,6 +161,13 @@ def test_non_contiguous_read_only_inputs_unchanged(rng, name):
     assert np.array_equal(x.view(np.uint16), keep_x.view(np.uint16))
     assert np.array_equal(w.view(np.uint16), keep_w.view(np.uint16))
     assert dx.dtype == dw.dtype == dt
+    h, c = resnorm.gated_residual_forward(x, x, w)   # a read-only per-channel gate
+    assert np.array_equal(h.view(np.uint16), resnorm.gated_residual(
+        np.ascontiguousarray(x), np.ascontiguousarray(x), w).view(np.uint16))
+    dx, dF, dg = resnorm.gated_residual_backward(x, c)
+    assert np.array_equal(x.view(np.uint16), keep_x.view(np.uint16))
+    assert np.array_equal(w.view(np.uint16), keep_w.view(np.uint16))
+    assert dg.dtype == dt and dg.shape == w.shape
 
 
 # --------------------------------------------------------------------------- backward
@@ -288,6 +295,44 @@ def test_dropout_and_scaled_residual_round_once(rng, name, d):
     assert np.all(np.abs(galpha - want) <= spacing(want, dt) + F32_TERMS * terms)
 
 
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [1, 17, 4097])
+def test_gated_residual_rounds_once(rng, name, d):
+    # h = x + F * sigmoid(g) formed in float32, the sigmoid never rounded to 16 bits: the
+    # float32 kernel's result on the widened inputs, rounded once; a per-channel gate gives
+    # the bits of the full gate it broadcasts to
+    dt = half(name)
+    x, F, dh = (rows(rng, "mixed", 7, d, dt) for _ in range(3))
+    g = (3 * rng.standard_normal((7, d))).astype(dt)
+    gc = g[2].copy()
+    x32, F32, dh32, g32 = (a.astype(np.float32) for a in (x, F, dh, g))
+    x64, F64, dh64 = (a.astype(np.float64) for a in (x, F, dh))
+    bits = lambda a: a.view(np.uint16)
+
+    h, cache = resnorm.gated_residual_forward(x, F, g)
+    assert h.dtype == dt
+    assert np.array_equal(bits(h), bits(resnorm.gated_residual(x32, F32, g32).astype(dt)))
+    assert ulps(h, ref.gated_residual_forward(x64, F64, g.astype(np.float64))).max() <= 1
+    dx, dF, dg = resnorm.gated_residual_backward(dh, cache)
+    want = resnorm.gated_residual_backward(dh32, resnorm.gated_residual_forward(x32, F32, g32)[1])
+    assert dx.dtype == dF.dtype == dg.dtype == dt and dg.shape == g.shape
+    for got, w32 in zip((dx, dF, dg), want):
+        assert np.array_equal(bits(got), bits(w32.astype(dt)))
+
+    broad = np.broadcast_to(gc, x.shape).copy()
+    h, cache = resnorm.gated_residual_forward(x, F, gc)
+    assert np.array_equal(bits(h), bits(resnorm.gated_residual(x, F, broad)))
+    cx, cF, cg = resnorm.gated_residual_backward(dh, cache)
+    fx, fF, _ = resnorm.gated_residual_backward(dh, resnorm.gated_residual_forward(x, F, broad)[1])
+    assert np.array_equal(bits(cx), bits(fx)) and np.array_equal(bits(cF), bits(fF))
+    # dg: the float32 terms F * (dh * s(1 - s)) summed over rows in double, rounded once
+    s = 1 / (1 + np.exp(-gc.astype(np.float64)))
+    terms = F64 * dh64 * s * (1 - s)
+    want = terms.sum(0)
+    assert cg.dtype == dt and cg.shape == (d,)
+    assert np.all(np.abs(cg - want) <= spacing(want, dt) + F32_TERMS * np.abs(terms).sum(0))
+
+
 # --------------------------------------------------------------------------- checks
 
 @pytest.mark.parametrize("name", HALVES)
@@ -298,8 +343,8 @@ def test_mixed_dtypes_refused_naming_the_argument(rng, name):
         resnorm.rms_norm(x, np.ones(8, np.float32))
     with pytest.raises(TypeError, match="residual"):
         resnorm.add_rms_norm(x, x.astype(np.float32))
-    with pytest.raises(TypeError, match=r"x must have dtype float32 or float64"):
-        resnorm.gated_residual(x, x, x)   # no 16-bit kernels: its exp loops are float32's
+    with pytest.raises(TypeError, match="g"):
+        resnorm.gated_residual(x, x, x.astype(np.float32))
     with pytest.raises(TypeError, match=r"float32, float64, float16 or bfloat16, got int32"):
         resnorm.rms_norm(x.astype(np.float32).astype(np.int32))
 
@@ -327,6 +372,9 @@ def test_identical_for_any_thread_count(rng, name):
         out += [y, *resnorm.rms_norm_backward(dy, c, n_threads=nt)]
         (y, h), c = resnorm.add_rms_norm_forward(x, r, w, n_threads=nt)
         out += [y, h, *resnorm.add_rms_norm_backward(dy, dy, c, n_threads=nt)[:3]]
+        for gate in (r, w):   # a full and a per-channel gate (dg summed over row blocks)
+            h, c = resnorm.gated_residual_forward(x, dy, gate, n_threads=nt)
+            out += [h, *resnorm.gated_residual_backward(r, c, n_threads=nt)]
         assert all(a is not None for a in out)
         return [a.view(np.uint16) for a in out]
 
@@ -367,6 +415,9 @@ for name in names:
         res += [y, *resnorm.layer_norm_backward(dy, c)]
         (y, h), c = resnorm.add_layer_norm_forward(x, r, w)
         res += [y, h, *resnorm.add_layer_norm_backward(dy, dy, c)[:3]]
+        for gate in (r, w):
+            h, c = resnorm.gated_residual_forward(x, dy, gate)
+            res += [h, *resnorm.gated_residual_backward(r, c)]
         for k, a in enumerate(res):
             out[f"{tag}_{k}"] = a.view(np.uint16)
 np.savez(sys.argv[1], **out)

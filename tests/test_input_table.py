@@ -115,7 +115,7 @@ def assert_same_outputs(got, want, what):
 
 # the families whose kernels take float16 and bfloat16 (tests/test_half.py checks them)
 HALF_FAMILIES = ("rms", "ln", "add_rms", "add_ln", "add_rms_post", "add_ln_post", "scaled",
-                 "dropout")
+                 "gated", "dropout")
 
 
 @each(FORWARDS)

@@ -187,6 +187,32 @@ def test_compile_keeps_one_graph(dtype):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("per_channel", [False, True], ids=["full", "channel"])
+def test_gated_residual_runs_resnorms_half_kernels(dtype, per_channel):
+    # rt.gated_residual and its backward give the bits of resnorm's 16-bit kernels, and
+    # GatedResidual follows .to(dtype)
+    import resnorm
+    x, _, _ = inputs(dtype, (6, 40))
+    F_, _, _ = inputs(dtype, (6, 40), seed=1)
+    g = inputs(dtype, (6, 40), seed=2)[0] * 3
+    g = g[0].clone() if per_channel else g
+    dh = inputs(dtype, (6, 40), seed=3)[0]
+    x, F_, g = (t.clone().requires_grad_() for t in (x, F_, g))
+    h = rt.gated_residual(x, F_, g)
+    h.backward(dh)
+    want, cache = resnorm.gated_residual_forward(T.view(x.detach()), T.view(F_.detach()),
+                                                 T.view(g.detach()))
+    bits = lambda t: t.detach().contiguous().view(torch.int16)
+    assert h.dtype is dtype and torch.equal(bits(h), bits(T.tensor(want)))
+    for got, a in zip((x.grad, F_.grad, g.grad),
+                      resnorm.gated_residual_backward(T.view(dh), cache)):
+        assert got.dtype is dtype and got.shape == T.tensor(a).shape
+        assert torch.equal(bits(got), bits(T.tensor(a)))
+    module = rt.GatedResidual(40).to(dtype)
+    assert module(x.detach(), F_.detach()).dtype is dtype
+
+
 def test_other_dtypes_still_refused():
     with pytest.raises(TypeError, match="torch.float16 or torch.bfloat16, got torch.int32"):
         rt.rms_norm(torch.ones(2, 4, dtype=torch.int32))

@@ -7,9 +7,7 @@
 #include "backward.h"
 #include "partials.h"
 #include "convert.h"
-#if !RN_HALF /* the exp and erfc loops serve resnorm.nn's float32 / float64 layers */
 #include "vmath.h"
-#endif
 
 /* vec.h's names, defined again for the next element type */
 #undef RN_PFV_X

@@ -1,6 +1,8 @@
 /* Loops that call exp or erfc once per element: GELU (exact and tanh forms, forward and
  * backward), the exponentials of the attention softmax, and the sigmoid of the gated
- * residual with its rows (typed template; element.h includes it after vec.h).
+ * residual with its rows (typed template; element.h includes it after vec.h).  The 16-bit
+ * types get the gated residual only: the other loops serve resnorm.nn's float32 / float64
+ * layers.
  *
  * float32: libm's expf/erff are scalar calls, which made GELU a quarter of a training step.
  * Here exp and erfc are written with +, *, / and integer bit operations only, so the loops
@@ -118,6 +120,7 @@ static inline double rn_sigmoid(double g, double *ds)
 
 #endif /* RN_VMATH_SCALARS */
 
+#if !RN_HALF
 /* ---- exact GELU: y = x Phi(x), Phi(x) = 1 - erfc(x/sqrt2)/2 (x >= 0) or erfc(|x|/sqrt2)/2 */
 
 static void RN_NAME(gelu)(RN_T *y, const RN_T *x, Py_ssize_t n)
@@ -197,10 +200,11 @@ static void RN_NAME(exp_shifted)(RN_T *p, const RN_T *s, RN_T m, RN_T scale, Py_
         p[j] = RN_EXP_(scale * (s[j] - m));
 }
 #undef RN_EXP_
+#endif /* !RN_HALF */
 
 /* ---- the gated residual: h = x + s F, s = sigmoid(g), and its backward
  *
- * float: in vector code at every level.  The vector functions below repeat rn_exp_nonposf
+ * float (and the 16-bit types, computed in float): in vector code at every level.  The vector functions below repeat rn_exp_nonposf
  * and rn_sigmoidf operation by operation (clamps and branches as lane selects), so an element
  * gets the same bits from the vector body as from the scalar head and tail, on every level;
  * -ffp-contract=off keeps a*b+c unfused everywhere.  One pass: the sigmoid is formed in
@@ -247,7 +251,9 @@ static inline RN_VEC RN_NAME(vsigmoid)(RN_VEC g, RN_VEC *ds)
 #define RN_GATED_LOOP_(out) do { (void)stream; for (Py_ssize_t k = 0; k < d; k++) S_(k) } while (0)
 #endif
 
-/* s_k = sigmoid(g_k), ds_k = s_k (1 - s_k) (ds may be NULL) */
+#if !RN_HALF
+/* s_k = sigmoid(g_k), ds_k = s_k (1 - s_k) (ds may be NULL): the per-channel gate of
+ * float and double, formed once per call */
 static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
 {
     const int stream = 0;
@@ -260,6 +266,7 @@ static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
 #undef S_
 #undef V_
 }
+#endif
 
 /* h_k = x_k + F_k * sigmoid(g_k), one pass; h may be x, F or g.  x, F and g are prefetched
  * one row ahead. */
@@ -280,24 +287,30 @@ static void RN_NAME(gated_add)(RN_T *h, const RN_T *x, const RN_T *F, const RN_T
 }
 
 /* Backward of h = x + s F:  dx_k = dh_k,  dF_k = dh_k * s_k,  dg_k = F_k * (dh_k * ds_k),
- * s and ds = s (1 - s) recomputed from g.  Every output may be dh itself (each element is
- * read before it is written); none may be F or g.  dh, F and g are prefetched one row
- * ahead. */
-static void RN_NAME(gated_bwd)(RN_T *dx, RN_T *dF, RN_T *dg, const RN_T *dh, const RN_T *F,
-                               const RN_T *g, Py_ssize_t d, int stream)
+ * s and ds = s (1 - s) recomputed from g.  dg_part NULL: dg is written.  Otherwise dg is
+ * not, and dg_part_k += dg_k, widened to double: the gradient of a per-channel gate (g the
+ * same (D,) row for every row), summed over the rows.  Every output may be dh itself (each
+ * element is read before it is written); none may be F or g.  dh, F and g are prefetched
+ * one row ahead. */
+static void RN_NAME(gated_bwd)(RN_T *dx, RN_T *dF, RN_T *dg, double *dg_part, const RN_T *dh,
+                               const RN_T *F, const RN_T *g, Py_ssize_t d, int stream)
 {
 #define PF_(k) { RN_NAME(prefetch_next)(dh, d, (k), RN_W);                                 \
                  RN_NAME(prefetch_next)(F, d, (k), RN_W);                                  \
                  RN_NAME(prefetch_next)(g, d, (k), RN_W); }
 #define S_(k) { RN_T dsk; const RN_T dhk = dh[k], fk = F[k], sk = RN_SIG_(g[k], &dsk);    \
-                dx[k] = dhk; dF[k] = dhk * sk; dg[k] = fk * (dhk * dsk); }
+                dx[k] = dhk; dF[k] = dhk * sk;                                             \
+                if (dg_part) { dg_part[k] += fk * (dhk * dsk); } else { dg[k] = fk * (dhk * dsk); } }
 #define V_(k) { RN_VEC dsk;                                                                \
                 const RN_VEC dhk = RN_GET(dh + (k)), fk = RN_GET(F + (k));                 \
                 const RN_VEC sk = RN_NAME(vsigmoid)(RN_GET(g + (k)), &dsk);                \
                 RN_PUT(dx + (k), dhk); RN_PUT(dF + (k), dhk * sk);                         \
-                RN_PUT(dg + (k), fk * (dhk * dsk)); }
-    if (!RN_NAME(same_phase)(dx, dF) || !RN_NAME(same_phase)(dx, dg)) stream = 0;
-    RN_GATED_LOOP_(dx);
+                if (dg_part) { RN_ADD_WIDENED(dg_part + (k), fk * (dhk * dsk)); }          \
+                else { RN_PUT(dg + (k), fk * (dhk * dsk)); } }
+    if (!RN_NAME(same_phase)(dx, dF) || (!dg_part && !RN_NAME(same_phase)(dx, dg))) stream = 0;
+    /* one expansion per case, so the compiler drops the dead branch from the loop */
+    if (dg_part) RN_GATED_LOOP_(dx);
+    else { double *dg_part = NULL; RN_GATED_LOOP_(dx); }
 #undef PF_
 #undef S_
 #undef V_

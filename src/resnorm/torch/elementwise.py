@@ -118,8 +118,8 @@ def scaled_residual(x, F, alpha):
     Parameters
     ----------
     x, F : torch.Tensor
-        float32/float64 CPU tensors of one shape (..., D) and dtype: the residual stream and
-        the branch.
+        float32, float64, float16 or bfloat16 CPU tensors of one shape (..., D) and dtype:
+        the residual stream and the branch.
     alpha : float or torch.Tensor
         A number (fixed), or a tensor of shape () or (D,) of x's dtype (learnable).
 
@@ -154,7 +154,7 @@ def gated_residual(x, F, g):
     Parameters
     ----------
     x, F : torch.Tensor
-        float32/float64 CPU tensors of one shape (..., D) and dtype.
+        float32, float64, float16 or bfloat16 CPU tensors of one shape (..., D) and dtype.
     g : torch.Tensor
         Gate logits of F's shape (computed by another layer), or (D,) (one per channel),
         of x's dtype.
