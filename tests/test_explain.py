@@ -229,10 +229,8 @@ def test_cli_negative_first_value(capsys):
     ({"dtype": np.int32}, TypeError, "dtype must be float32, float64, float16 or bfloat16"),
     ({"dtype": "float8"}, TypeError, "dtype must be float32, float64, float16 or bfloat16"),
     ({"kind": "add-rms", "residual": X, "dtype": np.float16}, TypeError,
-     "dtype float16 is explained for the kinds rms, layer, dropout, scaled, not "
-     "kind='add-rms'"),
-    ({"kind": "gated", "F": X, "g": X, "dtype": "float16"}, TypeError,
-     "not kind='gated'; explain it in float32 or float64"),
+     "dtype float16 is explained for the kinds rms, layer, dropout, scaled, gated, not "
+     "kind='add-rms'; explain it in float32 or float64"),
 ])
 def test_bad_input(kwargs, error, words):
     args = {"kind": "rms", "x": X, **kwargs}
@@ -584,7 +582,8 @@ def _halves():
 
 HALF_CASES = [("rms", dict(weight=W, dy=DY)), ("layer", dict(weight=W, bias=B, dy=DY)),
               ("dropout", dict(p=0.5, seed=1, dy=DY)), ("scaled", dict(F=F_, alpha=0.7, dh=DY)),
-              ("scaled", dict(F=F_, alpha=[0.7, 1.0, 2.0, 3.0], dh=DY))]
+              ("scaled", dict(F=F_, alpha=[0.7, 1.0, 2.0, 3.0], dh=DY)),
+              ("gated", dict(F=F_, g=[-3.0, 0.0, 1.0, 2.5], dh=DY))]
 
 
 @pytest.mark.parametrize("name", _halves())

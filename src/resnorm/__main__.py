@@ -206,7 +206,7 @@ def main(argv=None):
                    help="add-*, dropout: eval mode (dropout is the identity)")
     e.add_argument("--dtype", default="float64",
                    choices=["float32", "float64", "float16", "bfloat16"],
-                   help="float16 and bfloat16 (kinds rms, layer, dropout, scaled): computed "
+                   help="float16 and bfloat16 (kinds rms, layer, dropout, scaled, gated): computed "
                    "in float32, each output rounded once (bfloat16 needs ml_dtypes)")
     e.add_argument("--digits", type=int, help="significant digits (default 6 for float16 and "
                    "bfloat16, 8 for float32, 10 for float64)")

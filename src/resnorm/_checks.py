@@ -11,8 +11,8 @@ import numbers
 import numpy as np
 
 from ._api import (FLOAT_DTYPES, MAX_THREADS, eps_value, flag, float_array, gate_array,
-                   like_array, n_threads_value, not_masked, optional_param, out_array,
-                   probability, residual_scale, same_memory, seed_value)
+                   is_element_dtype, like_array, n_threads_value, not_masked, optional_param,
+                   out_array, probability, residual_scale, same_memory, seed_value)
 
 __all__ = ["FLOAT_DTYPES", "MAX_THREADS", "eps_value", "flag", "float_array", "float_dtype",
            "gate_array", "like_array", "module_input", "n_threads_value", "not_masked",
@@ -38,14 +38,16 @@ def one_of(v, name, options):
     return v
 
 
-def float_dtype(dtype, name="dtype"):
-    """dtype as np.dtype float32 or float64."""
+def float_dtype(dtype, name="dtype", halves=False):
+    """dtype as np.dtype float32 or float64 (halves: float16 and bfloat16 too, the dtypes of
+    the modules that run only resnorm's kernels: norms, dropout, residual connections)."""
+    want = "float32, float64, float16 or bfloat16" if halves else "float32 or float64"
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
-        raise TypeError(f"{name} must be float32 or float64, got {dtype!r}") from e
-    if dt not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64, got {dt}")
+        raise TypeError(f"{name} must be {want}, got {dtype!r}") from e
+    if not (dt in FLOAT_DTYPES or (halves and is_element_dtype(dt))):
+        raise TypeError(f"{name} must be {want}, got {dt}")
     return dt
 
 
@@ -63,7 +65,7 @@ def module_input(x, name, dtype, last, ndim=None):
     """x as an array of the module's dtype with last axis `last` (and exactly ndim axes when
     ndim is given, e.g. 3 for (B, T, D)).  No silent casts: a float64 array given to a float32
     module is a TypeError."""
-    x = float_array(x, name)
+    x = float_array(x, name, dtype not in FLOAT_DTYPES)
     if x.dtype != dtype:
         raise TypeError(f"{name} must have the module's dtype {dtype}, got {x.dtype}")
     if ndim is not None and x.ndim != ndim:

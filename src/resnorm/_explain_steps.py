@@ -584,9 +584,11 @@ def gated(t, inp):
           "1 / (1 + exp(-{g}))", note="sigmoid(g) in double: 1/(1+e) for g >= 0, e/(1+e) "
                                       "below, so exp never overflows")
     t.add("h", h, "element", "kernel", "forward", "{x} + {s} * {F}")
-    built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "g": g},
-                  "F and g by reference: dg needs both; a per-channel gate keeps sigmoid(g) "
-                  "and its derivative as (D,) vectors instead, computed once per call")
+    why = "F and g by reference: dg needs both"
+    if cache.s is not None:
+        why += ("; a per-channel gate keeps sigmoid(g) and its derivative as (D,) vectors "
+                "instead, computed once per call")
+    built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "g": g}, why)
     if inp.dh is None:
         return built
     dx, dF, dg = resnorm.gated_residual_backward(inp.dh, cache)

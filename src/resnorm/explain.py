@@ -62,9 +62,9 @@ TOLERANCE_ULPS = 128
 # float32 values: they are held to the float32 rule.
 HALF_TOLERANCE_ULPS = 1
 # The kinds explained in float16 and bfloat16: one rounding at each output.  (The fused
-# kinds keep h unrounded inside the kernel and return it rounded, and the gated residual
-# has no 16-bit kernel: explained in float32 and float64.)
-HALF_KINDS = ("rms", "layer", "dropout", "scaled")
+# kinds keep h unrounded inside the kernel and return it rounded: explained in float32 and
+# float64.)
+HALF_KINDS = ("rms", "layer", "dropout", "scaled", "gated")
 # Finite differences: central, step FD_STEP * max(1, |value|), on the float64 forward
 # kernel.  Their error (step^2 truncation, rounding / step) stays far below FD_RELATIVE *
 # max(1, max |gradient|), the tolerance added to the kernel's own rounding tolerance.

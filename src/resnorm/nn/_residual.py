@@ -48,7 +48,7 @@ class Residual(Module):
     def __init__(self, kind, d, *, p=0.0, alpha=1.0, gate=0.0, dtype=np.float32, seed=0):
         super().__init__()
         self.kind = _checks.one_of(kind, "residual", RESIDUAL_KINDS)
-        self.dtype = _checks.float_dtype(dtype)
+        self.dtype = _checks.float_dtype(dtype, halves=True)
         self.dropout = self.add_module("dropout", Dropout(p, seed=seed))
         if self.kind == "scaled":
             a = np.full(1, _checks.real_value(alpha, "alpha"), self.dtype)

@@ -72,7 +72,7 @@ class Dropout(Module):
         return int(self._rng.integers(0, 2**64, dtype=np.uint64))
 
     def forward(self, x: ArrayLike) -> NDArray[np.floating]:
-        x = _checks.float_array(x, "x")
+        x = _checks.float_array(x, "x", True)
         if not self.active:
             self._cache = (None, x.shape, x.dtype)
             return x

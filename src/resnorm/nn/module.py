@@ -189,7 +189,9 @@ class Module:
                              f"{missing}, unexpected {unexpected}")
         values = {}
         for name in params.keys() & state.keys():   # check everything before copying anything
-            a = _checks.float_array(state[name], f"state[{name!r}]")
+            # a 16-bit state only for a 16-bit parameter (the modules that take halves)
+            a = _checks.float_array(state[name], f"state[{name!r}]",
+                                    params[name].dtype not in _checks.FLOAT_DTYPES)
             if a.shape != params[name].shape:
                 raise ValueError(f"state[{name!r}] must have shape {params[name].shape}, "
                                  f"got {a.shape}")

@@ -34,14 +34,15 @@ class RMSNorm(Module):
     zero_centered_weight : bool, default False
         Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
         so that weight decay pulls toward the identity.  dweight is the same sum.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        The dtype of the weight and of the inputs.
+    dtype : {numpy.float32, numpy.float64, numpy.float16, ml_dtypes.bfloat16}, default numpy.float32
+        The dtype of the weight and of the inputs (16-bit: computed in float32, see
+        docs/half_precision.md).
 
     Raises
     ------
     TypeError, ValueError
         If d is not a positive int, eps is not a finite number > 0, or dtype is not
-        float32 or float64.
+        float32, float64, float16 or bfloat16.
 
     Examples
     --------
@@ -61,7 +62,7 @@ class RMSNorm(Module):
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
-        self.dtype = _checks.float_dtype(dtype)
+        self.dtype = _checks.float_dtype(dtype, halves=True)
         self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
                                                             zero_centered_weight)
         self.weight, self.dweight = self.add_param("weight", weight)
@@ -101,14 +102,14 @@ class LayerNorm(Module):
     zero_centered_weight : bool, default False
         Whether the gain applied is ``1 + weight`` (Gemma); the weight then starts at 0,
         so that weight decay pulls toward the identity.  dweight is the same sum.
-    dtype : {numpy.float32, numpy.float64}, default numpy.float32
-        The dtype of the parameters and of the inputs.
+    dtype : {numpy.float32, numpy.float64, numpy.float16, ml_dtypes.bfloat16}, default numpy.float32
+        The dtype of the parameters and of the inputs (16-bit: computed in float32).
 
     Raises
     ------
     TypeError, ValueError
         If d is not a positive int, eps is not a finite number > 0, or dtype is not
-        float32 or float64.
+        float32, float64, float16 or bfloat16.
 
     Examples
     --------
@@ -128,7 +129,7 @@ class LayerNorm(Module):
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
-        self.dtype = _checks.float_dtype(dtype)
+        self.dtype = _checks.float_dtype(dtype, halves=True)
         self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
                                                             zero_centered_weight)
         self.weight, self.dweight = self.add_param("weight", weight)
