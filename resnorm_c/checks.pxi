@@ -382,6 +382,13 @@ cpdef double probability(p, str name="p") except -1.0:
 
 cpdef object seed_value(seed):
     """A dropout seed: an int in [0, 2**64) (the 64-bit Philox key)."""
+    cdef unsigned long long key
+    if type(seed) is int:   # decided in C: the conversion raises outside [0, 2**64)
+        try:
+            key = seed
+        except OverflowError:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}") from None
+        return seed
     if type(seed) is not int and (isinstance(seed, (bool, np.bool_))
                                   or not isinstance(seed, numbers.Integral)):
         raise TypeError(f"seed must be an int in [0, 2**64), got {type(seed).__name__}")
