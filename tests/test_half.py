@@ -1,6 +1,7 @@
 """float16 and bfloat16: the conversions, the norms, the fused add + norm and the
-elementwise residuals forward and backward against the float64 reference rounded once, reproducibility over threads and
-SIMD levels.  float16 tests need nothing beyond NumPy; bfloat16 tests need ml_dtypes."""
+elementwise residuals forward and backward against the float64 reference rounded once,
+reproducibility over threads and SIMD levels.  float16 tests need nothing beyond NumPy;
+bfloat16 tests need ml_dtypes."""
 import numpy as np
 import pytest
 

@@ -204,9 +204,10 @@ static void RN_NAME(exp_shifted)(RN_T *p, const RN_T *s, RN_T m, RN_T scale, Py_
 
 /* ---- the gated residual: h = x + s F, s = sigmoid(g), and its backward
  *
- * float (and the 16-bit types, computed in float): in vector code at every level.  The vector functions below repeat rn_exp_nonposf
- * and rn_sigmoidf operation by operation (clamps and branches as lane selects), so an element
- * gets the same bits from the vector body as from the scalar head and tail, on every level;
+ * float (and the 16-bit types, computed in float): in vector code at every level.  The
+ * vector functions below repeat rn_exp_nonposf and rn_sigmoidf operation by operation
+ * (clamps and branches as lane selects), so an element gets the same bits from the vector
+ * body as from the scalar head and tail, on every level;
  * -ffp-contract=off keeps a*b+c unfused everywhere.  One pass: the sigmoid is formed in
  * registers, never stored.  double: scalar, libm exp (float64 is for checking, not speed).
  */
@@ -300,7 +301,8 @@ static void RN_NAME(gated_bwd)(RN_T *dx, RN_T *dF, RN_T *dg, double *dg_part, co
                  RN_NAME(prefetch_next)(g, d, (k), RN_W); }
 #define S_(k) { RN_T dsk; const RN_T dhk = dh[k], fk = F[k], sk = RN_SIG_(g[k], &dsk);    \
                 dx[k] = dhk; dF[k] = dhk * sk;                                             \
-                if (dg_part) { dg_part[k] += fk * (dhk * dsk); } else { dg[k] = fk * (dhk * dsk); } }
+                if (dg_part) { dg_part[k] += fk * (dhk * dsk); }                           \
+                else { dg[k] = fk * (dhk * dsk); } }
 #define V_(k) { RN_VEC dsk;                                                                \
                 const RN_VEC dhk = RN_GET(dh + (k)), fk = RN_GET(F + (k));                 \
                 const RN_VEC sk = RN_NAME(vsigmoid)(RN_GET(g + (k)), &dsk);                \
