@@ -72,9 +72,10 @@ def main(one_team=False):
                                      alpha=["scalar", "fixed"][len(cases) % 2], p=0.0,
                                      gate="channel"))
         rare.append(rare_rows(rng, dtype, 45))
-    halves = [make_inputs(rng, shape, dtype, weight=w, bias=w)
-              for dtype in half_dtypes() for shape, w in [((3, 1), True), ((5, 33), False),
-                                                          ((4, 300), True), ((2, 3, 17), True)]]
+    halves = [make_inputs(rng, shape, dtype, weight=w, bias=w, gate=gate)
+              for dtype in half_dtypes()
+              for shape, w, gate in [((3, 1), True, "full"), ((5, 33), False, "channel"),
+                                     ((4, 300), True, "full"), ((2, 3, 17), True, "channel")]]
     calls = 0
     with np.errstate(all="ignore"):
         for parallel, nts, with_layouts in settings:
