@@ -614,6 +614,7 @@ def test_half_outputs_are_shown_as_their_rounding_and_agree(kind, kwargs, name):
             e.step(f"{c.name}_exact").value if value.dtype.itemsize == 2 else value)))), c.name
     text = str(e)
     assert f"({name})" in text.splitlines()[0] and "round(" in text and "verdict: AGREE" in text
+    assert "round(-" in text and "round((" not in text   # a negative argument, unwrapped
     assert f"1 * eps({name})" in text
 
 

@@ -59,7 +59,10 @@ class _Printer:
 
     def substitute(self, expr, r, i):
         names = [n for n in self.steps if "{" + n + "}" in expr]
-        return expr.format(**{n: _operand(self.at(n, r, i), self.digits) for n in names})
+        # a placeholder that is a whole parenthesised argument, round({y_exact}), has its
+        # parentheses already: a negative number there takes none of its own
+        return expr.format(**{n: (_num if "({" + n + "})" in expr else _operand)(
+            self.at(n, r, i), self.digits) for n in names})
 
     def terms(self, step, r, i):
         """The summands of a reduction step, as text, shortened when there are many."""
