@@ -154,7 +154,7 @@ def main(argv=None):
     b.add_argument("--shape", nargs="+", type=_shape, help="shapes like 2048x4096")
     b.add_argument("--dtype", nargs="+", choices=["float32", "float64", "float16", "bfloat16"],
                    help="default: float32 and float64 (--quick: float32); bfloat16 needs "
-                   "ml_dtypes; the gated residual has no 16-bit form")
+                   "ml_dtypes")
     b.add_argument("--threads", nargs="+", type=int, help="default: 1, 2 and all cores")
     b.add_argument("--sections", nargs="+", choices=SECTIONS,
                    help="default: all (--quick: table latency)")

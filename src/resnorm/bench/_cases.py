@@ -68,25 +68,14 @@ def fixed(fn):
 _REGISTRY = {}
 
 
-_HALVES = set()   # the ops whose resnorm functions take float16 and bfloat16
-
-
-def register(name, kind, table=True, halves=True):
+def register(name, kind, table=True):
     """Decorator: setup(shape, dtype, torch) -> Case of kind, listed under name in
     resnorm.bench.OPS.  table=False: left out of the default table (the training forms,
-    which run the inference form's kernel and also return its statistics).  halves=False:
-    the op has no float16 / bfloat16 form (it is left out for those dtypes)."""
+    which run the inference form's kernel and also return its statistics)."""
     def deco(setup):
         _REGISTRY[name] = (kind, table, setup)
-        if halves:
-            _HALVES.add(name)
         return setup
     return deco
-
-
-def takes(op, dtype):
-    """Whether op runs at dtype (every op takes float32 and float64)."""
-    return dtype.itemsize > 2 or op in _HALVES
 
 
 def dtype_of(name):

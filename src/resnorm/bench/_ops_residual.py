@@ -215,8 +215,8 @@ _scaled("scaled_residual_forward", training=True)
 
 
 def _gated(name, training):
-    """h = x + sigmoid(g) * F with a full-shape gate g (float32 and float64 only)."""
-    @register(name, FORWARD, table=not training, halves=False)
+    """h = x + sigmoid(g) * F with a full-shape gate g."""
+    @register(name, FORWARD, table=not training)
     def setup(shape, dtype, torch):
         x, f, g = arrays(shape, dtype, ["x", "F", "g"])
         h = np.empty_like(x)
@@ -350,7 +350,7 @@ def _scaled_residual_backward(shape, dtype, torch):
         torch=spec)
 
 
-@register("gated_residual_backward", BACKWARD, halves=False)
+@register("gated_residual_backward", BACKWARD)
 def _gated_residual_backward(shape, dtype, torch):
     """dx = dh, dF = s * dh, dg = dh * F * s * (1 - s), s = sigmoid(g) (full-shape gate)."""
     x, f, g, dh = arrays(shape, dtype, ["x", "F", "g", "dh"])

@@ -212,13 +212,13 @@ def measure_latency(op, shape, torch, budget, peers):
 
 def _plan(ops, shapes, dtypes, sections, latency_ops):
     """The cases each section will time: (table cases, scaling cases, latency cases)."""
-    table = ([(s, _cases.dtype_of(dt), op) for s in shapes for dt in dtypes for op in ops
-              if _cases.takes(op, _cases.dtype_of(dt))] if "table" in sections else [])
+    table = ([(s, _cases.dtype_of(dt), op) for s in shapes for dt in dtypes for op in ops]
+             if "table" in sections else [])
     scaling = []
     if "scaling" in sections:
         dt = _cases.dtype_of("float32" if "float32" in dtypes else dtypes[0])
         scaling = [(s, dt, op) for s in shapes if s[0] * s[1] >= LARGE
-                   for op in ops if op in SCALING_OPS and _cases.takes(op, dt)]
+                   for op in ops if op in SCALING_OPS]
     latency = []
     if "latency" in sections:
         latency = [(s, op) for s in LATENCY_SHAPES for op in latency_ops]
