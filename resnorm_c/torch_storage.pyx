@@ -1,18 +1,27 @@
-"""NumPy views of memory that a torch tensor owns, made in C (resnorm.torch._storage).
+"""NumPy views of memory that torch tensors own, and a norm module's inference call, made in
+C (resnorm.torch._storage).
 
 resnorm.torch hands resnorm's functions NumPy views of tensors.  ``Tensor.numpy()`` makes
 one in about a microsecond (argument parsing and checks), which is most of what a
-decode-sized norm costs through a module; this makes the view of a C-contiguous tensor
-from its address and shape in a fraction of that.  The caller (resnorm.torch._tensors.view)
-vouches for what only torch can tell: that the tensor is a dense, contiguous CPU tensor
-of that dtype, with no lazy negation, owning its shape's elements from that address.
-The view is read-only (resnorm reads inputs and never writes into them) and keeps the
-tensor alive through its base, as ``Tensor.numpy()`` does.
+decode-sized norm costs through a module; ``plain_view`` makes the view of a dense,
+contiguous CPU tensor from its address and shape in a fraction of that.  The view is
+read-only (resnorm reads inputs and never writes into them) and keeps the tensor alive
+through its base, as ``Tensor.numpy()`` does.
 
-This module imports nothing from torch: it sees an address, a shape and an object.
+``ParamViews`` holds a norm module's parameters as resnorm takes them, checked once, and
+runs the module's inference call (``infer``): the checks that the cached views still hold,
+the view of x, a torch output and resnorm's kernel, with no Python function between.  A
+module's forward then costs about what torch's own does (resnorm.torch.modules).
+
+This module reads torch tensors through their Python attributes only (no torch headers).
 """
 cimport numpy as cnp
 from cpython.ref cimport Py_INCREF
+
+import torch
+from torch.autograd import forward_ad
+
+from resnorm import _api
 
 cnp.import_array()
 
@@ -23,9 +32,9 @@ cdef extern from "numpy/arrayobject.h":
                                 cnp.npy_intp *strides, void *data, int flags, object obj)
 
 
-def contiguous_view(Py_ssize_t address, shape, cnp.dtype dtype, base):
-    """The read-only C-contiguous array of `shape` (a tuple of sizes) and `dtype` at
-    `address`, whose base is `base` (the tensor that owns the memory)."""
+cdef object array_at(Py_ssize_t address, shape, cnp.dtype dtype, base, int flags):
+    """The C-contiguous array of `shape` and `dtype` at `address` (flags: NumPy's, which say
+    whether it is writeable), whose base is `base` (the tensor that owns the memory)."""
     cdef Py_ssize_t ndim = len(shape), k
     cdef cnp.npy_intp dims[cnp.NPY_MAXDIMS]
     if ndim > cnp.NPY_MAXDIMS:
@@ -34,7 +43,156 @@ def contiguous_view(Py_ssize_t address, shape, cnp.dtype dtype, base):
         dims[k] = shape[k]
     Py_INCREF(dtype)   # PyArray_NewFromDescr steals a reference to the descriptor
     a = PyArray_NewFromDescr(cnp.ndarray, dtype, <int>ndim, dims, NULL, <void *>address,
-                             cnp.NPY_ARRAY_C_CONTIGUOUS, None)
+                             flags, None)
     Py_INCREF(base)    # PyArray_SetBaseObject steals a reference to the base
     cnp.PyArray_SetBaseObject(a, base)
     return a
+
+
+def contiguous_view(Py_ssize_t address, shape, cnp.dtype dtype, base):
+    """The read-only C-contiguous array of `shape` (a tuple of sizes) and `dtype` at
+    `address`, whose base is `base` (the tensor that owns the memory).  The caller vouches
+    for what only torch can tell: that base is a dense, contiguous CPU tensor of that dtype,
+    with no lazy negation, owning its shape's elements from that address."""
+    return array_at(address, shape, dtype, base, cnp.NPY_ARRAY_C_CONTIGUOUS)
+
+
+cdef object _TENSOR = torch.Tensor
+cdef object _PARAMETER = torch.nn.Parameter
+
+
+cdef object storage_view(t, shape, cnp.dtype dtype):
+    """The read-only view of tensor t of `shape` (t.shape) as `dtype` when t is dense,
+    contiguous, on the CPU and not lazily negated; else None."""
+    try:   # a layout without strides (sparse, mkldnn) raises: Tensor.numpy() tells
+        if t.is_cpu and t.is_contiguous() and not t.is_neg():
+            return array_at(t.data_ptr(), shape, dtype, t, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    except RuntimeError:
+        pass
+    return None
+
+
+cpdef object plain_view(t, cnp.dtype dtype):
+    """The read-only view of t's storage as `dtype` (NumPy's dtype for t's), when t is a
+    plain tensor or parameter (no subclass that redefines what it holds) that is dense,
+    contiguous, on the CPU and not lazily negated; else None."""
+    if type(t) is not _TENSOR and type(t) is not _PARAMETER:
+        return None
+    return storage_view(t, t.shape, dtype)
+
+
+# torch has no public test for "inside a torch.func transform" or "inside a forward-mode AD
+# dual level"; these are the flags torch.autograd.Function.apply and forward_ad read
+# themselves.  Should a future torch drop them, resnorm.torch takes the path for
+# transformed tensors every time, which is always correct.
+functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
+_grad_enabled = torch.is_grad_enabled
+_torch_threads = torch.get_num_threads
+
+
+cpdef int threads() except -1:
+    """n_threads for resnorm: torch's thread count, so torch.set_num_threads sets both
+    libraries' (resnorm still runs inputs under 2**14 elements on one thread)."""
+    return _torch_threads()
+
+
+cpdef bint transforms_active() except -1:
+    """True inside a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD dual
+    level: tensors there may carry a batch dimension or a tangent besides their storage,
+    so NumPy views of them would be wrong or fail."""
+    return functorch_active() or getattr(forward_ad, "_current_level", 0) >= 0
+
+
+cpdef bint wants_grad(x, weight, bias) except -1:
+    """True when autograd must record this norm: grad mode on and an input requiring grad."""
+    return _grad_enabled() and (x.requires_grad
+                                or (weight is not None and weight.requires_grad)
+                                or (bias is not None and bias.requires_grad))
+
+
+cdef tuple _where(t):
+    """(address, shape) of a parameter's memory; (0, None) for no parameter."""
+    return (0, None) if t is None else (t.data_ptr(), t.shape)
+
+
+cdef class ParamViews:
+    """A norm module's weight and bias as resnorm takes them, checked once (by the caller,
+    resnorm.torch.modules): NumPy views of their storage, for inputs of one dtype and last
+    axis.  valid() says, in a few attribute reads, whether they still describe the module's
+    parameters; infer() runs the module's inference call while they do.
+
+    An optimizer step or load_state_dict changes the values in place (the views see them);
+    assigning a new tensor or new .data (model.double(), param.data = ...) makes valid()
+    False.  The views keep the old storage alive, so a new storage cannot reuse its address.
+    """
+    cdef readonly object weight, bias, dtype, row, weight_view, bias_view, default_eps
+    cdef readonly Py_ssize_t d
+    cdef readonly bint layer
+    cdef object w_shape, b_shape
+    cdef Py_ssize_t w_ptr, b_ptr
+    cdef cnp.dtype np_dtype
+
+    def __init__(self, bint layer, weight, bias, x, row, cnp.dtype np_dtype, weight_view,
+                 bias_view, default_eps):
+        """layer: LayerNorm (else RMSNorm); row: normalized_shape as a tuple, None for the
+        last axis; np_dtype: NumPy's dtype for x's; the parameters' views; the eps that
+        None stands for."""
+        self.layer, self.weight, self.bias, self.dtype = layer, weight, bias, x.dtype
+        shape = x.shape
+        self.d = shape[len(shape) - 1]
+        self.row = row
+        self.np_dtype = np_dtype
+        self.w_ptr, self.w_shape = _where(weight)
+        self.b_ptr, self.b_shape = _where(bias)
+        self.weight_view, self.bias_view = weight_view, bias_view
+        self.default_eps = default_eps
+
+    cpdef bint valid(self, weight, bias, x) except -1:
+        """True when weight and bias are the same tensors with the same memory, and x has
+        the dtype and the normalised axes they were checked for."""
+        return self.holds(weight, bias, x.dtype, x.shape)
+
+    cdef bint holds(self, weight, bias, dtype, shape) except -1:
+        """valid() for x's dtype and shape (identity first: the cheapest reads decide the
+        common cases)."""
+        if weight is not self.weight or bias is not self.bias or dtype is not self.dtype:
+            return False
+        if shape[len(shape) - 1] != self.d or (self.row is not None
+                                   and tuple(shape[len(shape) - len(self.row):]) != self.row):
+            return False
+        return ((weight is None or (weight.data_ptr() == self.w_ptr
+                                    and weight.dtype is self.dtype
+                                    and weight.shape == self.w_shape))
+                and (bias is None or (bias.data_ptr() == self.b_ptr
+                                      and bias.dtype is self.dtype
+                                      and bias.shape == self.b_shape)))
+
+    def infer(self, dict params, x, eps, bint zero_centered):
+        """The module's output for x when no gradient is recorded and the views hold:
+        resnorm's kernel reading x's storage and writing a new torch tensor; None when x
+        takes the general path (autograd, a transform, a strided or non-plain tensor,
+        parameters that changed).  params: the module's _parameters; eps None: the
+        default."""
+        if type(x) is not _TENSOR:
+            return None
+        shape = x.shape
+        if not len(shape):
+            return None
+        weight = params.get("weight")
+        bias = params.get("bias") if self.layer else None
+        if not self.holds(weight, bias, x.dtype, shape) or wants_grad(x, weight, bias) \
+                or transforms_active():
+            return None
+        xv = storage_view(x, shape, self.np_dtype)
+        if xv is None:
+            return None
+        y = torch.empty_like(x)   # x is contiguous: so is y
+        yv = array_at(y.data_ptr(), shape, self.np_dtype, y, cnp.NPY_ARRAY_CARRAY)
+        if eps is None:
+            eps = self.default_eps
+        if self.layer:
+            _api.layer_norm(xv, self.weight_view, self.bias_view, eps, self.row,
+                            zero_centered, yv, threads())
+        else:
+            _api.rms_norm(xv, self.weight_view, eps, self.row, zero_centered, yv, threads())
+        return y

@@ -145,6 +145,92 @@ def test_module_sees_new_parameter_tensors_and_values():
         torch.testing.assert_close(norm(x.double()), ref(x.double()))
 
 
+def _views(module):
+    return next(v for k, v in vars(module).items() if "views" in k)
+
+
+INFER_CASES = [(rt.LayerNorm, (24,), {}), (rt.LayerNorm, (24,), {"bias": False}),
+               (rt.LayerNorm, (24,), {"elementwise_affine": False}),
+               (rt.LayerNorm, (4, 6), {}), (rt.RMSNorm, (24,), {}),
+               (rt.RMSNorm, (24,), {"eps": None}),
+               (rt.RMSNorm, (24,), {"elementwise_affine": False}),
+               (rt.RMSNorm, (4, 6), {})]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("cls,shape,kwargs", INFER_CASES)
+def test_inference_call_runs_in_c_with_the_functions_bits(cls, shape, kwargs, dtype):
+    """A module's no-grad call takes the compiled path (ParamViews.infer) and gives the bits
+    of resnorm.torch's function form, in a fresh tensor; x is left as it was."""
+    if dtype is torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    torch.manual_seed(0)
+    norm = cls(shape, dtype=dtype, **kwargs)
+    for p in norm.parameters():
+        torch.nn.init.normal_(p)
+    x = torch.randn(3, 5, *shape).to(dtype)
+    before = x.clone()
+    with torch.no_grad():
+        y = norm(x)
+        fast = _views(norm).infer(norm._parameters, x, norm.eps, False)
+        if cls is rt.LayerNorm:
+            ref = rt.layer_norm(x, norm.weight, norm.bias, norm.eps, normalized_shape=shape)
+        else:
+            ref = rt.rms_norm(x, norm.weight, norm.eps, normalized_shape=shape)
+    assert fast is not None and fast.data_ptr() != x.data_ptr()
+    for out in (y, fast):
+        assert out.dtype is dtype and out.shape == x.shape and out.is_contiguous()
+        assert torch.equal(out.view(torch.int16 if dtype.itemsize == 2 else dtype),
+                           ref.view(torch.int16 if dtype.itemsize == 2 else dtype))
+    assert torch.equal(x, before)
+
+
+def test_zero_centred_inference_call_runs_in_c():
+    norm = rt.GemmaRMSNorm(16)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        y = norm(x)
+        fast = _views(norm).infer(norm._parameters, x, norm.eps, True)
+        want = rt.rms_norm(x, norm.weight + 1, norm.eps)
+    assert fast is not None and torch.equal(fast, want) and torch.equal(y, want)
+
+
+def test_inference_path_hands_other_calls_to_the_general_path():
+    """infer() declines (None) what it must not take; the module still computes each."""
+    norm, ref = rt.LayerNorm(8), nn.LayerNorm(8)
+    with torch.no_grad():
+        torch.nn.init.normal_(norm.weight)
+        ref.load_state_dict(norm.state_dict())
+        x = torch.randn(4, 8)
+        norm(x)
+    views = _views(norm)
+
+    class Sub(torch.Tensor):
+        pass
+
+    declined = {"strided": torch.randn(8, 4).t(), "subclass": x.as_subclass(Sub),
+                "float64": x.double(), "negated": torch.complex(x, x).conj().imag,
+                "scalar": torch.tensor(1.0), "other axis": torch.randn(4, 7)}
+    with torch.no_grad():
+        for name, t in declined.items():
+            assert views.infer(norm._parameters, t, 1e-5, False) is None, name
+        torch.testing.assert_close(norm(declined["strided"]), ref(declined["strided"]))
+        torch.testing.assert_close(norm(declined["negated"]), ref(declined["negated"]))
+    # autograd recording, a forward-mode dual level and a transform: the general path
+    xg = x.clone().requires_grad_()
+    assert views.infer(norm._parameters, xg, 1e-5, False) is None
+    with torch.autograd.forward_ad.dual_level():
+        assert views.infer(norm._parameters, x, 1e-5, False) is None
+    with torch.no_grad():
+        assert views.infer(norm._parameters, xg, 1e-5, False) is not None
+        # a parameter given new memory: the views no longer hold
+        norm.bias.data = torch.randn(8)
+        assert views.infer(norm._parameters, x, 1e-5, False) is None
+        ref.bias.copy_(norm.bias)
+        torch.testing.assert_close(norm(x), ref(x))
+
+
 def test_module_pickles_without_its_cached_views(tmp_path):
     import pickle
     norm = rt.RMSNorm(6)

@@ -12,9 +12,11 @@ import operator
 
 import numpy as np
 import torch
-from torch.autograd import forward_ad
 
-from ._storage import contiguous_view
+# compiled (resnorm_c/torch_storage.pyx): the tensor views, and the tests every call path
+# shares (functorch_active, transforms_active, wants_grad, threads), used as T.<name>
+from ._storage import (ParamViews, functorch_active, plain_view, threads, transforms_active,
+                       wants_grad)
 
 # The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
 # dtype.  NumPy has no bfloat16 of its own: torch.bfloat16 tensors are viewed as
@@ -57,11 +59,6 @@ def _dtype_error(name, dtype):
                      f"torch.bfloat16, got {dtype}; {dtype_problem(dtype)}")
 
 
-# torch has no public test for "inside a torch.func transform" or "inside a forward-mode AD
-# dual level"; these are the flags torch.autograd.Function.apply and forward_ad read
-# themselves.  Should a future torch drop them, resnorm.torch takes the path for
-# transformed tensors every time, which is always correct.
-functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: True)
 # torch.jit.is_tracing() is this flag behind a Python call that costs a tenth of a small
 # norm; the public function is the fallback.
 _jit_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
@@ -70,13 +67,6 @@ _jit_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
 def graph_capture():
     """True while torch.compile or torch.jit.trace records a graph."""
     return torch.compiler.is_compiling() or _jit_tracing()
-
-
-def transforms_active():
-    """True inside a torch.func transform (vmap, grad, jvp, ...) or a forward-mode AD dual
-    level: tensors there may carry a batch dimension or a tangent besides their storage,
-    so NumPy views of them would be wrong or fail."""
-    return functorch_active() or getattr(forward_ad, "_current_level", 0) >= 0
 
 
 def input_tensor(x, name="x"):
@@ -192,9 +182,6 @@ class NoStorage(RuntimeError):
     batched gradients), or one that input_tensor would refuse (on the GPU, sparse)."""
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)   # no subclass that redefines what it holds
-
-
 def view(t):
     """The NumPy view of a CPU tensor's storage (None stays None), else NoStorage.
 
@@ -204,12 +191,10 @@ def view(t):
     if t is None:
         return None
     dtype = NUMPY_DTYPES.get(t.dtype)   # bfloat16's is None until ml_dtypes is loaded
-    if dtype is not None and type(t) in _PLAIN:
-        try:   # a layout without strides (sparse, mkldnn) raises: Tensor.numpy() tells
-            if t.is_cpu and t.is_contiguous() and not t.is_neg():
-                return contiguous_view(t.data_ptr(), t.shape, dtype, t)
-        except RuntimeError:
-            pass
+    if dtype is not None:
+        v = plain_view(t, dtype)
+        if v is not None:
+            return v
     if not t.is_cpu:   # numpy(force=True) would copy it to the CPU
         raise NoStorage(f"resnorm.torch cannot view a tensor on '{t.device}'")
     try:
@@ -238,12 +223,6 @@ def row_count(x, axes=1):
     return x.numel() // d
 
 
-def threads():
-    """n_threads for resnorm: torch's thread count, so torch.set_num_threads sets both
-    libraries' (resnorm still runs inputs under 2**14 elements on one thread)."""
-    return torch.get_num_threads()
-
-
 def tensor(a):
     """The tensor sharing the memory of an array resnorm returned (None stays None)."""
     if a is None:
@@ -253,46 +232,11 @@ def tensor(a):
     return torch.from_numpy(a)
 
 
-class ParamViews:
-    """A module's weight and bias as resnorm takes them, checked once: NumPy views of
-    their storage, for inputs of one dtype and last axis.  valid() says, in a few
-    attribute reads, whether they still describe the module's parameters.
-
-    An optimizer step or load_state_dict changes the values in place (the views see them);
-    assigning a new tensor or new .data (model.double(), param.data = ...) makes valid()
-    False.  The views keep the old storage alive, so a new storage cannot reuse its address.
-    """
-    __slots__ = ("weight", "bias", "dtype", "d", "row", "w_ptr", "b_ptr", "w_shape",
-                 "b_shape", "weight_view", "bias_view", "default_eps")
-
-    def __init__(self, weight, bias, x, row=None):
-        param_tensor(weight, "weight", x, row)
-        param_tensor(bias, "bias", x, row)
-        self.weight, self.bias, self.dtype, self.d = weight, bias, x.dtype, x.shape[-1]
-        self.row = None if row is None or len(row) == 1 else row   # None: the last axis
-        self.w_ptr, self.w_shape = _where(weight)
-        self.b_ptr, self.b_shape = _where(bias)
-        self.weight_view, self.bias_view = view(weight), view(bias)
-        self.default_eps = default_eps(x.dtype)
-
-    def valid(self, weight, bias, x):
-        """True when weight and bias are the same tensors with the same memory, and x has
-        the dtype and the normalised axes they were checked for (identity first: the
-        cheapest reads decide the common cases)."""
-        if weight is not self.weight or bias is not self.bias or x.dtype is not self.dtype:
-            return False
-        shape = x.shape
-        if shape[-1] != self.d or (self.row is not None
-                                   and tuple(shape[len(shape) - len(self.row):]) != self.row):
-            return False
-        return ((weight is None or (weight.data_ptr() == self.w_ptr
-                                    and weight.dtype is self.dtype
-                                    and weight.shape == self.w_shape))
-                and (bias is None or (bias.data_ptr() == self.b_ptr
-                                      and bias.dtype is self.dtype
-                                      and bias.shape == self.b_shape)))
-
-
-def _where(t):
-    """(address, shape) of a parameter's memory; (None, None) for no parameter."""
-    return (None, None) if t is None else (t.data_ptr(), t.shape)
+def param_views(layer, weight, bias, x, row=None):
+    """A norm module's ParamViews for inputs like x: its weight and bias (None or tensors)
+    checked once for x's dtype and the normalised axes (row: the module's normalized_shape
+    as a tuple; None: x's last axis), with their NumPy views.  layer: LayerNorm."""
+    param_tensor(weight, "weight", x, row)
+    param_tensor(bias, "bias", x, row)
+    return ParamViews(layer, weight, bias, x, None if row is None or len(row) == 1 else row,
+                      numpy_dtype(x.dtype), view(weight), view(bias), default_eps(x.dtype))

@@ -170,13 +170,6 @@ class LayerNormFunction(_NormFunction):
                      (normalized_shape, zero_centered))
 
 
-def wants_grad(x, weight, bias):
-    """True when autograd must record this norm: grad mode on and an input requiring grad."""
-    return torch.is_grad_enabled() and (x.requires_grad
-                                        or (weight is not None and weight.requires_grad)
-                                        or (bias is not None and bias.requires_grad))
-
-
 def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_centered=False):
     """One norm call on the cheapest path that computes it (see the module docstring).
 
@@ -197,7 +190,7 @@ def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_ce
         if layer:
             return ops.layer_norm(x, weight, bias, eps, len(row), zero_centered)[0]
         return ops.rms_norm(x, weight, eps, len(row), zero_centered)[0]
-    if not (wants_grad(x, weight, bias) or T.transforms_active()):
+    if not (T.wants_grad(x, weight, bias) or T.transforms_active()):
         try:
             options = dict(normalized_shape=ns, zero_centered_weight=zero_centered)
             if layer:

@@ -52,21 +52,27 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     """The norm of x with module.weight (and, for LayerNorm, module.bias): what every
     resnorm module's forward runs.
 
-    The module keeps its parameters' NumPy views (ParamViews, in its __dict__), checked
-    once; while they stay valid, a call costs a few attribute reads on top of resnorm's
-    own.  RMSNorm follows x's dtype as torch.nn.RMSNorm does (a float32 weight is
-    converted for float64 input); LayerNorm requires the parameters' dtype.
-    normalized_shape: the module's (a tuple; None: x's last axis), checked against x's
-    trailing axes (valid views imply it: they hold the axes they were made for).
+    The module keeps its parameters' NumPy views (a ParamViews, in its __dict__), checked
+    once; while they stay valid, an inference call runs in C (ParamViews.infer) from the
+    views' check to the kernel.  RMSNorm follows x's dtype as torch.nn.RMSNorm does (a
+    float32 weight is converted for float64 input); LayerNorm requires the parameters'
+    dtype.  normalized_shape: the module's (a tuple; None: x's last axis), checked against
+    x's trailing axes (valid views imply it: they hold the axes they were made for).
     zero_centered: the gain is 1 + weight.
     """
-    weight = parameter(module, "weight")
-    bias = parameter(module, "bias") if layer else None
     if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
+        weight = parameter(module, "weight")
+        bias = parameter(module, "bias") if layer else None
         if mixed_dtypes(x, weight, bias):
             return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     views = module.__dict__.get(_VIEWS)
+    if views is not None:
+        y = views.infer(module._parameters, x, eps, zero_centered)
+        if y is not None:
+            return y
+    weight = parameter(module, "weight")
+    bias = parameter(module, "bias") if layer else None
     # valid views imply that x and the parameters share a dtype: not the mixed case
     if views is None or type(x) is not torch.Tensor or not x.ndim or not views.valid(
             weight, bias, x):
@@ -77,11 +83,12 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
             return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         if normalized_shape is not None:
             T.trailing_axes(x, tuple(normalized_shape))
-        views = module.__dict__[_VIEWS] = T.ParamViews(weight, bias, x, normalized_shape)
+        views = module.__dict__[_VIEWS] = T.param_views(layer, weight, bias, x,
+                                                        normalized_shape)
     if eps is None:
         eps = views.default_eps
     ns = views.row
-    if not (functions.wants_grad(x, weight, bias) or T.transforms_active()):
+    if not (T.wants_grad(x, weight, bias) or T.transforms_active()):
         try:
             if layer:
                 return kernels.layer_norm(x, views.weight_view, views.bias_view, eps, ns,
