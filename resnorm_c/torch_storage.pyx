@@ -12,6 +12,8 @@ through its base, as ``Tensor.numpy()`` does.
 runs the module's inference call (``infer``): the checks that the cached views still hold,
 the view of x, a torch output and resnorm's kernel, with no Python function between.  A
 module's forward then costs about what torch's own does (resnorm.torch.modules).
+``norm_infer`` does the same for the function form when its arguments need no
+conversion (resnorm.torch.functions).
 
 This module reads torch tensors through their Python attributes only (no torch headers).
 """
@@ -110,6 +112,62 @@ cpdef bint wants_grad(x, weight, bias) except -1:
                                 or (bias is not None and bias.requires_grad))
 
 
+cdef object param_view(p, dtype, cnp.dtype np_dtype, tuple row):
+    """The view of p, a plain (D,) parameter of x's dtype (row = (D,)), else None."""
+    if type(p) is not _TENSOR and type(p) is not _PARAMETER:
+        return None
+    if p.dtype is not dtype or p.shape != row:
+        return None
+    return plain_view(p, np_dtype)
+
+
+cdef object norm_into(bint layer, x, shape, cnp.dtype np_dtype, xv, weight_view, bias_view,
+                      eps, row, zero_centered):
+    """resnorm's inference kernel on the view xv of x (of `shape`), writing a new tensor
+    from torch.empty_like(x) (x is contiguous: so is the output), which it returns."""
+    y = torch.empty_like(x)
+    yv = array_at(y.data_ptr(), shape, np_dtype, y, cnp.NPY_ARRAY_CARRAY)
+    if layer:
+        _api.layer_norm(xv, weight_view, bias_view, eps, row, zero_centered, yv, threads())
+    else:
+        _api.rms_norm(xv, weight_view, eps, row, zero_centered, yv, threads())
+    return y
+
+
+def norm_infer(bint layer, x, weight, bias, eps, zero_centered, dict numpy_dtypes):
+    """resnorm.torch's rms_norm / layer_norm over x's last axis when no gradient is recorded
+    and every argument is what resnorm's kernel reads as it is: x a plain, dense,
+    contiguous CPU tensor of a dtype in numpy_dtypes (torch dtype -> NumPy's), weight and
+    bias None or plain (D,) tensors of x's dtype and layout, eps a number.  None for
+    anything else: the caller's checks then take the call (and give every error).
+    zero_centered: passed to resnorm as it is (resnorm checks it); layer: LayerNorm."""
+    if type(x) is not _TENSOR or eps is None:
+        return None
+    dtype = x.dtype
+    np_dtype = numpy_dtypes.get(dtype)
+    shape = x.shape
+    if np_dtype is None or not len(shape):
+        return None
+    cdef tuple row = (shape[len(shape) - 1],)
+    if not row[0]:
+        return None
+    wv = bv = None
+    if weight is not None:
+        wv = param_view(weight, dtype, np_dtype, row)
+        if wv is None:
+            return None
+    if bias is not None:
+        bv = param_view(bias, dtype, np_dtype, row)
+        if bv is None:
+            return None
+    if wants_grad(x, weight, bias) or transforms_active():
+        return None
+    xv = storage_view(x, shape, np_dtype)
+    if xv is None:
+        return None
+    return norm_into(layer, x, shape, np_dtype, xv, wv, bv, eps, None, zero_centered)
+
+
 cdef tuple _where(t):
     """(address, shape) of a parameter's memory; (0, None) for no parameter."""
     return (0, None) if t is None else (t.data_ptr(), t.shape)
@@ -186,13 +244,6 @@ cdef class ParamViews:
         xv = storage_view(x, shape, self.np_dtype)
         if xv is None:
             return None
-        y = torch.empty_like(x)   # x is contiguous: so is y
-        yv = array_at(y.data_ptr(), shape, self.np_dtype, y, cnp.NPY_ARRAY_CARRAY)
-        if eps is None:
-            eps = self.default_eps
-        if self.layer:
-            _api.layer_norm(xv, self.weight_view, self.bias_view, eps, self.row,
-                            zero_centered, yv, threads())
-        else:
-            _api.rms_norm(xv, self.weight_view, eps, self.row, zero_centered, yv, threads())
-        return y
+        return norm_into(self.layer, x, shape, self.np_dtype, xv, self.weight_view,
+                         self.bias_view, self.default_eps if eps is None else eps, self.row,
+                         zero_centered)

@@ -148,10 +148,11 @@ def _ptr(a):
     return None if a is None else a.__array_interface__["data"][0]
 
 
-def _spy(monkeypatch, name, record):
-    """Records the data pointers of the arrays resnorm's public function `name` receives
-    and returns (positional arrays, cache arrays, returned arrays)."""
-    real = getattr(resnorm, name)
+def _spy(monkeypatch, name, record, module=resnorm):
+    """Records the data pointers of the arrays resnorm's function `name` (public, or of
+    another module: resnorm._api, the call path under it) receives and returns (positional
+    arrays, cache arrays, returned arrays)."""
+    real = getattr(module, name)
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -159,7 +160,7 @@ def _spy(monkeypatch, name, record):
         record.append(([_ptr(a) if isinstance(a, np.ndarray) else a for a in args],
                        [_ptr(a) if isinstance(a, np.ndarray) else a for a in arrays]))
         return out
-    monkeypatch.setattr(resnorm, name, spy)
+    monkeypatch.setattr(module, name, spy)
 
 
 def test_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
@@ -194,16 +195,96 @@ def test_layer_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_inference_path_skips_autograd_and_the_training_form(monkeypatch, grad):
-    """Without gradients the norm is resnorm's inference call, into the returned tensor."""
+    """Without gradients the norm is resnorm's inference call (its compiled call path,
+    which resnorm.layer_norm runs), reading the tensors in place and writing the returned
+    tensor, and no training form."""
+    from resnorm import _api
     calls = []
-    _spy(monkeypatch, "layer_norm", calls)
-    _spy(monkeypatch, "layer_norm_forward", calls)
+    for name in ("layer_norm", "layer_norm_forward"):
+        _spy(monkeypatch, name, calls, _api)
     x, w, b = _make((3, 16), torch.float32, requires_grad=grad)
     with torch.no_grad():
         y = rt.layer_norm(x, w, b)
     assert y.grad_fn is None and len(calls) == 1
-    (xin, win, bin_, _), (out,) = calls[0]
-    assert (xin, win, bin_, out) == (x.data_ptr(), w.data_ptr(), b.data_ptr(), y.data_ptr())
+    (xin, win, bin_, _, _, _, out_arg, _), (out,) = calls[0]
+    assert (xin, win, bin_) == (x.data_ptr(), w.data_ptr(), b.data_ptr())
+    assert out_arg == out == y.data_ptr()
+
+
+def _bits(t):
+    return t.view(torch.int16) if t.dtype.itemsize == 2 else t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer,params", [(True, "weight and bias"), (True, "weight"),
+                                          (True, "bias"), (True, "none"), (False, "weight"),
+                                          (False, "none")])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_inference_call_runs_in_c_with_the_general_paths_bits(dtype, layer, params,
+                                                              zero_centered):
+    """A no-grad call whose arguments the kernel takes as they are runs compiled
+    (norm_infer), with the bits of the general path (normalized_shape given: checked in
+    Python first), in a fresh tensor; the inputs are left as they were."""
+    if dtype is torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    from resnorm.torch import _tensors as T
+    x, w, b = (t.detach().to(dtype) for t in _make((3, 5, 40), torch.float32))
+    w = w if "weight" in params else None
+    b = b if "bias" in params and layer else None
+    before = [t.clone() for t in (x, w, b) if t is not None]
+    options = dict(zero_centered_weight=zero_centered)
+    if layer:   # (the general path first: it loads ml_dtypes for a first bfloat16 tensor)
+        general = rt.layer_norm(x, w, b, 1e-5, normalized_shape=(40,), **options)
+        y = rt.layer_norm(x, w, b, 1e-5, **options)
+    else:
+        general = rt.rms_norm(x, w, 1e-5, normalized_shape=(40,), **options)
+        y = rt.rms_norm(x, w, 1e-5, **options)
+    fast = T.norm_infer(layer, x, w, b, 1e-5, zero_centered, T.NUMPY_DTYPES)
+    assert fast is not None and fast.dtype is dtype and fast.shape == x.shape
+    for out in (fast, y):
+        assert torch.equal(_bits(out), _bits(general)) and out.data_ptr() != x.data_ptr()
+    for t, was in zip((t for t in (x, w, b) if t is not None), before):
+        assert torch.equal(_bits(t), _bits(was))
+
+
+def test_inference_call_hands_other_arguments_to_the_checks():
+    """norm_infer declines (None) every call it must not take as it is; the function then
+    gives the general path's result or error."""
+    from resnorm.torch import _tensors as T
+    x, w, b = (t.detach() for t in _make((4, 8), torch.float32))
+
+    class Sub(torch.Tensor):
+        pass
+
+    declined = {
+        "strided x": (torch.randn(8, 4).t(), w, b, 1e-5),
+        "subclass x": (x.as_subclass(Sub), w, b, 1e-5),
+        "negated x": (torch.complex(x, x).conj().imag, w, b, 1e-5),
+        "float64 weight": (x, w.double(), b, 1e-5),
+        "weight of another shape": (x, w[:4], b, 1e-5),
+        "strided weight": (x, torch.randn(8, 2)[:, 0], b, 1e-5),
+        "list bias": (x, w, [1.0] * 8, 1e-5),
+        "eps None": (x, w, b, None),
+        "0-d x": (torch.tensor(1.0), None, None, 1e-5),
+        "empty last axis": (torch.ones(3, 0), None, None, 1e-5),
+        "int x": (torch.ones(3, 8, dtype=torch.int32), None, None, 1e-5),
+    }
+    for name, (xa, wa, ba, eps) in declined.items():
+        assert T.norm_infer(True, xa, wa, ba, eps, False, T.NUMPY_DTYPES) is None, name
+    with torch.no_grad():
+        for name in ("strided x", "negated x", "strided weight", "eps None"):
+            xa, wa, ba, eps = declined[name]
+            torch.testing.assert_close(rt.layer_norm(xa, wa, ba, eps),
+                                       F.layer_norm(xa, (xa.shape[-1],), wa, ba,
+                                                    1e-5 if eps else torch.finfo().eps))
+    xg = x.clone().requires_grad_()
+    assert T.norm_infer(True, xg, w, b, 1e-5, False, T.NUMPY_DTYPES) is None   # autograd
+    with torch.autograd.forward_ad.dual_level():
+        assert T.norm_infer(True, x, w, b, 1e-5, False, T.NUMPY_DTYPES) is None
+    with torch.no_grad():
+        assert T.norm_infer(True, xg, w, b, 1e-5, False, T.NUMPY_DTYPES) is not None
+    with pytest.raises(ValueError, match="eps must be finite and > 0"):   # resnorm's check
+        T.norm_infer(True, x, w, b, -1.0, False, T.NUMPY_DTYPES)
 
 
 def test_non_contiguous_input_is_copied_once_and_correct():

@@ -13,10 +13,11 @@ import operator
 import numpy as np
 import torch
 
-# compiled (resnorm_c/torch_storage.pyx): the tensor views, and the tests every call path
-# shares (functorch_active, transforms_active, wants_grad, threads), used as T.<name>
-from ._storage import (ParamViews, functorch_active, plain_view, threads, transforms_active,
-                       wants_grad)
+# compiled (resnorm_c/torch_storage.pyx): the tensor views, the norms' inference calls
+# (ParamViews, norm_infer), and the tests every call path shares (functorch_active,
+# transforms_active, wants_grad, threads), used as T.<name>
+from ._storage import (ParamViews, functorch_active, norm_infer, plain_view, threads,
+                       transforms_active, wants_grad)
 
 # The one place that says which torch dtypes resnorm's kernels take, and as which NumPy
 # dtype.  NumPy has no bfloat16 of its own: torch.bfloat16 tensors are viewed as
