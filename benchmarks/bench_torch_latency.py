@@ -7,6 +7,9 @@ shape (1, 1, D) (a decode step's norm), float32, one thread:
 * forward:  forward with gradients recorded (the autograd Function);
 * fwd+bwd:  forward, then y.backward(dy).
 
+Rows "rms_norm" / "layer_norm" time the function forms under torch.no_grad:
+resnorm.torch.rms_norm / layer_norm against torch.nn.functional's.
+
 Each number is the median over --repeats rounds of the per-call time of a burst of
 --calls calls; torch's and resnorm's bursts alternate in every round so that both see the
 same machine noise.  --overhead replaces resnorm's NumPy functions by stand-ins that only
@@ -21,9 +24,11 @@ import argparse
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 import resnorm
 import resnorm.torch as rt
+from resnorm import _api
 from resnorm.bench import time_interleaved
 
 
@@ -42,6 +47,10 @@ def stand_ins(d):
     resnorm.layer_norm_forward = lambda x, w, b, eps, **k: (np.empty_like(x), ln_cache)
     resnorm.rms_norm_backward = lambda dy, c, **k: (np.empty_like(dy), vec())
     resnorm.layer_norm_backward = lambda dy, c, **k: (np.empty_like(dy), vec(), vec())
+    # the compiled no-grad calls go to the call path under resnorm's functions, with the
+    # output tensor torch allocated (out): the stand-in leaves it as it is
+    _api.rms_norm = lambda x, w, eps, shape, zero_centered, out, n_threads: out
+    _api.layer_norm = lambda x, w, b, eps, shape, zero_centered, out, n_threads: out
 
 
 class _Floor(torch.autograd.Function):
@@ -109,6 +118,16 @@ def main():
                 t, r = per_call([make(theirs), make(mine)], args.repeats, args.calls)
                 print(f"| {name} | {d} | {mode} | {t * 1e6:.2f} | {r * 1e6:.2f} | "
                       f"{r / t:.2f} |", flush=True)
+        w, b = torch.randn(d), torch.randn(d)
+        functions = [("rms_norm", lambda: F.rms_norm(x, (d,), w, 1e-6),
+                      lambda: rt.rms_norm(x, w, 1e-6)),
+                     ("layer_norm", lambda: F.layer_norm(x, (d,), w, b),
+                      lambda: rt.layer_norm(x, w, b))]
+        for name, theirs, mine in functions:
+            with torch.no_grad():
+                t, r = per_call([theirs, mine], args.repeats, args.calls)
+            print(f"| {name} | {d} | no_grad | {t * 1e6:.2f} | {r * 1e6:.2f} | {r / t:.2f} |",
+                  flush=True)
 
 
 if __name__ == "__main__":
