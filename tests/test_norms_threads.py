@@ -71,6 +71,51 @@ def test_without_weight_or_bias_identical_for_any_thread_count(rng, nt):
             assert_bitwise_equal(rb[key], ra[key], f"{key} n_threads={nt}")
 
 
+# Streamed outputs: a backward group of rows whose stores are streamed goes through its
+# columns in chunks, row by row (core/backward.h), where unstreamed groups take all rows
+# column by column; both must give the same bits.  D multiple of every vector width (the
+# rows share their phase, the chunked case) and not; several chunks per row; row counts
+# that leave a short last group; an output that starts off a vector boundary.
+_STREAM_SHAPES = [(4, 16), (5, 1536), (9, 520), (7, 1100), (13, 2064), (2, 4096)]
+
+
+def _backward_outputs(x, w, b, dy, n_threads, offset):
+    out = {}
+    dx_buf = np.empty(x.size + 1, x.dtype)
+    dx = dx_buf[offset:offset + x.size].reshape(x.shape)
+    _, cache = resnorm.rms_norm_forward(x, w, n_threads=n_threads)
+    out["rms_dx"], out["rms_dw"] = resnorm.rms_norm_backward(dy, cache, out=dx,
+                                                             n_threads=n_threads)
+    out["rms_dx"] = out["rms_dx"].copy()
+    _, cache = resnorm.layer_norm_forward(x, w, b, n_threads=n_threads)
+    out["ln_dx"], out["ln_dw"], out["ln_db"] = resnorm.layer_norm_backward(
+        dy, cache, out=dx, n_threads=n_threads)
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", _STREAM_SHAPES, ids=str)
+def test_streamed_backward_gives_the_unstreamed_bits(rng, dtype, shape):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    for weight, bias in [(True, True), (False, True), (False, False)]:
+        x, w, b, dy = make_inputs(rng, shape, dtype, weight=weight, bias=bias)
+        old = _parallel.STREAM_MIN_BYTES
+        for offset in (0, 1):
+            for nt in (1, 2):
+                try:
+                    _parallel.STREAM_MIN_BYTES = 1 << 62
+                    plain = _backward_outputs(x, w, b, dy, nt, offset)
+                    _parallel.STREAM_MIN_BYTES = 0
+                    assert _parallel.streams(1)
+                    streamed = _backward_outputs(x, w, b, dy, nt, offset)
+                finally:
+                    _parallel.STREAM_MIN_BYTES = old
+                for key, v in plain.items():
+                    assert_bitwise_equal(streamed[key], v, f"{key} (w={weight}, b={bias}, "
+                                         f"offset {offset}, n_threads={nt})")
+
+
 # --------------------------------------------------------------------------- SIMD levels
 
 _SIMD_SCRIPT = r"""
@@ -101,6 +146,19 @@ for dtype in (np.float32, np.float64):
         y, c = resnorm.layer_norm_forward(x)
         dx, _, _ = resnorm.layer_norm_backward(dy, c)
         out.update({tag + "_ln0_y": y, tag + "_ln0_dx": dx})
+# streamed outputs at every size: backward's chunked streamed groups at every level
+from resnorm import _parallel
+_parallel.STREAM_MIN_BYTES = 0
+for dtype in (np.float32, np.float64):
+    x = rng.standard_normal((9, 1536)).astype(dtype)
+    w = (1 + 0.5 * rng.standard_normal(1536)).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+    tag = f"{np.dtype(dtype).name}_streamed"
+    _, c = resnorm.rms_norm_forward(x, w)
+    out[tag + "_rms_dx"], out[tag + "_rms_dw"] = resnorm.rms_norm_backward(dy, c)
+    _, c = resnorm.layer_norm_forward(x, w, w)
+    out[tag + "_ln_dx"], out[tag + "_ln_dw"], out[tag + "_ln_db"] = (
+        resnorm.layer_norm_backward(dy, c))
 np.savez(sys.argv[1], **out)
 print(json.dumps({"simd_level": resnorm.simd_level()}))
 """
