@@ -107,6 +107,34 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
 #define RN_PF_ROW(k) (RN_NAME(prefetch_next)(dyr, rows * d, (k), RN_W),                 \
                       RN_NAME(prefetch_next)(xr, rows * d, (k), RN_W))
 
+/* One row r's vector at k of the RMSNorm backward, written once for the column loop and
+ * the chunked pass: stores dx = rstd * (g - xn * m) into DX (xn = X * rstd, g = DY * WV,
+ * WV evaluated only when there is a weight) and declares T, the row's dweight term dy*xn.
+ * Reads the caller's w, rs and mt. */
+#define RN_RMS_ROW(DX, DY, X, WV, r, k, T)                                              \
+    RN_VEC T;                                                                           \
+    {                                                                                   \
+        RN_VEC xn_ = RN_GET((X) + (k)) * rs[r];                                         \
+        RN_VEC dyv_ = RN_GET((DY) + (k)), g_ = dyv_;                                    \
+        if (w) g_ *= (WV);                                                              \
+        RN_PUT((DX) + (k), rs[r] * (g_ - xn_ * mt[r]));                                 \
+        T = dyv_ * xn_;                                                                 \
+    }
+
+/* The same for LayerNorm: dx = rstd * ((g - mean_g) - xhat * mean_gxhat), xhat =
+ * ((X - hi) - lo) * rstd (the mean as hi + lo); declares TW = dy*xhat and TB = dy, the
+ * row's dweight and dbias terms.  Reads the caller's w, mh, ml, rs, mg and mgx. */
+#define RN_LN_ROW(DX, DY, X, WV, r, k, TW, TB)                                          \
+    RN_VEC TW, TB;                                                                      \
+    {                                                                                   \
+        RN_VEC xhat_ = ((RN_GET((X) + (k)) - mh[r]) - ml[r]) * rs[r];                   \
+        RN_VEC dyv_ = RN_GET((DY) + (k)), g_ = dyv_;                                    \
+        if (w) g_ *= (WV);                                                              \
+        RN_PUT((DX) + (k), rs[r] * ((g_ - mg[r]) - xhat_ * mgx[r]));                    \
+        TW = dyv_ * xhat_;                                                              \
+        TB = dyv_;                                                                      \
+    }
+
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream)
@@ -116,11 +144,8 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
         RN_VEC tw = {0}, wv = {0};                                                      \
         if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            RN_VEC xn = RN_GET(x + r * d + (k)) * rs[r];                                \
-            RN_VEC dyv = RN_GET(dy + r * d + (k)), g = dyv;                             \
-            if (w) g *= wv;                                                             \
-            RN_PUT(dx + r * d + (k), rs[r] * (g - xn * mt[r]));                         \
-            tw = r ? tw + dyv * xn : dyv * xn;                                          \
+            RN_RMS_ROW(dx + r * d, dy + r * d, x + r * d, wv, r, k, t_);                \
+            tw = r ? tw + t_ : t_;                                                      \
         }                                                                               \
         RN_ADD_GROUP(dw_part, k, tw);                                                   \
     }
@@ -136,11 +161,8 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
     RN_C tw[RN_CHUNK + RN_W];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_VEC xn = RN_GET(xr + (k)) * rs[r];                                           \
-        RN_VEC dyv = RN_GET(dyr + (k)), g = dyv;                                        \
-        if (w) g *= RN_GET(wc + (k));                                                   \
-        RN_PUT(dxr + (k), rs[r] * (g - xn * mt[r]));                                    \
-        RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, dyv * xn);                       \
+        RN_RMS_ROW(dxr, dyr, xr, RN_GET(wc + (k)), r, k, t_);                           \
+        RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, t_);                             \
     }
     RN_CHUNKS(B_);
 #undef B_
@@ -183,12 +205,9 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
         RN_VEC tw = {0}, tb = {0}, wv = {0};                                            \
         if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            RN_VEC xhat = ((RN_GET(x + r * d + (k)) - mh[r]) - ml[r]) * rs[r];          \
-            RN_VEC dyv = RN_GET(dy + r * d + (k)), g = dyv;                             \
-            if (w) g *= wv;                                                             \
-            RN_PUT(dx + r * d + (k), rs[r] * ((g - mg[r]) - xhat * mgx[r]));            \
-            tw = r ? tw + dyv * xhat : dyv * xhat;                                      \
-            tb = r ? tb + dyv : dyv;                                                    \
+            RN_LN_ROW(dx + r * d, dy + r * d, x + r * d, wv, r, k, tw_, tb_);           \
+            tw = r ? tw + tw_ : tw_;                                                    \
+            tb = r ? tb + tb_ : tb_;                                                    \
         }                                                                               \
         RN_ADD_GROUP(dw_part, k, tw);                                                   \
         RN_ADD_GROUP(db_part, k, tb);                                                   \
@@ -206,12 +225,9 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
     RN_C tw[RN_CHUNK + RN_W], tb[RN_CHUNK + RN_W];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_VEC xhat = ((RN_GET(xr + (k)) - mh[r]) - ml[r]) * rs[r];                     \
-        RN_VEC dyv = RN_GET(dyr + (k)), g = dyv;                                        \
-        if (w) g *= RN_GET(wc + (k));                                                   \
-        RN_PUT(dxr + (k), rs[r] * ((g - mg[r]) - xhat * mgx[r]));                       \
-        RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, dyv * xhat);                     \
-        RN_CARRY(tb, db_part ? db_part + c0 : NULL, k, dyv);                            \
+        RN_LN_ROW(dxr, dyr, xr, RN_GET(wc + (k)), r, k, tw_, tb_);                      \
+        RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, tw_);                            \
+        RN_CARRY(tb, db_part ? db_part + c0 : NULL, k, tb_);                            \
     }
     RN_CHUNKS(B_);
 #undef B_
@@ -258,6 +274,8 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
 
 #undef RN_PF_GROUP
 #undef RN_PF_ROW
+#undef RN_RMS_ROW
+#undef RN_LN_ROW
 #undef RN_CHUNKS
 #undef RN_CARRY
 #undef RN_CHUNKED
