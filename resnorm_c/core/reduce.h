@@ -299,7 +299,11 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
 #else
 #define SQ_(a, v) ((a) + RN_NAME(square)(v))
 #endif
-    if (squares) { PASS_(SQ_) } else { PASS_(SUM_) }
+#define RUN_ { if (squares) { PASS_(SQ_) } else { PASS_(SUM_) } }
+    /* The plain add (no alpha, no dropout) gets its own expansion: with the branches left
+     * in, the compiler tests both at every vector. */
+    if (!alpha && !keep) { const RN_T *alpha = NULL; const uint8_t *keep = NULL; RUN_ }
+    else RUN_
     if (i < d) {
         double lanes[32];
         memcpy(lanes, acc, sizeof lanes);
@@ -313,6 +317,7 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
     }
 #undef H_
 #undef PASS_
+#undef RUN_
 #undef SUM_
 #undef SQ_
     return RN_NAME(fold_acc)(acc);

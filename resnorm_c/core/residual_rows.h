@@ -16,14 +16,16 @@ static void RN_NAME(residual_add)(RN_T *h, const RN_T *residual, const RN_T *x,
                  if (residual) { RN_NAME(prefetch_next)(residual, d, (k), RN_W); } }
 #define B_(k) { RN_PUT(h + (k), residual ? RN_RESIDUAL_SUM(RN_GET, RN_NAME(vmult), k)      \
                                          : RN_RESIDUAL_BRANCH(RN_GET, RN_NAME(vmult), k)); }
-    /* The hot cases get their own expansion: dropout alone, and the plain add. */
+    /* The hot cases get their own expansion: dropout alone, the plain add, and the scaled
+     * add (a fixed, learnable or per-channel alpha).  With the branches left in, the
+     * compiler tests them at every vector. */
     if (!residual && !alpha && keep) {
         const RN_T *residual = NULL, *alpha = NULL;
         RN_ELEMENTWISE(d, h, stream, PF_, B_);
-    } else if (residual && !alpha && !keep) {
-        const RN_T *alpha = NULL;
+    } else if (residual && !keep) {
         const uint8_t *keep = NULL;
-        RN_ELEMENTWISE(d, h, stream, PF_, B_);
+        if (alpha) RN_ELEMENTWISE(d, h, stream, PF_, B_);
+        else { const RN_T *alpha = NULL; RN_ELEMENTWISE(d, h, stream, PF_, B_); }
     }
     else RN_ELEMENTWISE(d, h, stream, PF_, B_);
 #undef PF_
