@@ -27,7 +27,7 @@ from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from libc.float cimport DBL_MIN, FLT_MIN
 from libc.math cimport isfinite
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 import math
 import numbers
@@ -212,15 +212,16 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef void *pw = data_of(w)
     cdef void *pb = data_of(b)
     cdef Kind ek = kind_of(rows)
-    with nogil:
-        if ek == KIND_F32:
-            norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
-        elif ek == KIND_F64:
-            norm_forward_rows(layer, <double *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
-        elif ek == KIND_BF16:
-            norm_forward_rows(layer, <rn_bf16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
-        else:
-            norm_forward_rows(layer, <rn_f16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+    saved = release_gil(size)
+    if ek == KIND_F32:
+        norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+    elif ek == KIND_F64:
+        norm_forward_rows(layer, <double *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+    elif ek == KIND_BF16:
+        norm_forward_rows(layer, <rn_bf16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+    else:
+        norm_forward_rows(layer, <rn_f16 *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
+    take_gil_back(saved)
     if scratch is not None:
         scratch.give_back()
     result = finish(out, y)
@@ -341,19 +342,20 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef const double *pmean = <const double *>data_of(mean)
     cdef const double *prstd = <const double *>cnp.PyArray_DATA(<cnp.ndarray>rstd)
     cdef Kind ek = kind_of(xr)
-    with nogil:
-        if ek == KIND_F32:
-            norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
-                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
-        elif ek == KIND_F64:
-            norm_backward_rows(layer, <double *>pdx, <double *>pdw, <double *>pdb, red, wpart,
-                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
-        elif ek == KIND_BF16:
-            norm_backward_rows(layer, <rn_bf16 *>pdx, <rn_bf16 *>pdw, <rn_bf16 *>pdb, red,
-                               wpart, bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
-        else:
-            norm_backward_rows(layer, <rn_f16 *>pdx, <rn_f16 *>pdw, <rn_f16 *>pdb, red, wpart,
-                               bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+    saved = release_gil(n * d)
+    if ek == KIND_F32:
+        norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
+                           bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+    elif ek == KIND_F64:
+        norm_backward_rows(layer, <double *>pdx, <double *>pdw, <double *>pdb, red, wpart,
+                           bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+    elif ek == KIND_BF16:
+        norm_backward_rows(layer, <rn_bf16 *>pdx, <rn_bf16 *>pdw, <rn_bf16 *>pdb, red,
+                           wpart, bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+    else:
+        norm_backward_rows(layer, <rn_f16 *>pdx, <rn_f16 *>pdw, <rn_f16 *>pdb, red, wpart,
+                           bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
+    take_gil_back(saved)
     scratch.give_back()
     if axes != 1:   # the parameters' gradients in the normalised axes' shape
         dw = None if dw is None else dw.reshape(cache.normalized_shape)

@@ -52,19 +52,20 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     cdef void *pf = cnp.PyArray_DATA(rows_f)
     cdef void *pa = data_of(scale.vector)
     cdef Kind ek = kind_of(rows_x)
-    with nogil:
-        if ek == KIND_F32:
-            scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
-                           <const float *>pa, n, d, nt, stream)
-        elif ek == KIND_F64:
-            scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
-                           <const double *>pa, n, d, nt, stream)
-        elif ek == KIND_BF16:
-            scaled_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
-                           <const rn_bf16 *>pa, n, d, nt, stream)
-        else:
-            scaled_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
-                           <const rn_f16 *>pa, n, d, nt, stream)
+    saved = release_gil(size)
+    if ek == KIND_F32:
+        scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
+                       <const float *>pa, n, d, nt, stream)
+    elif ek == KIND_F64:
+        scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
+                       <const double *>pa, n, d, nt, stream)
+    elif ek == KIND_BF16:
+        scaled_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
+                       <const rn_bf16 *>pa, n, d, nt, stream)
+    else:
+        scaled_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
+                       <const rn_f16 *>pa, n, d, nt, stream)
+    take_gil_back(saved)
     result = finish(out, h)
     if not keep_cache:
         return result
@@ -154,19 +155,20 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
     cdef void *pa = data_of(scale.vector)
     cdef double *parts = <double *>scratch.data
     cdef Kind ek = kind_of(rows)
-    with nogil:
-        if ek == KIND_F32:
-            scaled_backward(<float *>pdx, <float *>pdf, pda, parts, <const float *>pdh,
-                            <const float *>pf, <const float *>pa, n, d, nt, stream)
-        elif ek == KIND_F64:
-            scaled_backward(<double *>pdx, <double *>pdf, pda, parts, <const double *>pdh,
-                            <const double *>pf, <const double *>pa, n, d, nt, stream)
-        elif ek == KIND_BF16:
-            scaled_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, pda, parts, <const rn_bf16 *>pdh,
-                            <const rn_bf16 *>pf, <const rn_bf16 *>pa, n, d, nt, stream)
-        else:
-            scaled_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, pda, parts, <const rn_f16 *>pdh,
-                            <const rn_f16 *>pf, <const rn_f16 *>pa, n, d, nt, stream)
+    saved = release_gil(n * d)
+    if ek == KIND_F32:
+        scaled_backward(<float *>pdx, <float *>pdf, pda, parts, <const float *>pdh,
+                        <const float *>pf, <const float *>pa, n, d, nt, stream)
+    elif ek == KIND_F64:
+        scaled_backward(<double *>pdx, <double *>pdf, pda, parts, <const double *>pdh,
+                        <const double *>pf, <const double *>pa, n, d, nt, stream)
+    elif ek == KIND_BF16:
+        scaled_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, pda, parts, <const rn_bf16 *>pdh,
+                        <const rn_bf16 *>pf, <const rn_bf16 *>pa, n, d, nt, stream)
+    else:
+        scaled_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, pda, parts, <const rn_f16 *>pdh,
+                        <const rn_f16 *>pf, <const rn_f16 *>pa, n, d, nt, stream)
+    take_gil_back(saved)
     scratch.give_back()
     return finish(out, dx), finish(dbranch_out, dF), scale.grad(dalpha, c.dtype)
 
@@ -203,19 +205,20 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     if full or ek == KIND_BF16 or ek == KIND_F16:
         gate = contiguous(ga)
         pg = cnp.PyArray_DATA(gate)
-        with nogil:
-            if ek == KIND_F32:
-                gated_forward(<float *>ph, <const float *>px, <const float *>pf,
-                              <const float *>pg, g_step, n, d, nt, stream)
-            elif ek == KIND_F64:
-                gated_forward(<double *>ph, <const double *>px, <const double *>pf,
-                              <const double *>pg, g_step, n, d, nt, stream)
-            elif ek == KIND_BF16:
-                gated_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
-                              <const rn_bf16 *>pg, g_step, n, d, nt, stream)
-            else:
-                gated_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
-                              <const rn_f16 *>pg, g_step, n, d, nt, stream)
+        saved = release_gil(n * d)
+        if ek == KIND_F32:
+            gated_forward(<float *>ph, <const float *>px, <const float *>pf,
+                          <const float *>pg, g_step, n, d, nt, stream)
+        elif ek == KIND_F64:
+            gated_forward(<double *>ph, <const double *>px, <const double *>pf,
+                          <const double *>pg, g_step, n, d, nt, stream)
+        elif ek == KIND_BF16:
+            gated_forward(<rn_bf16 *>ph, <const rn_bf16 *>px, <const rn_bf16 *>pf,
+                          <const rn_bf16 *>pg, g_step, n, d, nt, stream)
+        else:
+            gated_forward(<rn_f16 *>ph, <const rn_f16 *>px, <const rn_f16 *>pf,
+                          <const rn_f16 *>pg, g_step, n, d, nt, stream)
+        take_gil_back(saved)
     else:
         # per channel, float and double: the gate is a LayerScale vector s = sigmoid(g),
         # formed once by the sigmoid of the full gate (the same bits); ds in double, for
@@ -225,19 +228,20 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
         ds = new_like(g64)
         s64 = new_like(g64)   # (the double sigmoid's s, not kept)
         pg = cnp.PyArray_DATA(s)
-        with nogil:
-            if ek == KIND_F32:
-                sigmoid(<float *>pg, <float *>NULL, <const float *>pg, 1, d, 1)
-            else:
-                sigmoid(<double *>pg, <double *>NULL, <const double *>pg, 1, d, 1)
-            sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
-                    <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
-            if ek == KIND_F32:
-                scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
-                               <const float *>pg, n, d, nt, stream)
-            else:
-                scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
-                               <const double *>pg, n, d, nt, stream)
+        saved = release_gil(d)
+        if ek == KIND_F32:
+            sigmoid(<float *>pg, <float *>NULL, <const float *>pg, 1, d, 1)
+        else:
+            sigmoid(<double *>pg, <double *>NULL, <const double *>pg, 1, d, 1)
+        sigmoid(<double *>cnp.PyArray_DATA(s64), <double *>cnp.PyArray_DATA(ds),
+                <const double *>cnp.PyArray_DATA(g64), 1, d, 1)
+        if ek == KIND_F32:
+            scaled_forward(<float *>ph, <const float *>px, <const float *>pf,
+                           <const float *>pg, n, d, nt, stream)
+        else:
+            scaled_forward(<double *>ph, <const double *>px, <const double *>pf,
+                           <const double *>pg, n, d, nt, stream)
+        take_gil_back(saved)
     result = finish(out, h)
     if not keep_cache:
         return result
@@ -295,37 +299,39 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     cdef Kind ek = kind_of(rows)
     if full:
         pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
-        with nogil:
-            if ek == KIND_F32:
-                gated_backward(<float *>pdx, <float *>pdf, <float *>pdg, <const float *>pdh,
-                               <const float *>pf, <const float *>pg, n, d, nt, stream)
-            elif ek == KIND_F64:
-                gated_backward(<double *>pdx, <double *>pdf, <double *>pdg,
-                               <const double *>pdh, <const double *>pf, <const double *>pg,
-                               n, d, nt, stream)
-            elif ek == KIND_BF16:
-                gated_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg,
-                               <const rn_bf16 *>pdh, <const rn_bf16 *>pf, <const rn_bf16 *>pg,
-                               n, d, nt, stream)
-            else:
-                gated_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg,
-                               <const rn_f16 *>pdh, <const rn_f16 *>pf, <const rn_f16 *>pg,
-                               n, d, nt, stream)
+        saved = release_gil(n * d)
+        if ek == KIND_F32:
+            gated_backward(<float *>pdx, <float *>pdf, <float *>pdg, <const float *>pdh,
+                           <const float *>pf, <const float *>pg, n, d, nt, stream)
+        elif ek == KIND_F64:
+            gated_backward(<double *>pdx, <double *>pdf, <double *>pdg,
+                           <const double *>pdh, <const double *>pf, <const double *>pg,
+                           n, d, nt, stream)
+        elif ek == KIND_BF16:
+            gated_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg,
+                           <const rn_bf16 *>pdh, <const rn_bf16 *>pf, <const rn_bf16 *>pg,
+                           n, d, nt, stream)
+        else:
+            gated_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg,
+                           <const rn_f16 *>pdh, <const rn_f16 *>pf, <const rn_f16 *>pg,
+                           n, d, nt, stream)
+        take_gil_back(saved)
         return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
     scratch = lend(row_blocks(n) * d * sizeof(double))
     work = <double *>scratch.data
     if logits:
         # per channel, 16-bit: dg summed over rows in double, rounded once
         pg = cnp.PyArray_DATA(<cnp.ndarray>c.gate)
-        with nogil:
-            if ek == KIND_BF16:
-                gated_channel_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg, work,
-                                       <const rn_bf16 *>pdh, <const rn_bf16 *>pf,
-                                       <const rn_bf16 *>pg, n, d, nt, stream)
-            else:
-                gated_channel_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg, work,
-                                       <const rn_f16 *>pdh, <const rn_f16 *>pf,
-                                       <const rn_f16 *>pg, n, d, nt, stream)
+        saved = release_gil(n * d)
+        if ek == KIND_BF16:
+            gated_channel_backward(<rn_bf16 *>pdx, <rn_bf16 *>pdf, <rn_bf16 *>pdg, work,
+                                   <const rn_bf16 *>pdh, <const rn_bf16 *>pf,
+                                   <const rn_bf16 *>pg, n, d, nt, stream)
+        else:
+            gated_channel_backward(<rn_f16 *>pdx, <rn_f16 *>pdf, <rn_f16 *>pdg, work,
+                                   <const rn_f16 *>pdh, <const rn_f16 *>pf,
+                                   <const rn_f16 *>pg, n, d, nt, stream)
+        take_gil_back(saved)
         scratch.give_back()
         return finish(out, dx), finish(dbranch_out, dF), finish(dgate_out, dg)
     # per channel, float and double: the scaled residual's backward with alpha = s, then
@@ -333,13 +339,14 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     dsum = new_vector(d, cnp.NPY_DOUBLE)
     cdef double *pdsum = <double *>cnp.PyArray_DATA(dsum)
     pg = cnp.PyArray_DATA(<cnp.ndarray>c.s)
-    with nogil:
-        if ek == KIND_F32:
-            scaled_backward(<float *>pdx, <float *>pdf, pdsum, work, <const float *>pdh,
-                            <const float *>pf, <const float *>pg, n, d, nt, stream)
-        else:
-            scaled_backward(<double *>pdx, <double *>pdf, pdsum, work, <const double *>pdh,
-                            <const double *>pf, <const double *>pg, n, d, nt, stream)
+    saved = release_gil(n * d)
+    if ek == KIND_F32:
+        scaled_backward(<float *>pdx, <float *>pdf, pdsum, work, <const float *>pdh,
+                        <const float *>pf, <const float *>pg, n, d, nt, stream)
+    else:
+        scaled_backward(<double *>pdx, <double *>pdf, pdsum, work, <const double *>pdh,
+                        <const double *>pf, <const double *>pg, n, d, nt, stream)
+    take_gil_back(saved)
     scratch.give_back()
     np.multiply(dsum, c.ds, out=dsum)
     dg[...] = dsum
@@ -369,16 +376,17 @@ cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int req
         scratch = lend(max(1, nt) * mask_words(SEGMENT) * 8)
         masks = <uint64_t *>scratch.data
         memset(masks, 0, max(1, nt) * mask_words(SEGMENT) * 8)
-        with nogil:
-            if ek == KIND_F32:
-                dropout_apply(<float *>py, <const float *>px, &site, masks, size, nt, stream)
-            elif ek == KIND_F64:
-                dropout_apply(<double *>py, <const double *>px, &site, masks, size, nt, stream)
-            elif ek == KIND_BF16:
-                dropout_apply(<rn_bf16 *>py, <const rn_bf16 *>px, &site, masks, size, nt,
-                              stream)
-            else:
-                dropout_apply(<rn_f16 *>py, <const rn_f16 *>px, &site, masks, size, nt, stream)
+        saved = release_gil(size)
+        if ek == KIND_F32:
+            dropout_apply(<float *>py, <const float *>px, &site, masks, size, nt, stream)
+        elif ek == KIND_F64:
+            dropout_apply(<double *>py, <const double *>px, &site, masks, size, nt, stream)
+        elif ek == KIND_BF16:
+            dropout_apply(<rn_bf16 *>py, <const rn_bf16 *>px, &site, masks, size, nt,
+                          stream)
+        else:
+            dropout_apply(<rn_f16 *>py, <const rn_f16 *>px, &site, masks, size, nt, stream)
+        take_gil_back(saved)
         scratch.give_back()
     return finish(out, y)
 

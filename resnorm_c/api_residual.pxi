@@ -142,19 +142,20 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef void *pb = data_of(b)
     cdef void *pa = data_of(scale.vector)
     cdef Kind ek = kind_of(rows_x)
-    with nogil:
-        if ek == KIND_F32:
-            add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa, e,
-                                  &site, masks, n, d, nt, stream)
-        elif ek == KIND_F64:
-            add_norm_forward_rows(<double *>py, <double *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                                  e, &site, masks, n, d, nt, stream)
-        elif ek == KIND_BF16:
-            add_norm_forward_rows(<rn_bf16 *>py, <rn_bf16 *>ph, pmean, prstd, px, pr, pw, pb,
-                                  pa, e, &site, masks, n, d, nt, stream)
-        else:
-            add_norm_forward_rows(<rn_f16 *>py, <rn_f16 *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                                  e, &site, masks, n, d, nt, stream)
+    saved = release_gil(size)
+    if ek == KIND_F32:
+        add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa, e,
+                              &site, masks, n, d, nt, stream)
+    elif ek == KIND_F64:
+        add_norm_forward_rows(<double *>py, <double *>ph, pmean, prstd, px, pr, pw, pb, pa,
+                              e, &site, masks, n, d, nt, stream)
+    elif ek == KIND_BF16:
+        add_norm_forward_rows(<rn_bf16 *>py, <rn_bf16 *>ph, pmean, prstd, px, pr, pw, pb,
+                              pa, e, &site, masks, n, d, nt, stream)
+    else:
+        add_norm_forward_rows(<rn_f16 *>py, <rn_f16 *>ph, pmean, prstd, px, pr, pw, pb, pa,
+                              e, &site, masks, n, d, nt, stream)
+    take_gil_back(saved)
     scratch.give_back()
     y_result = finish(out, y)
     result = (y_result, finish(residual_out, h)) if prenorm else y_result
@@ -338,23 +339,24 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef const double *pmean = <const double *>data_of(c.mean)
     cdef const double *prstd = <const double *>data_of(c.rstd)
     cdef Kind ek = kind_of(rows)
-    with nogil:
-        if ek == KIND_F32:
-            add_norm_backward_rows(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
-                                   partials, rows_scratch, pdy, pdh, ph, px, pr, pw, pa, pmean,
-                                   prstd, &site, n, d, nt, stream)
-        elif ek == KIND_F64:
-            add_norm_backward_rows(<double *>pdx, <double *>pdres, <double *>pdw,
-                                   <double *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
-        elif ek == KIND_BF16:
-            add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, <rn_bf16 *>pdw,
-                                   <rn_bf16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
-        else:
-            add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, <rn_f16 *>pdw,
-                                   <rn_f16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                                   pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+    saved = release_gil(size)
+    if ek == KIND_F32:
+        add_norm_backward_rows(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
+                               partials, rows_scratch, pdy, pdh, ph, px, pr, pw, pa, pmean,
+                               prstd, &site, n, d, nt, stream)
+    elif ek == KIND_F64:
+        add_norm_backward_rows(<double *>pdx, <double *>pdres, <double *>pdw,
+                               <double *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+    elif ek == KIND_BF16:
+        add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, <rn_bf16 *>pdw,
+                               <rn_bf16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+    else:
+        add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, <rn_f16 *>pdw,
+                               <rn_f16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
+                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+    take_gil_back(saved)
     scratch.give_back()
     row = None
     if c.axes != 1:   # the parameters' gradients in the normalised axes' shape

@@ -80,8 +80,9 @@ cdef class DropoutSpec:
         keep = np.empty(int(np.prod(shape)), dtype=np.uint8)
         cdef Py_ssize_t n = keep.shape[0]
         cdef int nt = team(threads_of(n_threads), n)
-        with nogil:
-            dropout_mask(<uint8_t *>cnp.PyArray_DATA(keep), &site, n, nt)
+        saved = release_gil(n)
+        dropout_mask(<uint8_t *>cnp.PyArray_DATA(keep), &site, n, nt)
+        take_gil_back(saved)
         return keep.view(bool).reshape(shape)
 
 
@@ -151,16 +152,57 @@ cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x, int k=1):
     shape)."""
     if type(alpha) is float and <double>alpha == 1.0:
         return UNIT_SCALE
+    cdef Py_ssize_t d1
+    if k == 1 and cnp.PyArray_NDIM(x) >= 1:
+        # the common forms, decided in C: what residual_scale would return for them
+        d1 = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
+        if type(alpha) is float and isfinite(<double>alpha):
+            return ResidualScale("fixed", filled(<double>alpha, d1, x.dtype))
+        if (type(alpha) is cnp.ndarray
+                and cnp.PyArray_TYPE(<cnp.ndarray>alpha) == cnp.PyArray_TYPE(x)
+                and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>alpha)
+                and cnp.PyArray_NDIM(<cnp.ndarray>alpha) == 1
+                and cnp.PyArray_DIM(<cnp.ndarray>alpha, 0) == d1
+                and kernel_layout(<cnp.ndarray>alpha)):
+            return ResidualScale("channel", alpha)
     cdef tuple row = shape_of(x)[x.ndim - k:]
     cdef Py_ssize_t d = math.prod(row)
     kind, value = residual_scale(alpha, row if k > 1 else d, x.dtype)
     if kind == "fixed":
-        vector = None if value == 1.0 else np.full(d, value, dtype=x.dtype)
+        vector = None if value == 1.0 else filled(value, d, x.dtype)
     elif kind == "scalar":
-        vector = np.full(d, value[()], dtype=x.dtype)
+        # (a 0-d array of an element dtype: exact as a double)
+        vector = filled(float(value[()]), d, x.dtype)
     else:
         vector = vector_of(value)
     return ResidualScale(kind, vector)
+
+
+# A scalar alpha reaches the kernels as a (D,) vector of it.  Vectors of up to
+# FILLED_MAX_BYTES are kept, read-only, at most FILLED_KEPT of them, and serve every later
+# call with the same value (its bits: -0.0 is not 0.0), D and dtype: for a small call,
+# filling the vector cost more than all of the call's checks.
+cdef dict filled_kept = {}
+cdef enum:
+    FILLED_KEPT = 16
+    FILLED_MAX_BYTES = 1 << 16
+
+
+cdef cnp.ndarray filled(double value, Py_ssize_t d, dtype):
+    """A read-only (D,) vector of value in dtype."""
+    cdef uint64_t bits
+    memcpy(&bits, &value, sizeof(double))
+    key = (bits, d, dtype)
+    cdef cnp.ndarray vector = filled_kept.get(key)
+    if vector is not None:
+        return vector
+    vector = np.full(d, value, dtype=dtype)
+    vector.setflags(write=False)
+    if d * vector.itemsize <= FILLED_MAX_BYTES:
+        if len(filled_kept) >= FILLED_KEPT:
+            filled_kept.clear()
+        filled_kept[key] = vector
+    return vector
 
 
 cpdef bint valid_scale(alpha):

@@ -114,3 +114,33 @@ def test_limits_are_read_at_call_time():
     finally:
         _parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES = saved
     assert (_parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES) == saved
+
+
+def test_a_scalar_alpha_gives_each_call_its_own_value():
+    """A scalar alpha's (D,) vector is kept for later calls with the same value, D and
+    dtype.  A call never gets another value's vector: not -0.0's for 0.0 (h = -0 + alpha*x
+    keeps the sign of alpha*x), not another D's or dtype's, nor after many values."""
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64):
+        for d in (7, 40):
+            x = np.abs(rng.standard_normal((2, d))).astype(dtype) + 1
+            r = np.full((2, d), -0.0, dtype)
+            for alpha in [-0.0, 0.0, -0.0, 0.5, *np.linspace(-3, 3, 40), 0.5, 0.0, -0.0]:
+                h = resnorm.scaled_residual(r, x, alpha)
+                want = r + dtype(alpha) * x
+                assert _same(h, want), (dtype, d, alpha)
+                y, h2 = resnorm.add_rms_norm(x, r, alpha=alpha)
+                assert _same(h2, want), (dtype, d, alpha)
+                assert _same(y, resnorm.rms_norm(want)), (dtype, d, alpha)
+
+
+def test_a_learnable_scalar_alpha_gives_each_call_its_own_value():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 9)).astype(np.float32)
+    r = rng.standard_normal((3, 9)).astype(np.float32)
+    for value in (0.25, -2.0, 0.25):
+        alpha = np.asarray(value, np.float32)
+        h, cache = resnorm.scaled_residual_forward(r, x, alpha)
+        assert _same(h, r + alpha * x)
+        dx, dF, dalpha = resnorm.scaled_residual_backward(np.ones_like(x), cache)
+        assert _same(dF, np.full_like(x, value))
