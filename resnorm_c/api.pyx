@@ -39,7 +39,7 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
-from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
+from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core, rn_narrow,
                          rn_philox_uniforms, rn_to_float32)
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward,
                                gated_channel_backward, gated_forward, scaled_backward,
@@ -233,12 +233,6 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     return result, RMSNormCache(as_rows(rows, d), w, rstd, shape_of(xa), k)
 
 
-cdef inline bint is_stat(a, Py_ssize_t n) noexcept:
-    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == cnp.NPY_DOUBLE
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == n
-            and kernel_layout(<cnp.ndarray>a))
-
-
 cdef inline bint shape_is(cnp.ndarray a, shape) noexcept:
     """a's shape equals `shape`, a tuple of ints (False for anything else)."""
     cdef int k, ndim = cnp.PyArray_NDIM(a)
@@ -266,30 +260,19 @@ cdef inline bint is_param_of(p, cnp.ndarray rows) noexcept:
                          and kernel_layout(<cnp.ndarray>p))
 
 
-cdef inline bint norm_cache_ok(x, weight, mean, rstd, shape, axes, bint layer) noexcept:
-    """The fields of a norm cache as its forward function made them (decided in C; False
-    sends the cache through training_cache, which says what is wrong)."""
-    cdef Py_ssize_t n, prod = 1, row = 1, j = 0
-    if not (type(x) is cnp.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>x) == 2
-            and is_element_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
-            and kernel_layout(<cnp.ndarray>x)):
-        return False
-    n = cnp.PyArray_DIM(<cnp.ndarray>x, 0)
-    if type(shape) is not tuple or len(<tuple>shape) < 1:
-        return False
-    if type(axes) is not int or not 1 <= axes <= len(<tuple>shape):
-        return False
-    for s in <tuple>shape:
-        if type(s) is not int or s < 0 or s > (1 << 40):
-            return False
-        prod *= <Py_ssize_t>s
-        if j >= len(<tuple>shape) - <Py_ssize_t>axes:
-            row *= <Py_ssize_t>s
-        j += 1
-    return (row == cnp.PyArray_DIM(<cnp.ndarray>x, 1)
-            and prod == cnp.PyArray_SIZE(<cnp.ndarray>x)
-            and is_stat(rstd, n) and (not layer or is_stat(mean, n))
-            and is_param_of(weight, <cnp.ndarray>x))
+cdef check_norm_cache(cache, x, weight, mean, rstd, shape, axes, bint layer):
+    """The fields of a norm cache as its forward function made them (mean: LayerNorm's)."""
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int t = 0
+    cdef bint ok = (type(x) is cnp.ndarray and is_element_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
+                    and shape_ok(shape, axes, &n, &d))
+    if ok:
+        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        ok = (cache_field(x, ROWS, True, n, d, t) and cache_field(weight, VECTOR, False, n, d, t)
+              and cache_field(mean, STATS, layer, n, d, t)
+              and cache_field(rstd, STATS, True, n, d, t))
+    if not ok:
+        raise edited_cache(cache)
 
 
 cdef object norm_backward(bint layer, dy, cache, out, n_threads):
@@ -301,8 +284,7 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     x, weight, shape, axes = cache.x, cache.weight, cache.shape, cache.axes
     mean = cache.mean if layer else None
     rstd = cache.rstd
-    if not norm_cache_ok(x, weight, mean, rstd, shape, axes, layer):
-        training_cache(cache, ("mean", "rstd") if layer else ("rstd",))
+    check_norm_cache(cache, x, weight, mean, rstd, shape, axes, layer)
     cdef cnp.ndarray xr = <cnp.ndarray>x
     cdef cnp.ndarray dya
     if type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == cnp.PyArray_TYPE(xr) \

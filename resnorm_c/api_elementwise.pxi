@@ -127,15 +127,17 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
     """Returns (dx, dF, dalpha)."""
     elementwise_cache_type(cache, ScaledResidualCache, "scaled_residual_forward")
     cdef ScaledResidualCache c = <ScaledResidualCache>cache
-
-    def expected(n, d, dtype):
-        learnable = c.alpha.learnable
-        return [(c.branch, (n, d), dtype, learnable), (c.alpha.vector, (d,), dtype, learnable)]
-
-    cache_arrays(c, expected, valid_scale(c.alpha), 1, True)
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int t = 0
+    cdef bint learnable
+    if not (valid_scale(c.alpha) and cache_rows(c.shape, c.dtype, 1, &n, &d, &t)):
+        raise edited_cache(c)
+    learnable = (<ResidualScale>c.alpha).learnable
+    if not (cache_field(c.branch, ROWS, learnable, n, d, t)
+            and cache_field((<ResidualScale>c.alpha).vector, VECTOR, learnable, n, d, t)):
+        raise edited_cache(c)
     cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
     cdef int nt = 1
-    cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
     cdef ResidualScale scale = <ResidualScale>c.alpha
     cdef tuple kept = (c.branch, scale.vector)
@@ -266,16 +268,18 @@ def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
     # the kernels recompute sigmoid from the logits (a full gate, or a 16-bit per-channel
     # one), or read s and ds (a per-channel gate of float and double)
     cdef bint logits = c.s is None
-    cdef bint full = logits and np.ndim(c.gate) == 2
-
-    def expected(n, d, dtype):
-        return [(c.branch, (n, d), dtype, True), (c.gate, (n, d) if full else (d,), dtype, logits),
-                (c.s, (d,), dtype, not logits), (c.ds, (d,), np.float64, not logits)]
-
-    cache_arrays(c, expected, True, 1, True)
+    cdef bint full = (logits and type(c.gate) is cnp.ndarray
+                      and cnp.PyArray_NDIM(<cnp.ndarray>c.gate) == 2)
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int t = 0
+    if not (cache_rows(c.shape, c.dtype, 1, &n, &d, &t)
+            and cache_field(c.branch, ROWS, True, n, d, t)
+            and cache_field(c.gate, ROWS if full else VECTOR, logits, n, d, t)
+            and cache_field(c.s, VECTOR, not logits, n, d, t)
+            and cache_field(c.ds, VECTOR64, not logits, n, d, t)):
+        raise edited_cache(c)
     cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
     cdef int nt = 1
-    cdef Py_ssize_t n = 0, d = 0
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
     cdef tuple kept = (c.branch, c.gate, c.s, c.ds)
     cdef cnp.ndarray dx = elementwise_gradient(out, "out", dha, dha, GATED_CACHE_FIELDS, kept)
@@ -412,6 +416,9 @@ def dropout_backward(dy, cache, out, n_threads):
         raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
                         f"got {type(cache).__name__}")
     cdef DropoutCache c = <DropoutCache>cache
-    cache_arrays(c, lambda n, d, dtype: [], valid_spec(c.spec), 1, True)  # no arrays read
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int t = 0
+    if not (valid_spec(c.spec) and cache_rows(c.shape, c.dtype, 1, &n, &d, &t)):
+        raise edited_cache(c)   # (the kernel reads no array of the cache)
     cdef cnp.ndarray dya = gradient_like(dy, "dy", c)
     return apply_dropout(dya, "dy", kernel_dropout(c.spec), out, threads_of(n_threads))

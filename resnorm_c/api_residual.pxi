@@ -8,11 +8,10 @@ cdef tuple ADD_NORM_CACHE_FIELDS = ("h", "x", "residual", "weight", "alpha", "me
 cdef str KEPT_OUT = "{out} must not overlap {name} in the training form: backward reads {name}"
 cdef str CACHE_GRADIENT = "{out} must not share memory with the cache's {name}: pass a separate buffer"
 
-# the forward functions, by (layer, prenorm): the name a cache records
-cdef dict ADD_NORM_OPS = {(False, True): "add_rms_norm_forward",
-                          (True, True): "add_layer_norm_forward",
-                          (False, False): "add_rms_norm_post_forward",
-                          (True, False): "add_layer_norm_post_forward"}
+# the forward functions, at 2 * layer + prenorm (a tuple: indexed in C): the name a cache
+# records
+cdef tuple ADD_NORM_OPS = ("add_rms_norm_post_forward", "add_rms_norm_forward",
+                           "add_layer_norm_post_forward", "add_layer_norm_forward")
 
 
 cdef inline rn_dropout dropout_site(p, seed, training) except *:
@@ -162,102 +161,33 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     if not keep_cache:
         return result
     cache = AddNormCache(
-        ADD_NORM_OPS[layer, prenorm], as_rows(h, d) if prenorm else None,
+        ADD_NORM_OPS[2 * layer + prenorm], as_rows(h, d) if prenorm else None,
         as_rows(rows_x, d) if keeps_x else None, None if prenorm else as_rows(rows_r, d), w,
         b is not None, scale, spec, mean, rstd, shape_of(xa), xa.dtype, k)
     return result, cache
 
 
-cdef inline bint is_rows(a, Py_ssize_t n, Py_ssize_t d, int typenum) noexcept:
-    """a is exactly an (n, d) array of this type in the kernels' layout."""
-    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == n
-            and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == d and kernel_layout(<cnp.ndarray>a))
-
-
-cdef inline bint is_vector(a, Py_ssize_t d, int typenum) noexcept:
-    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
-            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == d
-            and kernel_layout(<cnp.ndarray>a))
-
-
-cdef inline bint spec_ok(spec) noexcept:
-    """spec is a DropoutSpec as dropout_spec makes it (decided in C)."""
-    if type(spec) is not DropoutSpec:
-        return False
-    cdef DropoutSpec s = <DropoutSpec>spec
-    return (type(s.p) is float and 0.0 <= <double>s.p <= 1.0 and type(s.seed) is int
-            and 0 <= s.seed < (1 << 64) and (s.training is True or s.training is False))
-
-
-cdef inline bint shape_ok(shape, axes, Py_ssize_t *n, Py_ssize_t *d) noexcept:
-    """shape is a tuple of ints >= 0 with at least one axis, and axes an int in [1,
-    len(shape)]; n, d: its rows and row length (a row spans the last `axes` axes)."""
-    cdef Py_ssize_t prod = 1, row = 1, j = 0
-    if type(shape) is not tuple or len(<tuple>shape) < 1:
-        return False
-    if type(axes) is not int or not 1 <= axes <= len(<tuple>shape):
-        return False
-    for s in <tuple>shape:
-        if type(s) is not int or s < 0 or s > (1 << 40):
-            return False
-        prod *= <Py_ssize_t>s
-        if j >= len(<tuple>shape) - <Py_ssize_t>axes:
-            row *= <Py_ssize_t>s
-        j += 1
-    d[0] = row
-    n[0] = prod // row if row > 0 else 0
-    return True
-
-
-cdef bint add_norm_cache_ok(AddNormCache cache, bint layer, bint prenorm) noexcept:
-    """The cache as its forward function made it (decided in C; False sends it through
-    check_add_norm_cache, which says what is wrong)."""
-    cdef Py_ssize_t n = 0, d = 0
-    cdef int typenum
-    if not (spec_ok(cache.dropout) and type(cache.alpha) is ResidualScale
-            and (cache.has_bias is True or cache.has_bias is False)
-            and shape_ok(cache.shape, cache.axes, &n, &d) and cnp.PyArray_DescrCheck(cache.dtype)
-            and is_element_type(cache.dtype.num)):
-        return False
-    typenum = cache.dtype.num
-    cdef ResidualScale alpha = <ResidualScale>cache.alpha
-    cdef bint learnable = alpha.kind != "fixed"
-    if not (alpha.kind == "fixed" or alpha.kind == "scalar" or alpha.kind == "channel"):
-        return False
-    return (present(cache.h, prenorm, True, n, d, typenum) and (prenorm or cache.h is None)
-            and present(cache.x, learnable or not prenorm, True, n, d, typenum)
-            and present(cache.residual, not prenorm, True, n, d, typenum)
-            and present(cache.weight, False, False, n, d, typenum)
-            and present(alpha.vector, learnable, False, n, d, typenum)
-            and (is_stat(cache.mean, n) if layer else cache.mean is None)
-            and is_stat(cache.rstd, n))
-
-
-cdef inline bint present(a, bint required, bint rows, Py_ssize_t n, Py_ssize_t d,
-                         int typenum) noexcept:
-    """A field of a fused cache: None where allowed, else rows (n, d) or a (d,) vector."""
-    if a is None:
-        return not required
-    return is_rows(a, n, d, typenum) if rows else is_vector(a, d, typenum)
-
-
 cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
     """The arrays add_norm_backward reads, as the forward function made them."""
-    valid = (valid_scale(cache.alpha) and valid_spec(cache.dropout)
-             and type(cache.has_bias) is bool)
-    learnable = valid and cache.alpha.learnable
-
-    def expected(n, d, dtype):
-        rows = (n, d)
-        return [(cache.h, rows, dtype, prenorm), (cache.x, rows, dtype, learnable or not prenorm),
-                (cache.residual, rows, dtype, not prenorm), (cache.weight, (d,), dtype, False),
-                (cache.alpha.vector, (d,), dtype, learnable),
-                (cache.mean, (n,), np.float64, layer), (cache.rstd, (n,), np.float64, True)]
-
+    cdef Py_ssize_t n = 0, d = 0
+    cdef int t = 0
+    cdef bint learnable = False
     # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
-    valid = valid and (prenorm or cache.h is None) and (layer or cache.mean is None)
-    cache_arrays(cache, expected, valid, cache.axes, True)
+    cdef bint ok = (valid_spec(cache.dropout) and valid_scale(cache.alpha)
+                    and (cache.has_bias is True or cache.has_bias is False)
+                    and (prenorm or cache.h is None) and (layer or cache.mean is None)
+                    and cache_rows(cache.shape, cache.dtype, cache.axes, &n, &d, &t))
+    if ok:
+        learnable = (<ResidualScale>cache.alpha).learnable
+        ok = (cache_field(cache.h, ROWS, prenorm, n, d, t)
+              and cache_field(cache.x, ROWS, learnable or not prenorm, n, d, t)
+              and cache_field(cache.residual, ROWS, not prenorm, n, d, t)
+              and cache_field(cache.weight, VECTOR, False, n, d, t)
+              and cache_field((<ResidualScale>cache.alpha).vector, VECTOR, learnable, n, d, t)
+              and cache_field(cache.mean, STATS, layer, n, d, t)
+              and cache_field(cache.rstd, STATS, True, n, d, t))
+    if not ok:
+        raise edited_cache(cache)
 
 
 cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tuple inputs,
@@ -281,13 +211,12 @@ cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tupl
 cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
                                    dresidual_out, n_threads):
     """Every fused backward: returns (dx, dresidual, dweight, dbias, dalpha)."""
-    op = ADD_NORM_OPS[layer, prenorm]
+    op = ADD_NORM_OPS[2 * layer + prenorm]
     if type(cache) is not AddNormCache or (<AddNormCache>cache).op != op:
         made_by = cache.op if isinstance(cache, AddNormCache) else type(cache).__name__
         raise TypeError(f"cache must be the AddNormCache returned by {op}, got {made_by}")
     cdef AddNormCache c = <AddNormCache>cache
-    if not add_norm_cache_ok(c, layer, prenorm):
-        check_add_norm_cache(c, layer, prenorm)
+    check_add_norm_cache(c, layer, prenorm)
     dtype = c.dtype
     shape = c.shape
     cdef cnp.ndarray dya
@@ -301,7 +230,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
         dha = partner_of(dh, dya, "dh")
     cdef int nt = threads_of(n_threads)
     cdef tuple inputs = (dya, dha)
-    alpha = <ResidualScale>c.alpha
+    cdef ResidualScale alpha = <ResidualScale>c.alpha
     cdef tuple kept = (c.h, c.x, c.residual, c.weight, alpha.vector, c.mean, c.rstd)
     cdef cnp.ndarray rows = contiguous(dya)
     cdef cnp.ndarray dh_rows = None if dha is None else contiguous(dha)

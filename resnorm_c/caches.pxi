@@ -104,13 +104,13 @@ cpdef DropoutSpec dropout_spec(p, seed, training):
     return DropoutSpec(probability(p), seed_value(seed), flag(training, "training"))
 
 
-cpdef bint valid_spec(spec):
+cpdef bint valid_spec(spec) noexcept:
     """True for a DropoutSpec as dropout_spec makes it (caches keep one)."""
-    try:
-        return isinstance(spec, DropoutSpec) and dropout_spec(spec.p, spec.seed,
-                                                              spec.training) == spec
-    except (TypeError, ValueError):
+    if type(spec) is not DropoutSpec:
         return False
+    cdef DropoutSpec s = <DropoutSpec>spec
+    return (type(s.p) is float and 0.0 <= <double>s.p <= 1.0 and type(s.seed) is int
+            and 0 <= s.seed < (1 << 64) and (s.training is True or s.training is False))
 
 
 @cython.dataclasses.dataclass(frozen=True)
@@ -132,14 +132,21 @@ cdef class ResidualScale:
     def learnable(self):
         return self.kind != "fixed"
 
-    def grad(self, per_channel, dtype, shape=None):
-        """dalpha from the kernels' float64 per-channel sums: None, a 0-d array, or (D,)
-        (of `shape`, a normalised row's, when given)."""
+    cdef object grad(self, cnp.ndarray per_channel, dtype, shape=None):
+        """dalpha from the kernels' float64 per-channel sums (a fresh array), rounded once
+        to dtype: None, a 0-d array, or (D,) (of `shape`, a normalised row's, when given)."""
         if self.kind == "fixed":
             return None
         if self.kind == "scalar":
             return np.asarray(per_channel.sum(), dtype=dtype)
-        grad = per_channel.astype(dtype)
+        cdef cnp.ndarray grad = per_channel
+        cdef Py_ssize_t d = cnp.PyArray_DIM(per_channel, 0)
+        if dtype.num == cnp.NPY_FLOAT:   # (float64 is the sums themselves)
+            grad = new_vector(d, cnp.NPY_FLOAT)
+            rn_narrow(<float *>cnp.PyArray_DATA(grad),
+                      <const double *>cnp.PyArray_DATA(per_channel), d)
+        elif dtype.num != cnp.NPY_DOUBLE:
+            grad = per_channel.astype(dtype)
         return grad if shape is None else grad.reshape(shape)
 
 
@@ -205,9 +212,12 @@ cdef cnp.ndarray filled(double value, Py_ssize_t d, dtype):
     return vector
 
 
-cpdef bint valid_scale(alpha):
+cpdef bint valid_scale(alpha) noexcept:
     """A ResidualScale as residual_scale_of makes it (kept in caches)."""
-    return isinstance(alpha, ResidualScale) and alpha.kind in ("fixed", "scalar", "channel")
+    if type(alpha) is not ResidualScale:
+        return False
+    kind = (<ResidualScale>alpha).kind
+    return type(kind) is str and (kind == "fixed" or kind == "scalar" or kind == "channel")
 
 
 @cython.dataclasses.dataclass(frozen=True)

@@ -301,59 +301,77 @@ cdef inline check_out(out, cnp.ndarray like, tuple names, tuple inputs, str name
         out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name)
 
 
-cpdef training_cache(cache, tuple stat_names):
-    """A training cache of the norms as its forward function made it.  The kernels trust its
-    arrays' shapes, so a hand-built or edited cache with wrong ones would read out of bounds."""
-    x, axes = cache.x, cache.axes
-    ok = (isinstance(x, np.ndarray) and x.ndim == 2 and is_element_dtype(x.dtype)
-          and x.flags.c_contiguous and x.flags.aligned
-          and isinstance(cache.shape, tuple) and len(cache.shape) >= 1
-          and all([type(s) is int and s >= 0 for s in cache.shape])
-          and type(axes) is int and 1 <= axes <= len(cache.shape)
-          and math.prod(cache.shape[len(cache.shape) - axes:]) == x.shape[1]
-          and math.prod(cache.shape) == x.size)
-    for name in stat_names:
-        a = getattr(cache, name)
-        ok = ok and (isinstance(a, np.ndarray) and a.dtype == np.float64
-                     and a.shape == (x.shape[0],) and a.flags.c_contiguous and a.flags.aligned)
-    w = cache.weight
-    ok = ok and (w is None or (isinstance(w, np.ndarray) and w.dtype == x.dtype
-                               and w.shape == (x.shape[1],) and w.flags.c_contiguous
-                               and w.flags.aligned))
-    if not ok:
-        raise ValueError(f"cache is not as the forward function returned it: its arrays "
-                         f"have inconsistent shapes, dtypes or layouts ({type(cache).__name__} "
-                         f"must not be built or edited by hand)")
+cdef inline bint is_rows(a, Py_ssize_t n, Py_ssize_t d, int typenum) noexcept:
+    """a is exactly an (n, d) array of this type in the kernels' layout."""
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 2 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == n
+            and cnp.PyArray_DIM(<cnp.ndarray>a, 1) == d and kernel_layout(<cnp.ndarray>a))
 
 
-def cache_arrays(cache, expected, valid=True, axes=1, halves=False):
-    """A cache of the residual and dropout functions as its forward function made it.
+cdef inline bint is_vector(a, Py_ssize_t d, int typenum) noexcept:
+    return (type(a) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>a) == typenum
+            and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1 and cnp.PyArray_DIM(<cnp.ndarray>a, 0) == d
+            and kernel_layout(<cnp.ndarray>a))
 
-    cache.shape / cache.dtype: the forward input's shape (a tuple of ints) and float dtype;
-    expected(n, d, dtype): (array or None, shape, dtype, required) for every array the
-    backward kernel reads, n rows of d (a row spans the last `axes` axes of shape).  valid:
-    the cache's other fields passed their own checks.  The kernels trust these shapes, so
-    an edited cache could read out of bounds.
-    """
-    shape, dtype = cache.shape, cache.dtype
-    ok = (valid and isinstance(shape, tuple) and len(shape) >= 1
-          and all(type(s) is int and s >= 0 for s in shape)
-          and type(axes) is int and 1 <= axes <= len(shape)
-          and isinstance(dtype, np.dtype) and is_element_dtype(dtype, halves))
-    if ok:
-        lead = len(shape) - axes
-        for a, want_shape, want_dtype, required in expected(math.prod(shape[:lead]),
-                                                            math.prod(shape[lead:]), dtype):
-            if a is None:
-                ok = ok and not required
-            else:
-                ok = ok and (type(a) is np.ndarray and a.dtype == want_dtype
-                             and a.shape == want_shape and a.flags.c_contiguous
-                             and a.flags.aligned)
-    if not ok:
-        raise ValueError(f"cache is not as the forward function returned it: its fields "
-                         f"have inconsistent shapes, dtypes, layouts or values "
-                         f"({type(cache).__name__} must not be built or edited by hand)")
+
+cdef inline bint shape_ok(shape, axes, Py_ssize_t *n, Py_ssize_t *d) noexcept:
+    """shape is a tuple of ints >= 0 with at least one axis, and axes an int in [1,
+    len(shape)]; n, d: its rows and row length (a row spans the last `axes` axes)."""
+    cdef Py_ssize_t prod = 1, row = 1, j = 0
+    if type(shape) is not tuple or len(<tuple>shape) < 1:
+        return False
+    if type(axes) is not int or not 1 <= axes <= len(<tuple>shape):
+        return False
+    for s in <tuple>shape:
+        if type(s) is not int or s < 0 or s > (1 << 40):
+            return False
+        prod *= <Py_ssize_t>s
+        if j >= len(<tuple>shape) - <Py_ssize_t>axes:
+            row *= <Py_ssize_t>s
+        j += 1
+    d[0] = row
+    n[0] = prod // row if row > 0 else 0
+    return True
+
+
+cdef enum Layout:    # how an array a cache keeps is shaped (cache_field)
+    ROWS        # (n, d) of the cache's dtype
+    VECTOR      # (d,) of the cache's dtype
+    STATS       # (n,) float64: row statistics
+    VECTOR64    # (d,) float64
+
+
+cdef inline bint cache_rows(shape, dtype, axes, Py_ssize_t *n, Py_ssize_t *d,
+                            int *typenum) noexcept:
+    """The shape (a tuple of ints), dtype (an element dtype) and axes a residual or dropout
+    cache keeps of its forward input; its n rows of d and its type number through the
+    pointers (a row spans the last `axes` axes of shape)."""
+    if not (shape_ok(shape, axes, n, d) and cnp.PyArray_DescrCheck(dtype)
+            and is_element_type((<cnp.dtype>dtype).type_num)):
+        return False
+    typenum[0] = (<cnp.dtype>dtype).type_num
+    return True
+
+
+cdef inline bint cache_field(a, Layout layout, bint required, Py_ssize_t n, Py_ssize_t d,
+                             int typenum) noexcept:
+    """An array a cache keeps, for a kernel that trusts its shape: None where not required,
+    else exactly an ndarray of this layout in the kernels' memory layout."""
+    if a is None:
+        return not required
+    if layout == ROWS:
+        return is_rows(a, n, d, typenum)
+    if layout == VECTOR:
+        return is_vector(a, d, typenum)
+    return is_vector(a, n if layout == STATS else d, cnp.NPY_DOUBLE)
+
+
+cdef ValueError edited_cache(cache):
+    """What a backward raises for a cache whose fields fail shape_ok / cache_rows /
+    cache_field: the kernels trust them, so an edited cache could read out of bounds."""
+    return ValueError(f"cache is not as the forward function returned it: its fields "
+                      f"have inconsistent shapes, dtypes, layouts or values "
+                      f"({type(cache).__name__} must not be built or edited by hand)")
 
 
 # --------------------------------------------------------------------------- residual, dropout
@@ -427,6 +445,11 @@ cpdef tuple residual_scale(alpha, d, dtype, str name="alpha"):
 cpdef cnp.ndarray gate_array(g, shape, dtype, str name="g"):
     """Gate logits: an array of the branch's shape, or a (D,) per-channel vector."""
     d = shape[-1]
+    if (type(g) is cnp.ndarray and cnp.PyArray_DescrCheck(dtype)
+            and cnp.PyArray_TYPE(<cnp.ndarray>g) == (<cnp.dtype>dtype).type_num
+            and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>g)
+            and (shape_is(<cnp.ndarray>g, shape) or shape_is(<cnp.ndarray>g, (d,)))):
+        return <cnp.ndarray>g   # (what like_array returns for these, decided in C)
     if np.shape(g) == (d,):
         return like_array(g, name, (d,), dtype)
     try:

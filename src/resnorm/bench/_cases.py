@@ -3,7 +3,7 @@
 A case is one op at one shape and dtype, with its data allocated once.  It holds:
 
 * ``out(n)`` / ``alloc(n)``: resnorm on n threads writing into preallocated outputs / into
-  outputs it allocates (``out`` is None for ops whose API always allocates);
+  outputs it allocates;
 * ``reference(rows, keep)``: the float64 reference (resnorm.reference) of the op's outputs
   for a slice of rows, in the order resnorm returns them; the outputs listed in ``summed``
   are sums over rows (parameter gradients), the others have one row per input row.
@@ -35,9 +35,9 @@ def parts(result):
 @dataclass
 class Case:
     traffic: int                         # bytes
-    alloc: Callable[[int], object]
+    out: Callable[[int], object]         # resnorm's call into preallocated outputs
+    alloc: Callable[[int], object]       # the same call, allocating its outputs
     reference: Callable[[slice, object], tuple]
-    out: Callable[[int], object] | None = None
     peers: dict = field(default_factory=dict)
     torch: object = None                 # a _peers_torch.TorchSpec, or None
     summed: tuple = ()                   # indices of outputs that are sums over rows
@@ -51,13 +51,12 @@ class Case:
     memo: dict = field(default_factory=dict, repr=False)   # the checker's cached reference
 
     def resnorm(self, n_threads, preallocated=True):
-        """resnorm's call bound to n_threads (preallocated outputs when the op takes them)."""
-        fn = self.out if preallocated and self.out is not None else self.alloc
-        return partial(fn, n_threads)
+        """resnorm's call bound to n_threads, into preallocated outputs or allocating."""
+        return partial(self.out if preallocated else self.alloc, n_threads)
 
     def variants(self):
-        """[(preallocated, fn(n))]: both forms when the op takes an output, else allocating."""
-        return ([(True, self.out)] if self.out is not None else []) + [(False, self.alloc)]
+        """[(preallocated, fn(n))]: both forms."""
+        return [(True, self.out), (False, self.alloc)]
 
 
 def fixed(fn):

@@ -53,7 +53,7 @@ class Goal:
 
 
 def _preallocated(rows):
-    """{(op, shape, threads): the preallocated row (the allocating one for ops without)}."""
+    """{(op, shape, threads): the preallocated row (one_per_cell)}."""
     return {(r.op, tuple(r.shape), r.threads): r for r in one_per_cell(rows)
             if r.dtype == DTYPE and r.threads in THREADS}
 
@@ -90,7 +90,7 @@ def _bandwidth(rows):
         limit = X_COPY[size][family]
         goals.append(Goal(f"{family} >= {limit} x copy ({size})", op, shape, threads,
                           r.x_copy, limit, ">=",
-                          "preallocated" if r.preallocated else "allocates (no out argument)"))
+                          "preallocated" if r.preallocated else "allocating"))
     return goals
 
 

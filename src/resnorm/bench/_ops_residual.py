@@ -333,6 +333,7 @@ def _dropout_backward(shape, dtype, torch):
 def _scaled_residual_backward(shape, dtype, torch):
     """LayerScale backward: dx = dh, dF = alpha * dh, dalpha = sum_rows dh * F."""
     x, f, dh = arrays(shape, dtype, ["x", "F", "dh"])
+    dx, df = np.empty_like(x), np.empty_like(x)
     alpha = np.linspace(0.5, 1.5, shape[1]).astype(dtype)
     _, cache = scaled_residual_forward(x, f, alpha)
     spec = None
@@ -341,6 +342,7 @@ def _scaled_residual_backward(shape, dtype, torch):
     # reads dh, F, alpha; writes dx, dF and the float64 dalpha
     return Case(
         4 * x.nbytes + alpha.nbytes + shape[1] * 8,
+        out=lambda n: scaled_residual_backward(dh, cache, out=dx, dbranch_out=df, n_threads=n),
         alloc=lambda n: scaled_residual_backward(dh, cache, n_threads=n),
         reference=lambda rows, keep: reference.scaled_residual_backward(dh[rows], f[rows],
                                                                         alpha),

@@ -57,7 +57,7 @@ class Row:
 
 def one_per_cell(rows):
     """One row per (op, shape, dtype, threads): the preallocated one, or the allocating one
-    for ops without an output argument."""
+    where the rows hold no preallocated one."""
     chosen = {}
     for r in rows:
         key = (r.op, tuple(r.shape), r.dtype, r.threads)
