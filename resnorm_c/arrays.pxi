@@ -26,6 +26,11 @@ cdef inline void extents(cnp.ndarray a, char **lo, char **hi) noexcept:
     hi[0] = data + high
 
 
+cdef inline bint spans_meet(char *alo, char *ahi, char *blo, char *bhi) noexcept:
+    """The extents [alo, ahi) and [blo, bhi) overlap (an empty one overlaps nothing)."""
+    return alo < ahi and blo < bhi and alo < bhi and blo < ahi
+
+
 cpdef bint overlap(a, b):
     """Whether a and b may share memory (np.may_share_memory: their bounds overlap)."""
     cdef char *alo
@@ -36,7 +41,7 @@ cpdef bint overlap(a, b):
         return np.may_share_memory(a, b)
     extents(<cnp.ndarray>a, &alo, &ahi)
     extents(<cnp.ndarray>b, &blo, &bhi)
-    return alo < ahi and blo < bhi and alo < bhi and blo < ahi
+    return spans_meet(alo, ahi, blo, bhi)
 
 
 cdef inline bint kernel_layout(cnp.ndarray a) noexcept:

@@ -285,18 +285,27 @@ cdef inline check_out(out, cnp.ndarray like, tuple names, tuple inputs, str name
     """out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name), decided in C
     for an ndarray that passes (the general code runs, and raises, for anything else)."""
     cdef Py_ssize_t k
+    cdef char *olo
+    cdef char *ohi
+    cdef char *alo
+    cdef char *ahi
     cdef bint ok = (type(out) is cnp.ndarray
                     and cnp.PyArray_TYPE(<cnp.ndarray>out) == cnp.PyArray_TYPE(like)
                     and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>out)
                     and same_shape(<cnp.ndarray>out, like)
                     and cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out))
+    if ok:   # out's bounds once, for every input
+        extents(<cnp.ndarray>out, &olo, &ohi)
     for k in range(len(inputs)):
         if not ok:
             break
         a = inputs[k]
         if a is not None:
-            ok = (type(a) is cnp.ndarray
-                  and (not overlap(out, a) or same_view(<cnp.ndarray>out, <cnp.ndarray>a)))
+            ok = type(a) is cnp.ndarray
+            if ok:
+                extents(<cnp.ndarray>a, &alo, &ahi)
+                ok = (not spans_meet(olo, ohi, alo, ahi)
+                      or same_view(<cnp.ndarray>out, <cnp.ndarray>a))
     if not ok:
         out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name)
 
