@@ -125,12 +125,28 @@ cdef inline int axes_of(normalized_shape, cnp.ndarray x) except -1:
 
 
 cdef inline not_shared(out, str out_name, tuple names, tuple kept, str why):
-    """out must share no memory with any of kept (the arrays a cache keeps for backward)."""
+    """out must share no memory with any of kept (the arrays a cache keeps for backward);
+    out's bounds are taken once when it is an ndarray (as check_out does)."""
     cdef Py_ssize_t k
+    cdef char *olo
+    cdef char *ohi
+    cdef char *alo
+    cdef char *ahi
+    cdef bint meets, exact = type(out) is cnp.ndarray
     if out is None:
         return
+    if exact:
+        extents(<cnp.ndarray>out, &olo, &ohi)
     for k in range(len(kept)):
-        if kept[k] is not None and overlap(out, kept[k]):
+        a = kept[k]
+        if a is None:
+            continue
+        if exact and type(a) is cnp.ndarray:
+            extents(<cnp.ndarray>a, &alo, &ahi)
+            meets = spans_meet(olo, ohi, alo, ahi)
+        else:
+            meets = overlap(out, a)
+        if meets:
             raise ValueError(why.format(out=out_name, name=names[k]))
 
 
@@ -228,9 +244,9 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     if not training:
         return result
     if layer:
-        return result, LayerNormCache(as_rows(rows, d), w, b is not None, mean, rstd,
-                                      shape_of(xa), k)
-    return result, RMSNormCache(as_rows(rows, d), w, rstd, shape_of(xa), k)
+        return result, layer_norm_cache(as_rows(rows, d), w, b is not None, mean, rstd,
+                                        shape_of(xa), k)
+    return result, rms_norm_cache(as_rows(rows, d), w, rstd, shape_of(xa), k)
 
 
 cdef inline bint shape_is(cnp.ndarray a, shape) noexcept:

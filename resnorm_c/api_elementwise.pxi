@@ -33,10 +33,11 @@ cdef inline cnp.ndarray gradient_like(g, str name, cache):
 
 cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     """h = x + alpha * F; returns h, or (h, cache) when keep_cache."""
+    cdef cnp.ndarray xa, fa
     xa, fa = branch_inputs(x, F, True)
     cdef ResidualScale scale = residual_scale_of(alpha, xa)
     cdef int nt = threads_of(n_threads)
-    if keep_cache and scale.learnable:
+    if keep_cache and scale.learns():
         not_shared(out, "out", SCALED_KEPT, (fa, scale.vector), KEPT_OUT)
     cdef cnp.ndarray rows_x = contiguous(xa), rows_f = contiguous(fa)
     cdef tuple inputs = (xa, fa, scale.vector)
@@ -69,8 +70,8 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     result = finish(out, h)
     if not keep_cache:
         return result
-    return result, ScaledResidualCache(as_rows(rows_f) if scale.learnable else None, scale,
-                                       shape_of(xa), xa.dtype)
+    return result, scaled_residual_cache(as_rows(rows_f) if scale.learns() else None, scale,
+                                         shape_of(xa), xa.descr)
 
 
 cdef inline object backward_rows(cnp.ndarray dha, n_threads, int *nt, Py_ssize_t *n,
@@ -132,7 +133,7 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
     cdef bint learnable
     if not (valid_scale(c.alpha) and cache_rows(c.shape, c.dtype, 1, &n, &d, &t)):
         raise edited_cache(c)
-    learnable = (<ResidualScale>c.alpha).learnable
+    learnable = (<ResidualScale>c.alpha).learns()
     if not (cache_field(c.branch, ROWS, learnable, n, d, t)
             and cache_field((<ResidualScale>c.alpha).vector, VECTOR, learnable, n, d, t)):
         raise edited_cache(c)
@@ -146,7 +147,7 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
                                                SCALED_CACHE_FIELDS, kept)
     apart((out, dbranch_out), SCALED_BUFFERS)
     cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
-    dalpha = new_vector(d, cnp.NPY_DOUBLE) if scale.learnable else None
+    dalpha = new_vector(d, cnp.NPY_DOUBLE) if scale.learns() else None
     cdef Py_ssize_t nb = row_blocks(n)
     cdef Scratch scratch = lend(nb * d * sizeof(double) if dalpha is not None else 0)
     cdef void *pdx = cnp.PyArray_DATA(dx)
@@ -179,8 +180,9 @@ def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
 
 cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     """h = x + sigmoid(g) * F; returns h, or (h, cache) when keep_cache."""
+    cdef cnp.ndarray xa, fa
     xa, fa = branch_inputs(x, F, True)
-    cdef cnp.ndarray ga = gate_array(g, shape_of(xa), xa.dtype)
+    cdef cnp.ndarray ga = gate_array(g, shape_of(xa), xa.descr)
     cdef int nt = threads_of(n_threads)
     if keep_cache:
         not_shared(out, "out", GATED_KEPT, (fa, ga), KEPT_OUT)
@@ -248,9 +250,9 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
     if not keep_cache:
         return result
     # a full gate as the (N, D) rows, a per-channel one as its (D,) vector
-    return result, GatedResidualCache(as_rows(rows_f),
-                                      as_rows(gate, d) if full else gate, s, ds,
-                                      shape_of(xa), xa.dtype)
+    return result, gated_residual_cache(as_rows(rows_f),
+                                        as_rows(gate, d) if full else gate, s, ds,
+                                        shape_of(xa), xa.descr)
 
 
 def gated_residual(x, F, g, out, n_threads):
@@ -402,7 +404,7 @@ def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
     cdef int nt = threads_of(n_threads)
     mask = spec.mask(shape_of(xa), n_threads) if flag(return_mask, "return_mask") else None
     y = apply_dropout(xa, "x", kernel_dropout(spec), out, nt)
-    return y, DropoutCache(spec, shape_of(xa), xa.dtype, mask)
+    return y, dropout_cache(spec, shape_of(xa), xa.descr, mask)
 
 
 def dropout(x, p, seed, training, out, n_threads):

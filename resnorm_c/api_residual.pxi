@@ -14,19 +14,6 @@ cdef tuple ADD_NORM_OPS = ("add_rms_norm_post_forward", "add_rms_norm_forward",
                            "add_layer_norm_post_forward", "add_layer_norm_forward")
 
 
-cdef inline rn_dropout dropout_site(p, seed, training) except *:
-    """The checked dropout arguments as the kernels take them."""
-    cdef rn_dropout site
-    cdef double pv = probability(p)
-    s = seed_value(seed)
-    cdef bint on = flag(training, "training") and pv > 0.0
-    site.on = on
-    site.seed = s if on else 0
-    site.threshold = (0xFFFFFFFF if pv == 1.0 else <uint32_t>(pv * 4294967296.0)) if on else 0
-    site.scale = (0.0 if pv == 1.0 else 1.0 / (1.0 - pv)) if on else 1.0
-    return site
-
-
 cdef inline cnp.ndarray apart_from(cnp.ndarray buffer, w, b, cnp.ndarray like):
     """buffer, or a fresh one when it shares memory with the weight or the bias: a rare row
     is stored in it first, then normalised with them (rank-1 input, in place)."""
@@ -91,7 +78,7 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     else:
         site = dropout_site(p, seed, training)
     cdef int nt = threads_of(n_threads)
-    cdef bint learnable = scale.learnable
+    cdef bint learnable = scale.learns()
     cdef bint keeps_x = not prenorm or learnable
     cdef cnp.ndarray rows_x = contiguous(xa)
     cdef cnp.ndarray rows_r = contiguous(ra)
@@ -160,10 +147,10 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     result = (y_result, finish(residual_out, h)) if prenorm else y_result
     if not keep_cache:
         return result
-    cache = AddNormCache(
+    cache = add_norm_cache(
         ADD_NORM_OPS[2 * layer + prenorm], as_rows(h, d) if prenorm else None,
         as_rows(rows_x, d) if keeps_x else None, None if prenorm else as_rows(rows_r, d), w,
-        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.dtype, k)
+        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.descr, k)
     return result, cache
 
 
@@ -178,7 +165,7 @@ cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
                     and (prenorm or cache.h is None) and (layer or cache.mean is None)
                     and cache_rows(cache.shape, cache.dtype, cache.axes, &n, &d, &t))
     if ok:
-        learnable = (<ResidualScale>cache.alpha).learnable
+        learnable = (<ResidualScale>cache.alpha).learns()
         ok = (cache_field(cache.h, ROWS, prenorm, n, d, t)
               and cache_field(cache.x, ROWS, learnable or not prenorm, n, d, t)
               and cache_field(cache.residual, ROWS, not prenorm, n, d, t)
@@ -244,7 +231,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef int typenum = cnp.PyArray_TYPE(rows)
     dweight = None if c.weight is None else new_vector(d, typenum)
     dbias = new_vector(d, typenum) if c.has_bias else None
-    dalpha = new_vector(d, cnp.NPY_DOUBLE) if alpha.learnable else None
+    dalpha = new_vector(d, cnp.NPY_DOUBLE) if alpha.learns() else None
     nt = team(nt, size)
     cdef bint stream = streams(cnp.PyArray_NBYTES(dx))
     cdef rn_dropout site = kernel_dropout(c.dropout)
@@ -293,7 +280,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
         dweight = None if dweight is None else dweight.reshape(row)
         dbias = None if dbias is None else dbias.reshape(row)
     return (finish(out, dx), finish(dresidual_out, dres), dweight, dbias,
-            alpha.grad(dalpha, dtype, row) if alpha.learnable else None)
+            alpha.grad(dalpha, dtype, row) if alpha.learns() else None)
 
 
 def add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight, alpha, p,

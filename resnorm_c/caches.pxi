@@ -1,7 +1,10 @@
 # What the training forms keep for backward (included by api.pyx).  Frozen dataclasses
-# (dataclasses.fields and dataclasses.replace work on them), compiled so that a forward call
-# builds one without Python code.  Caches hold references, not copies: do not modify the
-# arrays they hold between forward and backward.
+# (dataclasses.fields and dataclasses.replace work on them), compiled.  The call path builds
+# each through the cdef constructor beside it (the type's __new__, then its fields set in
+# C): a training call builds its cache every time, and the dataclass's __init__ parses its
+# arguments as a Python call would, a visible part of a small call's time.
+# Caches hold references, not copies: do not modify the arrays they hold between forward
+# and backward.
 
 
 # The norms' caches hold rows of D elements: D is the size of the last axis, or of the last
@@ -24,6 +27,13 @@ cdef class RMSNormCache:
         return tuple(self.shape[len(self.shape) - self.axes:])
 
 
+cdef RMSNormCache rms_norm_cache(x, weight, rstd, shape, axes):
+    """RMSNormCache(x, weight, rstd, shape, axes), built in C."""
+    cdef RMSNormCache c = RMSNormCache.__new__(RMSNormCache)
+    c.x, c.weight, c.rstd, c.shape, c.axes = x, weight, rstd, shape, axes
+    return c
+
+
 @cython.dataclasses.dataclass(frozen=True)
 cdef class LayerNormCache:
     """What layer_norm_backward needs: the input rows, their mean and rstd."""
@@ -41,6 +51,14 @@ cdef class LayerNormCache:
         return tuple(self.shape[len(self.shape) - self.axes:])
 
 
+cdef LayerNormCache layer_norm_cache(x, weight, has_bias, mean, rstd, shape, axes):
+    """LayerNormCache(x, weight, has_bias, mean, rstd, shape, axes), built in C."""
+    cdef LayerNormCache c = LayerNormCache.__new__(LayerNormCache)
+    c.x, c.weight, c.has_bias, c.mean, c.rstd = x, weight, has_bias, mean, rstd
+    c.shape, c.axes = shape, axes
+    return c
+
+
 @cython.dataclasses.dataclass(frozen=True)
 cdef class DropoutSpec:
     """One dropout site: the probability p, the seed, and whether the call is training."""
@@ -55,14 +73,13 @@ cdef class DropoutSpec:
 
     @property
     def threshold(self):
-        """Elements whose uniform is below this are dropped: floor(p * 2**32), exact in
-        double.  For p = 1 (all dropped) the multiplier is 0 instead: 2**32 would not fit."""
-        return 0xFFFFFFFF if self.p == 1.0 else int(self.p * TWO_32)
+        """Elements whose uniform is below this are dropped (drop_threshold)."""
+        return drop_threshold(self.p)
 
     @property
     def scale(self):
-        """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
-        return 0.0 if self.p == 1.0 else 1.0 / (1.0 - self.p)
+        """The multiplier of kept elements (keep_scale)."""
+        return keep_scale(self.p)
 
     def kernel_arg(self):
         """The site as the kernels of resnorm._layers take it: the fields of rn_dropout
@@ -86,22 +103,45 @@ cdef class DropoutSpec:
         return keep.view(bool).reshape(shape)
 
 
-cdef TWO_32 = 4294967296.0
+cdef inline uint32_t drop_threshold(double p) noexcept:
+    """Elements whose uniform is below this are dropped: floor(p * 2**32), exact in double.
+    For p = 1 (all dropped) the multiplier is 0 instead: 2**32 would not fit."""
+    return 0xFFFFFFFF if p == 1.0 else <uint32_t>(p * 4294967296.0)
 
 
-cdef rn_dropout kernel_dropout(DropoutSpec spec):
-    """The dropout site as the kernels take it (off when the spec is inactive)."""
+cdef inline double keep_scale(double p) noexcept:
+    """The multiplier of kept elements, 1/(1-p); 0 for p = 1."""
+    return 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+
+
+cdef inline rn_dropout site_of(double p, seed, bint training) except *:
+    """A checked site as the kernels take it: off in eval mode and for p = 0."""
     cdef rn_dropout site
-    site.on = spec.active
-    site.seed = spec.seed if site.on else 0
-    site.threshold = spec.threshold if site.on else 0
-    site.scale = spec.scale if site.on else 1.0
+    site.on = training and p > 0.0
+    site.seed = seed if site.on else 0
+    site.threshold = drop_threshold(p) if site.on else 0
+    site.scale = keep_scale(p) if site.on else 1.0
     return site
 
 
+cdef inline rn_dropout dropout_site(p, seed, training) except *:
+    """Checks p, seed and training (as dropout_spec does); returns their site."""
+    return site_of(probability(p), seed_value(seed), flag(training, "training"))
+
+
+cdef rn_dropout kernel_dropout(DropoutSpec spec) except *:
+    """The dropout site of a spec as the kernels take it."""
+    return site_of(spec.p, spec.seed, spec.training)
+
+
 cpdef DropoutSpec dropout_spec(p, seed, training):
-    """Checks p, seed and training; returns their DropoutSpec."""
-    return DropoutSpec(probability(p), seed_value(seed), flag(training, "training"))
+    """Checks p, seed and training; returns their DropoutSpec (built without a call of
+    the dataclass's __init__: a training forward makes one every call)."""
+    cdef DropoutSpec spec = DropoutSpec.__new__(DropoutSpec)
+    spec.p = probability(p)
+    spec.seed = seed_value(seed)
+    spec.training = flag(training, "training")
+    return spec
 
 
 cpdef bint valid_spec(spec) noexcept:
@@ -122,6 +162,13 @@ cdef class DropoutCache:
     mask: object  # bool keep-mask, only with return_mask=True
 
 
+cdef DropoutCache dropout_cache(spec, shape, dtype, mask):
+    """DropoutCache(spec, shape, dtype, mask), built in C."""
+    cdef DropoutCache c = DropoutCache.__new__(DropoutCache)
+    c.spec, c.shape, c.dtype, c.mask = spec, shape, dtype, mask
+    return c
+
+
 @cython.dataclasses.dataclass(frozen=True)
 cdef class ResidualScale:
     """alpha as the kernels see it, and how its gradient is shaped."""
@@ -130,6 +177,10 @@ cdef class ResidualScale:
 
     @property
     def learnable(self):
+        return self.learns()
+
+    cdef bint learns(self):
+        """alpha has a gradient: its kind is 'scalar' or 'channel'."""
         return self.kind != "fixed"
 
     cdef object grad(self, cnp.ndarray per_channel, dtype, shape=None):
@@ -150,7 +201,14 @@ cdef class ResidualScale:
         return grad if shape is None else grad.reshape(shape)
 
 
-cdef ResidualScale UNIT_SCALE = ResidualScale("fixed", None)
+cdef ResidualScale new_scale(kind, vector):
+    """ResidualScale(kind, vector), built in C."""
+    cdef ResidualScale c = ResidualScale.__new__(ResidualScale)
+    c.kind, c.vector = kind, vector
+    return c
+
+
+cdef ResidualScale UNIT_SCALE = new_scale("fixed", None)
 
 
 cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x, int k=1):
@@ -164,25 +222,25 @@ cdef ResidualScale residual_scale_of(alpha, cnp.ndarray x, int k=1):
         # the common forms, decided in C: what residual_scale would return for them
         d1 = cnp.PyArray_DIM(x, cnp.PyArray_NDIM(x) - 1)
         if type(alpha) is float and isfinite(<double>alpha):
-            return ResidualScale("fixed", filled(<double>alpha, d1, x.dtype))
+            return new_scale("fixed", filled(<double>alpha, d1, x.descr))
         if (type(alpha) is cnp.ndarray
                 and cnp.PyArray_TYPE(<cnp.ndarray>alpha) == cnp.PyArray_TYPE(x)
                 and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>alpha)
                 and cnp.PyArray_NDIM(<cnp.ndarray>alpha) == 1
                 and cnp.PyArray_DIM(<cnp.ndarray>alpha, 0) == d1
                 and kernel_layout(<cnp.ndarray>alpha)):
-            return ResidualScale("channel", alpha)
+            return new_scale("channel", alpha)
     cdef tuple row = shape_of(x)[x.ndim - k:]
     cdef Py_ssize_t d = math.prod(row)
-    kind, value = residual_scale(alpha, row if k > 1 else d, x.dtype)
+    kind, value = residual_scale(alpha, row if k > 1 else d, x.descr)
     if kind == "fixed":
-        vector = None if value == 1.0 else filled(value, d, x.dtype)
+        vector = None if value == 1.0 else filled(value, d, x.descr)
     elif kind == "scalar":
         # (a 0-d array of an element dtype: exact as a double)
-        vector = filled(float(value[()]), d, x.dtype)
+        vector = filled(float(value[()]), d, x.descr)
     else:
         vector = vector_of(value)
-    return ResidualScale(kind, vector)
+    return new_scale(kind, vector)
 
 
 # A scalar alpha reaches the kernels as a (D,) vector of it.  Vectors of up to
@@ -249,6 +307,17 @@ cdef class AddNormCache:
         return tuple(self.shape[len(self.shape) - self.axes:])
 
 
+cdef AddNormCache add_norm_cache(op, h, x, residual, weight, has_bias, alpha, dropout, mean,
+                                 rstd, shape, dtype, axes):
+    """AddNormCache(op, h, x, residual, weight, has_bias, alpha, dropout, mean, rstd, shape,
+    dtype, axes), built in C."""
+    cdef AddNormCache c = AddNormCache.__new__(AddNormCache)
+    c.op, c.h, c.x, c.residual, c.weight, c.has_bias = op, h, x, residual, weight, has_bias
+    c.alpha, c.dropout, c.mean, c.rstd = alpha, dropout, mean, rstd
+    c.shape, c.dtype, c.axes = shape, dtype, axes
+    return c
+
+
 @cython.dataclasses.dataclass(frozen=True)
 cdef class ScaledResidualCache:
     """What scaled_residual_backward needs: alpha, and F (by reference) when alpha is learnable."""
@@ -256,6 +325,13 @@ cdef class ScaledResidualCache:
     alpha: object   # ResidualScale
     shape: object
     dtype: object
+
+
+cdef ScaledResidualCache scaled_residual_cache(branch, alpha, shape, dtype):
+    """ScaledResidualCache(branch, alpha, shape, dtype), built in C."""
+    cdef ScaledResidualCache c = ScaledResidualCache.__new__(ScaledResidualCache)
+    c.branch, c.alpha, c.shape, c.dtype = branch, alpha, shape, dtype
+    return c
 
 
 @cython.dataclasses.dataclass(frozen=True)
@@ -269,3 +345,10 @@ cdef class GatedResidualCache:
     ds: object      # (D,) float64 sigmoid(g)*(1-sigmoid(g)), likewise
     shape: object
     dtype: object
+
+
+cdef GatedResidualCache gated_residual_cache(branch, gate, s, ds, shape, dtype):
+    """GatedResidualCache(branch, gate, s, ds, shape, dtype), built in C."""
+    cdef GatedResidualCache c = GatedResidualCache.__new__(GatedResidualCache)
+    c.branch, c.gate, c.s, c.ds, c.shape, c.dtype = branch, gate, s, ds, shape, dtype
+    return c
