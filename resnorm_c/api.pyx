@@ -125,28 +125,12 @@ cdef inline int axes_of(normalized_shape, cnp.ndarray x) except -1:
 
 
 cdef inline not_shared(out, str out_name, tuple names, tuple kept, str why):
-    """out must share no memory with any of kept (the arrays a cache keeps for backward);
-    out's bounds are taken once when it is an ndarray (as check_out does)."""
+    """out must share no memory with any of kept (the arrays a cache keeps for backward)."""
     cdef Py_ssize_t k
-    cdef char *olo
-    cdef char *ohi
-    cdef char *alo
-    cdef char *ahi
-    cdef bint meets, exact = type(out) is cnp.ndarray
     if out is None:
         return
-    if exact:
-        extents(<cnp.ndarray>out, &olo, &ohi)
     for k in range(len(kept)):
-        a = kept[k]
-        if a is None:
-            continue
-        if exact and type(a) is cnp.ndarray:
-            extents(<cnp.ndarray>a, &alo, &ahi)
-            meets = spans_meet(olo, ohi, alo, ahi)
-        else:
-            meets = overlap(out, a)
-        if meets:
+        if kept[k] is not None and overlap(out, kept[k]):
             raise ValueError(why.format(out=out_name, name=names[k]))
 
 
