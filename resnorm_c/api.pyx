@@ -5,10 +5,11 @@
 output buffers and their overlap rules, the thread and streaming decision, scratch, the
 kernel launch and the training cache, each done once, here, in compiled code.
 
-resnorm.norms, resnorm.residual and resnorm.inverted_dropout are the readable face of these
-functions (signature, docstring, one call).  Layering: public function -> this module ->
-the kernels (norm_kernels.pxd, add_norm_kernels.pxd, residual_kernels.pxd) -> the row
-primitives of the core (resnorm._core).  The pieces of this module:
+The public functions here take the public signatures: resnorm.norms, resnorm.residual and
+resnorm.inverted_dropout declare them (signature, type hints, docstring) and export these
+functions themselves (resnorm._compiled), so a call reaches C directly.  Layering: public
+function -> this module -> the kernels (norm_kernels.pxd, add_norm_kernels.pxd,
+residual_kernels.pxd) -> the row primitives of the core (resnorm._core).  The pieces of this module:
 
   checks.pxi   every argument check and its error message (docs/input-checks.md)
   launch.pxi   thread count, streaming stores, the scratch pool
@@ -347,32 +348,35 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     return finish(out, dx), dw
 
 
-def rms_norm(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads):
+def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_weight=False,
+             out=None, n_threads=None):
     return norm_forward(False, x, weight, None, eps, normalized_shape, zero_centered_weight,
                         out, n_threads, False)
 
 
-def rms_norm_forward(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads):
+def rms_norm_forward(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_weight=False,
+                     out=None, n_threads=None):
     return norm_forward(False, x, weight, None, eps, normalized_shape, zero_centered_weight,
                         out, n_threads, True)
 
 
-def rms_norm_backward(dy, cache, out, n_threads):
+def rms_norm_backward(dy, cache, *, out=None, n_threads=None):
     return norm_backward(False, dy, cache, out, n_threads)
 
 
-def layer_norm(x, weight, bias, eps, normalized_shape, zero_centered_weight, out, n_threads):
+def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+               zero_centered_weight=False, out=None, n_threads=None):
     return norm_forward(True, x, weight, bias, eps, normalized_shape, zero_centered_weight,
                         out, n_threads, False)
 
 
-def layer_norm_forward(x, weight, bias, eps, normalized_shape, zero_centered_weight, out,
-                       n_threads):
+def layer_norm_forward(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                       zero_centered_weight=False, out=None, n_threads=None):
     return norm_forward(True, x, weight, bias, eps, normalized_shape, zero_centered_weight,
                         out, n_threads, True)
 
 
-def layer_norm_backward(dy, cache, out, n_threads):
+def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
     return norm_backward(True, dy, cache, out, n_threads)
 
 

@@ -116,16 +116,15 @@ cdef tuple SCALED_BUFFERS = ("out", "dbranch_out")
 cdef tuple GATED_BUFFERS = ("out", "dbranch_out", "dgate_out")
 
 
-def scaled_residual(x, F, alpha, out, n_threads):
+def scaled_residual(x, F, alpha, *, out=None, n_threads=None):
     return scaled_residual_call(x, F, alpha, out, n_threads, False)
 
 
-def scaled_residual_forward(x, F, alpha, out, n_threads):
+def scaled_residual_forward(x, F, alpha, *, out=None, n_threads=None):
     return scaled_residual_call(x, F, alpha, out, n_threads, True)
 
 
-def scaled_residual_backward(dh, cache, out, dbranch_out, n_threads):
-    """Returns (dx, dF, dalpha)."""
+def scaled_residual_backward(dh, cache, *, out=None, dbranch_out=None, n_threads=None):
     elementwise_cache_type(cache, ScaledResidualCache, "scaled_residual_forward")
     cdef ScaledResidualCache c = <ScaledResidualCache>cache
     cdef Py_ssize_t n = 0, d = 0
@@ -255,16 +254,16 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
                                         shape_of(xa), xa.descr)
 
 
-def gated_residual(x, F, g, out, n_threads):
+def gated_residual(x, F, g, *, out=None, n_threads=None):
     return gated_residual_call(x, F, g, out, n_threads, False)
 
 
-def gated_residual_forward(x, F, g, out, n_threads):
+def gated_residual_forward(x, F, g, *, out=None, n_threads=None):
     return gated_residual_call(x, F, g, out, n_threads, True)
 
 
-def gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads):
-    """Returns (dx, dF, dg)."""
+def gated_residual_backward(dh, cache, *, out=None, dbranch_out=None, dgate_out=None,
+                            n_threads=None):
     elementwise_cache_type(cache, GatedResidualCache, "gated_residual_forward")
     cdef GatedResidualCache c = <GatedResidualCache>cache
     # the kernels recompute sigmoid from the logits (a full gate, or a 16-bit per-channel
@@ -397,8 +396,7 @@ cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int req
     return finish(out, y)
 
 
-def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
-    """Returns (y, cache)."""
+def dropout_forward(x, p, *, seed, training=True, out=None, n_threads=None, return_mask=False):
     cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef DropoutSpec spec = dropout_spec(p, seed, training)
     cdef int nt = threads_of(n_threads)
@@ -407,13 +405,13 @@ def dropout_forward(x, p, seed, training, out, n_threads, return_mask):
     return y, dropout_cache(spec, shape_of(xa), xa.descr, mask)
 
 
-def dropout(x, p, seed, training, out, n_threads):
+def dropout(x, p, *, seed, training=True, out=None, n_threads=None):
     cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef rn_dropout site = dropout_site(p, seed, training)
     return apply_dropout(xa, "x", site, out, threads_of(n_threads))
 
 
-def dropout_backward(dy, cache, out, n_threads):
+def dropout_backward(dy, cache, *, out=None, n_threads=None):
     if type(cache) is not DropoutCache and not isinstance(cache, DropoutCache):
         raise TypeError(f"cache must be the DropoutCache returned by dropout_forward, "
                         f"got {type(cache).__name__}")

@@ -197,7 +197,8 @@ cdef inline cnp.ndarray gradient_buffer(buffer, str name, cnp.ndarray like, tupl
 
 cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
                                    dresidual_out, n_threads):
-    """Every fused backward: returns (dx, dresidual, dweight, dbias, dalpha)."""
+    """Every fused backward: returns (dx, dresidual, dweight, dbias, dalpha), without dbias
+    for RMSNorm (the public functions' results)."""
     op = ADD_NORM_OPS[2 * layer + prenorm]
     if type(cache) is not AddNormCache or (<AddNormCache>cache).op != op:
         made_by = cache.op if isinstance(cache, AddNormCache) else type(cache).__name__
@@ -279,78 +280,87 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
         row = c.normalized_shape
         dweight = None if dweight is None else dweight.reshape(row)
         dbias = None if dbias is None else dbias.reshape(row)
-    return (finish(out, dx), finish(dresidual_out, dres), dweight, dbias,
-            alpha.grad(dalpha, dtype, row) if alpha.learns() else None)
+    dalpha = alpha.grad(dalpha, dtype, row) if alpha.learns() else None
+    if layer:
+        return finish(out, dx), finish(dresidual_out, dres), dweight, dbias, dalpha
+    return finish(out, dx), finish(dresidual_out, dres), dweight, dalpha
 
 
-def add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight, alpha, p,
-                 seed, training, out, residual_out, n_threads):
+def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                 residual_out=None, n_threads=None):
     return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
                          n_threads, False)
 
 
-def add_rms_norm_forward(x, residual, weight, eps, normalized_shape, zero_centered_weight,
-                         alpha, p, seed, training, out, residual_out, n_threads):
+def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                         zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                         out=None, residual_out=None, n_threads=None):
     return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
                          n_threads, True)
 
 
-def add_rms_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
+def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
     return add_norm_backward_call(False, True, dy, dh, cache, out, dresidual_out, n_threads)
 
 
-def add_layer_norm(x, residual, weight, bias, eps, normalized_shape, zero_centered_weight, alpha,
-                   p, seed, training, out, residual_out, n_threads):
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                   residual_out=None, n_threads=None):
     return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
                          n_threads, False)
 
 
-def add_layer_norm_forward(x, residual, weight, bias, eps, normalized_shape,
-                           zero_centered_weight, alpha, p, seed, training, out, residual_out,
-                           n_threads):
+def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                           zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                           out=None, residual_out=None, n_threads=None):
     return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
                          n_threads, True)
 
 
-def add_layer_norm_backward(dy, dh, cache, out, dresidual_out, n_threads):
+def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_threads=None):
     return add_norm_backward_call(True, True, dy, dh, cache, out, dresidual_out, n_threads)
 
 
-def add_rms_norm_post(x, residual, weight, eps, normalized_shape, zero_centered_weight, alpha,
-                      p, seed, training, out, n_threads):
+def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                      n_threads=None):
     return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
                          False)
 
 
-def add_rms_norm_post_forward(x, residual, weight, eps, normalized_shape, zero_centered_weight,
-                              alpha, p, seed, training, out, n_threads):
+def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
+                              zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                              out=None, n_threads=None):
     return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
                          True)
 
 
-def add_rms_norm_post_backward(dy, cache, out, dresidual_out, n_threads):
+def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
     return add_norm_backward_call(False, False, dy, None, cache, out, dresidual_out, n_threads)
 
 
-def add_layer_norm_post(x, residual, weight, bias, eps, normalized_shape, zero_centered_weight,
-                        alpha, p, seed, training, out, n_threads):
+def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
+                        zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                        out=None, n_threads=None):
     return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
                          False)
 
 
-def add_layer_norm_post_forward(x, residual, weight, bias, eps, normalized_shape,
-                                zero_centered_weight, alpha, p, seed, training, out, n_threads):
+def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *,
+                                normalized_shape=None, zero_centered_weight=False, alpha=1.0, p=0.0,
+                                seed=0, training=True, out=None, n_threads=None):
     return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
                          True)
 
 
-def add_layer_norm_post_backward(dy, cache, out, dresidual_out, n_threads):
+def add_layer_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_threads=None):
     return add_norm_backward_call(True, False, dy, None, cache, out, dresidual_out, n_threads)

@@ -128,9 +128,11 @@ cdef object norm_into(bint layer, x, shape, cnp.dtype np_dtype, xv, weight_view,
     y = torch.empty_like(x)
     yv = array_at(y.data_ptr(), shape, np_dtype, y, cnp.NPY_ARRAY_CARRAY)
     if layer:
-        _api.layer_norm(xv, weight_view, bias_view, eps, row, zero_centered, yv, threads())
+        _api.layer_norm(xv, weight_view, bias_view, eps, normalized_shape=row,
+                        zero_centered_weight=zero_centered, out=yv, n_threads=threads())
     else:
-        _api.rms_norm(xv, weight_view, eps, row, zero_centered, yv, threads())
+        _api.rms_norm(xv, weight_view, eps, normalized_shape=row,
+                      zero_centered_weight=zero_centered, out=yv, n_threads=threads())
     return y
 
 

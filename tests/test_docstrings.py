@@ -46,11 +46,12 @@ PUBLIC_PACKAGES = ["resnorm.nn"]  # whose __all__ must be covered by DOCUMENTED
 
 def _public(module):
     """(qualified name, object) of the functions and classes a module defines publicly,
-    and the public methods and properties of those classes."""
+    and the public methods and properties of those classes.  A compiled function declared
+    in the module (resnorm._compiled) counts as a function: it carries its declaration."""
     for name, obj in vars(module).items():
         if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
             continue
-        if inspect.isfunction(obj):
+        if inspect.isfunction(inspect.unwrap(obj)):
             yield name, obj
         elif inspect.isclass(obj):
             yield name, obj
@@ -127,7 +128,7 @@ def test_numpydoc_sections(module, name, obj):
         assert not extra, f"{name}: documented parameters that do not exist: {sorted(extra)}"
     elif "Parameters" in sections:
         pytest.fail(f"{name}: a Parameters section without parameters")
-    if inspect.isfunction(obj):
+    if inspect.isfunction(inspect.unwrap(obj)):
         hints = typing.get_type_hints(obj)
         returns_something = hints.get("return", None) not in (None, type(None))
         if returns_something:

@@ -148,10 +148,11 @@ def _ptr(a):
     return None if a is None else a.__array_interface__["data"][0]
 
 
-def _spy(monkeypatch, name, record, module=resnorm):
+def _spy(monkeypatch, name, record, module=resnorm, keywords=None):
     """Records the data pointers of the arrays resnorm's function `name` (public, or of
     another module: resnorm._api, the call path under it) receives and returns (positional
-    arrays, cache arrays, returned arrays)."""
+    arrays, cache arrays, returned arrays); `keywords`, a list, also gets {name: pointer or
+    value} of the keyword arguments of each call."""
     real = getattr(module, name)
 
     def spy(*args, **kwargs):
@@ -159,6 +160,9 @@ def _spy(monkeypatch, name, record, module=resnorm):
         arrays = out if isinstance(out, tuple) else (out,)
         record.append(([_ptr(a) if isinstance(a, np.ndarray) else a for a in args],
                        [_ptr(a) if isinstance(a, np.ndarray) else a for a in arrays]))
+        if keywords is not None:
+            keywords.append({k: _ptr(v) if isinstance(v, np.ndarray) else v
+                             for k, v in kwargs.items()})
         return out
     monkeypatch.setattr(module, name, spy)
 
@@ -199,16 +203,16 @@ def test_inference_path_skips_autograd_and_the_training_form(monkeypatch, grad):
     which resnorm.layer_norm runs), reading the tensors in place and writing the returned
     tensor, and no training form."""
     from resnorm import _api
-    calls = []
+    calls, keywords = [], []
     for name in ("layer_norm", "layer_norm_forward"):
-        _spy(monkeypatch, name, calls, _api)
+        _spy(monkeypatch, name, calls, _api, keywords)
     x, w, b = _make((3, 16), torch.float32, requires_grad=grad)
     with torch.no_grad():
         y = rt.layer_norm(x, w, b)
     assert y.grad_fn is None and len(calls) == 1
-    (xin, win, bin_, _, _, _, out_arg, _), (out,) = calls[0]
+    (xin, win, bin_, _), (out,) = calls[0]
     assert (xin, win, bin_) == (x.data_ptr(), w.data_ptr(), b.data_ptr())
-    assert out_arg == out == y.data_ptr()
+    assert keywords[0]["out"] == out == y.data_ptr()
 
 
 def _bits(t):

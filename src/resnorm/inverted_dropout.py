@@ -16,20 +16,21 @@ Forms, as in resnorm.norms:
 Use a different seed for every dropout site and every step (for example a hash of (step,
 layer)): the same seed gives the same mask for every array of the same size.
 
-Each function is one call into the compiled call path (resnorm._api).
+Each function here declares a compiled function of resnorm._api, as in resnorm.norms.
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _api
+from ._compiled import compiled
 from ._api import DropoutCache, DropoutSpec, dropout_spec, valid_spec
 
 __all__ = ["DropoutCache", "DropoutSpec", "dropout", "dropout_backward", "dropout_forward",
            "dropout_spec", "valid_spec"]
 
 
+@compiled
 def dropout_forward(x: ArrayLike, p: float, *, seed: int, training: bool = True,
                     out: NDArray[np.floating] | None = None, n_threads: int | None = None,
                     return_mask: bool = False) -> tuple[NDArray[np.floating], DropoutCache]:
@@ -75,9 +76,9 @@ def dropout_forward(x: ArrayLike, p: float, *, seed: int, training: bool = True,
     >>> np.array_equal(y, np.where(cache.mask, 2.0, 0.0))
     True
     """
-    return _api.dropout_forward(x, p, seed, training, out, n_threads, return_mask)
 
 
+@compiled
 def dropout(x: ArrayLike, p: float, *, seed: int, training: bool = True,
             out: NDArray[np.floating] | None = None,
             n_threads: int | None = None) -> NDArray[np.floating]:
@@ -109,9 +110,9 @@ def dropout(x: ArrayLike, p: float, *, seed: int, training: bool = True,
     >>> resnorm.dropout(np.ones(4), 0.5, seed=1, training=False)
     array([1., 1., 1., 1.])
     """
-    return _api.dropout(x, p, seed, training, out, n_threads)
 
 
+@compiled
 def dropout_backward(dy: ArrayLike, cache: DropoutCache, *,
                      out: NDArray[np.floating] | None = None,
                      n_threads: int | None = None) -> NDArray[np.floating]:
@@ -143,4 +144,3 @@ def dropout_backward(dy: ArrayLike, cache: DropoutCache, *,
     >>> np.array_equal(resnorm.dropout_backward(np.ones(8), cache), y)
     True
     """
-    return _api.dropout_backward(dy, cache, out, n_threads)

@@ -18,15 +18,16 @@ instead of ``weight`` (Gemma's RMSNorm: a weight initialised at 0 is the identit
 Non-contiguous (or misaligned) inputs are copied once into a contiguous buffer; contiguous
 inputs are read in place.  Inputs are never modified, unless ``out`` is the input itself.
 
-Each function is one call into the compiled call path (resnorm._api), which checks the
-arguments (docs/input-checks.md), picks threads and output buffers, and runs the kernel.
+Each function here declares a compiled function of resnorm._api (``@compiled``: the same
+signature, checked at import), which checks the arguments (docs/input-checks.md), picks
+threads and output buffers, and runs the kernel; a call reaches it with no Python in between.
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _api
+from ._compiled import compiled
 from ._api import LayerNormCache, RMSNormCache
 
 __all__ = ["LayerNormCache", "RMSNormCache", "layer_norm", "layer_norm_backward",
@@ -35,6 +36,7 @@ __all__ = ["LayerNormCache", "RMSNormCache", "layer_norm", "layer_norm_backward"
 
 # --------------------------------------------------------------------------- RMSNorm
 
+@compiled
 def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *,
                      normalized_shape: int | tuple[int, ...] | None = None,
                      zero_centered_weight: bool = False,
@@ -88,10 +90,9 @@ def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None, eps: float =
     >>> y.round(4), cache.rstd.round(4)
     (array([[0.8485, 1.1314]]), array([0.2828]))
     """
-    return _api.rms_norm_forward(x, weight, eps, normalized_shape, zero_centered_weight, out,
-                                 n_threads)
 
 
+@compiled
 def rms_norm(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *,
              normalized_shape: int | tuple[int, ...] | None = None,
              zero_centered_weight: bool = False,
@@ -136,9 +137,9 @@ def rms_norm(x: ArrayLike, weight: ArrayLike | None = None, eps: float = 1e-6, *
     >>> resnorm.rms_norm(x, np.full(4, 0.5, np.float32), zero_centered_weight=True)
     array([[ 1.4999993, -1.4999993,  1.4999993, -1.4999993]], dtype=float32)
     """
-    return _api.rms_norm(x, weight, eps, normalized_shape, zero_centered_weight, out, n_threads)
 
 
+@compiled
 def rms_norm_backward(dy: ArrayLike, cache: RMSNormCache, *,
                       out: NDArray[np.floating] | None = None,
                       n_threads: int | None = None
@@ -185,11 +186,11 @@ def rms_norm_backward(dy: ArrayLike, cache: RMSNormCache, *,
     >>> resnorm.rms_norm_backward(np.ones((2, 2, 3)), cache)[1].shape
     (2, 3)
     """
-    return _api.rms_norm_backward(dy, cache, out, n_threads)
 
 
 # --------------------------------------------------------------------------- LayerNorm
 
+@compiled
 def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
                        bias: ArrayLike | None = None, eps: float = 1e-5, *,
                        normalized_shape: int | tuple[int, ...] | None = None,
@@ -238,10 +239,9 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     >>> y.round(4), cache.mean, cache.rstd.round(4)
     (array([[-1.2247,  0.    ,  1.2247]]), array([2.]), array([1.2247]))
     """
-    return _api.layer_norm_forward(x, weight, bias, eps, normalized_shape, zero_centered_weight,
-                                   out, n_threads)
 
 
+@compiled
 def layer_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike | None = None,
                eps: float = 1e-5, *,
                normalized_shape: int | tuple[int, ...] | None = None,
@@ -287,10 +287,9 @@ def layer_norm(x: ArrayLike, weight: ArrayLike | None = None, bias: ArrayLike | 
     array([[-1.4638, -0.8783, -0.2928],
            [ 0.2928,  0.8783,  1.4638]])
     """
-    return _api.layer_norm(x, weight, bias, eps, normalized_shape, zero_centered_weight, out,
-                           n_threads)
 
 
+@compiled
 def layer_norm_backward(dy: ArrayLike, cache: LayerNormCache, *,
                         out: NDArray[np.floating] | None = None,
                         n_threads: int | None = None
@@ -332,4 +331,3 @@ def layer_norm_backward(dy: ArrayLike, cache: LayerNormCache, *,
     >>> dx.round(4), dw, db
     (array([[ 0.2041, -0.4082,  0.2041]]), None, array([1., 0., 0.]))
     """
-    return _api.layer_norm_backward(dy, cache, out, n_threads)

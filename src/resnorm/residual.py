@@ -18,14 +18,14 @@ also returns a cache, and ``name_backward(..., cache)`` consumes it.  Caches hol
 references, not copies, to what backward reads (see each cache class): do not modify those
 arrays between forward and backward.  What is cached and why: docs/residual.md.
 
-Each function is one call into the compiled call path (resnorm._api).
+Each function here declares a compiled function of resnorm._api, as in resnorm.norms.
 """
 from __future__ import annotations
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from . import _api
+from ._compiled import compiled
 from ._api import AddNormCache, GatedResidualCache, ResidualScale, ScaledResidualCache
 
 __all__ = ["AddNormCache", "GatedResidualCache", "ResidualScale", "ScaledResidualCache",
@@ -38,6 +38,7 @@ __all__ = ["AddNormCache", "GatedResidualCache", "ResidualScale", "ScaledResidua
 
 # --------------------------------------------------------------------------- Pre-Norm
 
+@compiled
 def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                          eps: float = 1e-6, *,
                          normalized_shape: int | tuple[int, ...] | None = None,
@@ -103,11 +104,9 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     >>> h, y.round(4)
     (array([[3., 4.]]), array([[0.8485, 1.1314]]))
     """
-    return _api.add_rms_norm_forward(x, residual, weight, eps, normalized_shape,
-                                     zero_centered_weight, alpha, p, seed, training, out,
-                                     residual_out, n_threads)
 
 
+@compiled
 def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                  eps: float = 1e-6, *,
                  normalized_shape: int | tuple[int, ...] | None = None,
@@ -150,10 +149,9 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = N
     >>> h
     array([[3., 4.]])
     """
-    return _api.add_rms_norm(x, residual, weight, eps, normalized_shape, zero_centered_weight,
-                             alpha, p, seed, training, out, residual_out, n_threads)
 
 
+@compiled
 def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
                           out: NDArray[np.floating] | None = None,
                           dresidual_out: NDArray[np.floating] | None = None,
@@ -201,11 +199,9 @@ def add_rms_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCac
     >>> np.array_equal(dx, dres), dw, dalpha
     (True, None, None)
     """
-    dx, dres, dw, _, da = _api.add_rms_norm_backward(dy, dh, cache, out, dresidual_out,
-                                                     n_threads)
-    return dx, dres, dw, da
 
 
+@compiled
 def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                            bias: ArrayLike | None = None, eps: float = 1e-5, *,
                            normalized_shape: int | tuple[int, ...] | None = None,
@@ -247,11 +243,9 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_forward(x, residual, weight, bias, eps, normalized_shape,
-                                       zero_centered_weight, alpha, p, seed, training, out,
-                                       residual_out, n_threads)
 
 
+@compiled
 def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                    bias: ArrayLike | None = None, eps: float = 1e-5, *,
                    normalized_shape: int | tuple[int, ...] | None = None,
@@ -289,11 +283,9 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None =
     >>> h
     array([[2., 3., 4.]])
     """
-    return _api.add_layer_norm(x, residual, weight, bias, eps, normalized_shape,
-                               zero_centered_weight, alpha, p, seed, training, out, residual_out,
-                               n_threads)
 
 
+@compiled
 def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormCache, *,
                             out: NDArray[np.floating] | None = None,
                             dresidual_out: NDArray[np.floating] | None = None,
@@ -337,11 +329,11 @@ def add_layer_norm_backward(dy: ArrayLike, dh: ArrayLike | None, cache: AddNormC
     >>> db
     array([1., 1., 1.])
     """
-    return _api.add_layer_norm_backward(dy, dh, cache, out, dresidual_out, n_threads)
 
 
 # --------------------------------------------------------------------------- Post-Norm
 
+@compiled
 def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                               eps: float = 1e-6, *,
                               normalized_shape: int | tuple[int, ...] | None = None,
@@ -385,11 +377,9 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLi
     >>> y.round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post_forward(x, residual, weight, eps, normalized_shape,
-                                          zero_centered_weight, alpha, p, seed, training, out,
-                                          n_threads)
 
 
+@compiled
 def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                       eps: float = 1e-6, *,
                       normalized_shape: int | tuple[int, ...] | None = None,
@@ -426,10 +416,9 @@ def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | Non
     >>> resnorm.add_rms_norm_post(np.array([[1.0, 2.0]]), np.array([[2.0, 2.0]])).round(4)
     array([[0.8485, 1.1314]])
     """
-    return _api.add_rms_norm_post(x, residual, weight, eps, normalized_shape, zero_centered_weight,
-                                  alpha, p, seed, training, out, n_threads)
 
 
+@compiled
 def add_rms_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
                                out: NDArray[np.floating] | None = None,
                                dresidual_out: NDArray[np.floating] | None = None,
@@ -470,11 +459,9 @@ def add_rms_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
     >>> dx.round(4)
     array([[ 0.0453, -0.0339]])
     """
-    dx, dres, dw, _, da = _api.add_rms_norm_post_backward(dy, cache, out, dresidual_out,
-                                                          n_threads)
-    return dx, dres, dw, da
 
 
+@compiled
 def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                                 bias: ArrayLike | None = None, eps: float = 1e-5, *,
                                 normalized_shape: int | tuple[int, ...] | None = None,
@@ -511,11 +498,9 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: Array
     >>> y.round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post_forward(x, residual, weight, bias, eps, normalized_shape,
-                                            zero_centered_weight, alpha, p, seed, training, out,
-                                            n_threads)
 
 
+@compiled
 def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = None,
                         bias: ArrayLike | None = None, eps: float = 1e-5, *,
                         normalized_shape: int | tuple[int, ...] | None = None,
@@ -550,10 +535,9 @@ def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | N
     >>> resnorm.add_layer_norm_post(np.array([[1.0, 2.0, 3.0]]), np.ones((1, 3))).round(4)
     array([[-1.2247,  0.    ,  1.2247]])
     """
-    return _api.add_layer_norm_post(x, residual, weight, bias, eps, normalized_shape,
-                                    zero_centered_weight, alpha, p, seed, training, out, n_threads)
 
 
+@compiled
 def add_layer_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
                                  out: NDArray[np.floating] | None = None,
                                  dresidual_out: NDArray[np.floating] | None = None,
@@ -594,11 +578,11 @@ def add_layer_norm_post_backward(dy: ArrayLike, cache: AddNormCache, *,
     >>> resnorm.add_layer_norm_post_backward(np.ones((1, 3)), cache)[3]
     array([1., 1., 1.])
     """
-    return _api.add_layer_norm_post_backward(dy, cache, out, dresidual_out, n_threads)
 
 
 # --------------------------------------------------------------------------- scaled residual
 
+@compiled
 def scaled_residual_forward(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
                             out: NDArray[np.floating] | None = None,
                             n_threads: int | None = None
@@ -635,9 +619,9 @@ def scaled_residual_forward(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike
     >>> h
     array([[1.5, 1.5]])
     """
-    return _api.scaled_residual_forward(x, F, alpha, out, n_threads)
 
 
+@compiled
 def scaled_residual(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
                     out: NDArray[np.floating] | None = None,
                     n_threads: int | None = None) -> NDArray[np.floating]:
@@ -666,9 +650,9 @@ def scaled_residual(x: ArrayLike, F: ArrayLike, alpha: float | ArrayLike, *,
     >>> resnorm.scaled_residual(np.ones((1, 2)), np.ones((1, 2)), np.array([0.5, 2.0]))
     array([[1.5, 3. ]])
     """
-    return _api.scaled_residual(x, F, alpha, out, n_threads)
 
 
+@compiled
 def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
                              out: NDArray[np.floating] | None = None,
                              dbranch_out: NDArray[np.floating] | None = None,
@@ -708,11 +692,11 @@ def scaled_residual_backward(dh: ArrayLike, cache: ScaledResidualCache, *,
     >>> resnorm.scaled_residual_backward(np.ones((2, 2)), cache)[2]
     array(4.)
     """
-    return _api.scaled_residual_backward(dh, cache, out, dbranch_out, n_threads)
 
 
 # --------------------------------------------------------------------------- gated residual
 
+@compiled
 def gated_residual_forward(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
                            out: NDArray[np.floating] | None = None,
                            n_threads: int | None = None
@@ -751,9 +735,9 @@ def gated_residual_forward(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
     >>> h
     array([[0.5, 0.5]])
     """
-    return _api.gated_residual_forward(x, F, g, out, n_threads)
 
 
+@compiled
 def gated_residual(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
                    out: NDArray[np.floating] | None = None,
                    n_threads: int | None = None) -> NDArray[np.floating]:
@@ -783,9 +767,9 @@ def gated_residual(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
     >>> resnorm.gated_residual(np.zeros((1, 2)), np.ones((1, 2)), np.array([[0.0, 50.0]]))
     array([[0.5, 1. ]])
     """
-    return _api.gated_residual(x, F, g, out, n_threads)
 
 
+@compiled
 def gated_residual_backward(dh: ArrayLike, cache: GatedResidualCache, *,
                             out: NDArray[np.floating] | None = None,
                             dbranch_out: NDArray[np.floating] | None = None,
@@ -827,4 +811,3 @@ def gated_residual_backward(dh: ArrayLike, cache: GatedResidualCache, *,
     >>> resnorm.gated_residual_backward(np.ones((1, 2)), cache)[2]
     array([0.25, 0.25])
     """
-    return _api.gated_residual_backward(dh, cache, out, dbranch_out, dgate_out, n_threads)
