@@ -102,7 +102,10 @@ def render(results, note=None, png=None, goals=False, commands=None):
     for dtype in dict.fromkeys(r.dtype for r in results.rows):
         out.append(report.kernels_section([r for r in results.rows if r.dtype == dtype],
                                           f"All rows, {dtype}"))
-    out.append("## Earlier, more specific results\n\n"
+    out.append("## More specific results\n\n"
+               "* [RESULTS_latency.md](RESULTS_latency.md): the small-call latency of every "
+               "public function, forward and backward, against the numba loop, ONNX Runtime "
+               "and torch (a run of the latency section alone).\n"
                "* [RESULTS_residual.md](RESULTS_residual.md): the fused Pre-Norm add + RMSNorm "
                "against our own separate kernels and the cost of dropout "
                "(`benchmarks/bench_residual.py`).\n")

@@ -2,6 +2,7 @@
 (resnorm._compiled): same signature, the declaration's docstring, module and type hints,
 and a declaration that disagrees with its compiled function stops the import."""
 import inspect
+import pickle
 import typing
 
 import numpy as np
@@ -36,6 +37,7 @@ def test_the_public_function_is_the_compiled_one(module, name):
     assert plain == compiled_plain
     assert inspect.signature(fn) == inspect.signature(face)   # with the type hints
     assert typing.get_type_hints(fn) == typing.get_type_hints(face)
+    assert pickle.loads(pickle.dumps(fn)) is fn   # by reference, as a Python function
 
 
 def _declare(signature_source):
