@@ -67,7 +67,15 @@ def _main_rows(rows):
     return [r for r in rows if r.dtype == _goals.DTYPE and r.op in _goals.OPS]
 
 
-def render(results, note=None, png=None, goals=False, commands=None):
+# The other results files, linked from every one but itself
+MORE = (("RESULTS_latency.md", "the small-call latency of every public function, forward and "
+         "backward, against the numba loop, ONNX Runtime and torch (a run of the latency "
+         "section alone)."),
+        ("RESULTS_residual.md", "the fused Pre-Norm add + RMSNorm against our own separate "
+         "kernels and the cost of dropout (`benchmarks/bench_residual.py`)."))
+
+
+def render(results, note=None, png=None, goals=False, commands=None, out_name=None):
     meta, m = results.meta, results.machine
     commands = commands or [meta["command"]]
     out = ["# resnorm benchmark results\n"]
@@ -102,13 +110,8 @@ def render(results, note=None, png=None, goals=False, commands=None):
     for dtype in dict.fromkeys(r.dtype for r in results.rows):
         out.append(report.kernels_section([r for r in results.rows if r.dtype == dtype],
                                           f"All rows, {dtype}"))
-    out.append("## More specific results\n\n"
-               "* [RESULTS_latency.md](RESULTS_latency.md): the small-call latency of every "
-               "public function, forward and backward, against the numba loop, ONNX Runtime "
-               "and torch (a run of the latency section alone).\n"
-               "* [RESULTS_residual.md](RESULTS_residual.md): the fused Pre-Norm add + RMSNorm "
-               "against our own separate kernels and the cost of dropout "
-               "(`benchmarks/bench_residual.py`).\n")
+    out.append("## More specific results\n\n" + "".join(
+        f"* [{name}]({name}): {what}\n" for name, what in MORE if name != out_name))
     return "\n".join(out)
 
 
@@ -135,7 +138,8 @@ def main(argv=None):
     if args.png:   # the image link is relative to where the Markdown is
         base = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
         link = os.path.relpath(args.png, base)
-    text = render(results, args.note, link, args.goals, commands)
+    text = render(results, args.note, link, args.goals, commands,
+                  os.path.basename(args.out) if args.out else None)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

@@ -37,7 +37,8 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     xa, fa = branch_inputs(x, F, True)
     cdef ResidualScale scale = residual_scale_of(alpha, xa)
     cdef int nt = threads_of(n_threads)
-    if keep_cache and scale.learns():
+    cdef bint learnable = scale.learns()
+    if keep_cache and learnable:
         not_shared(out, "out", SCALED_KEPT, (fa, scale.vector), KEPT_OUT)
     cdef cnp.ndarray rows_x = contiguous(xa), rows_f = contiguous(fa)
     cdef tuple inputs = (xa, fa, scale.vector)
@@ -70,7 +71,7 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
     result = finish(out, h)
     if not keep_cache:
         return result
-    return result, scaled_residual_cache(as_rows(rows_f) if scale.learns() else None, scale,
+    return result, scaled_residual_cache(as_rows(rows_f) if learnable else None, scale,
                                          shape_of(xa), xa.descr)
 
 
@@ -146,7 +147,7 @@ def scaled_residual_backward(dh, cache, *, out=None, dbranch_out=None, n_threads
                                                SCALED_CACHE_FIELDS, kept)
     apart((out, dbranch_out), SCALED_BUFFERS)
     cdef bint stream = streams(cnp.PyArray_NBYTES(rows))
-    dalpha = new_vector(d, cnp.NPY_DOUBLE) if scale.learns() else None
+    dalpha = new_vector(d, cnp.NPY_DOUBLE) if learnable else None
     cdef Py_ssize_t nb = row_blocks(n)
     cdef Scratch scratch = lend(nb * d * sizeof(double) if dalpha is not None else 0)
     cdef void *pdx = cnp.PyArray_DATA(dx)

@@ -280,7 +280,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
         row = c.normalized_shape
         dweight = None if dweight is None else dweight.reshape(row)
         dbias = None if dbias is None else dbias.reshape(row)
-    dalpha = alpha.grad(dalpha, dtype, row) if alpha.learns() else None
+    dalpha = None if dalpha is None else alpha.grad(dalpha, dtype, row)
     if layer:
         return finish(out, dx), finish(dresidual_out, dres), dweight, dbias, dalpha
     return finish(out, dx), finish(dresidual_out, dres), dweight, dalpha
