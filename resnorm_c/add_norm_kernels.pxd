@@ -15,7 +15,8 @@ from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memset
 
-from common cimport RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials,
+                    zero_partials)
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from primitives cimport (element, rn_residual_add, rn_residual_add_reduce, rn_residual_reduce,
                          rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
@@ -254,10 +255,7 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
     cdef uint64_t *swap
     cdef const element *hp
-    if dw_part != NULL:
-        memset(dw_part, 0, d * sizeof(double))
-    if db_part != NULL:
-        memset(db_part, 0, d * sizeof(double))
+    zero_partials(dw_part, db_part, d)
     if dalpha_part != NULL:
         memset(dalpha_part, 0, d * sizeof(double))
     if dp != NULL:

@@ -39,6 +39,7 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
                                add_norm_mask_words)
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
+from mixed_kernels cimport backward_floats, forward_floats, mixed_backward, mixed_forward
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core, rn_narrow,
                          rn_philox_uniforms, rn_to_float32)
@@ -170,13 +171,27 @@ cdef inline void norm_backward_rows(bint layer, element *dx, element *dw, elemen
                      <const element *>w, rstd, n, d, nt, stream)
 
 
+cdef inline void mixed_forward_rows(bint layer, Kind ek, void *y, double *mean, double *rstd,
+                                    const void *x, const void *w, const void *b, Py_ssize_t n,
+                                    Py_ssize_t d, double eps, int nt, float *buf) noexcept nogil:
+    """The norm kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd)."""
+    if ek == KIND_BF16:
+        mixed_forward(layer, <rn_bf16 *>y, mean, rstd, <const rn_bf16 *>x, <const float *>w,
+                      <const float *>b, n, d, eps, nt, buf)
+    else:
+        mixed_forward(layer, <rn_f16 *>y, mean, rstd, <const rn_f16 *>x, <const float *>w,
+                      <const float *>b, n, d, eps, nt, buf)
+
+
 cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
                          out, n_threads, bint training):
     """rms_norm / layer_norm, and with training their _forward forms (returning a cache)."""
     cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef int k = axes_of(normalized_shape, xa)
-    wp = param_of(weight, xa, "weight", k)
-    bp = param_of(bias, xa, "bias", k) if layer else None
+    # float32 for float32 parameters beside 16-bit x, else None (x's dtype)
+    pdt = mixed_params(xa, weight, bias if layer else None)
+    wp = param_of(weight, xa, "weight", k, pdt)
+    bp = param_of(bias, xa, "bias", k, pdt) if layer else None
     cdef double e = eps_of(eps, xa)
     cdef bint zc = zero_centered_of(zero_centered)
     cdef int nt = threads_of(n_threads)
@@ -198,6 +213,13 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef cnp.ndarray mean = None, rstd = None
     cdef double *pmean = NULL
     cdef double *prstd
+    cdef float *buf = NULL
+    # scratch: the row statistics (inference), the widened rows (mixed, one per thread)
+    cdef Py_ssize_t nstats = 0 if training else 2 * n
+    cdef Py_ssize_t nbuf = 0 if pdt is None else nt * forward_floats(d)
+    if nstats + nbuf:
+        scratch = lend(nstats * sizeof(double) + nbuf * sizeof(float))
+        buf = <float *>(scratch.data + nstats * sizeof(double))
     if training:
         rstd = new_stats(n)
         prstd = <double *>cnp.PyArray_DATA(rstd)
@@ -205,7 +227,6 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
             mean = new_stats(n)
             pmean = <double *>cnp.PyArray_DATA(mean)
     else:
-        scratch = lend(2 * n * sizeof(double))
         prstd = <double *>scratch.data
         pmean = prstd + n
     cdef void *py = cnp.PyArray_DATA(y)
@@ -214,7 +235,9 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef void *pb = data_of(b)
     cdef Kind ek = kind_of(rows)
     saved = release_gil(size)
-    if ek == KIND_F32:
+    if pdt is not None:
+        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, buf)
+    elif ek == KIND_F32:
         norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
     elif ek == KIND_F64:
         norm_forward_rows(layer, <double *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
@@ -230,8 +253,8 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
         return result
     if layer:
         return result, layer_norm_cache(as_rows(rows, d), w, b is not None, mean, rstd,
-                                        shape_of(xa), k)
-    return result, rms_norm_cache(as_rows(rows, d), w, rstd, shape_of(xa), k)
+                                        shape_of(xa), k, pdt)
+    return result, rms_norm_cache(as_rows(rows, d), w, rstd, shape_of(xa), k, pdt)
 
 
 cdef inline bint shape_is(cnp.ndarray a, shape) noexcept:
@@ -261,19 +284,38 @@ cdef inline bint is_param_of(p, cnp.ndarray rows) noexcept:
                          and kernel_layout(<cnp.ndarray>p))
 
 
-cdef check_norm_cache(cache, x, weight, mean, rstd, shape, axes, bint layer):
+cdef check_norm_cache(cache, x, weight, mean, rstd, shape, axes, param_dtype, bint layer):
     """The fields of a norm cache as its forward function made them (mean: LayerNorm's)."""
     cdef Py_ssize_t n = 0, d = 0
-    cdef int t = 0
+    cdef int t = 0, tp = 0
     cdef bint ok = (type(x) is cnp.ndarray and is_element_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
                     and shape_ok(shape, axes, &n, &d))
     if ok:
-        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
-        ok = (cache_field(x, ROWS, True, n, d, t) and cache_field(weight, VECTOR, False, n, d, t)
+        t = tp = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        if param_dtype is not None:   # float32 parameters beside 16-bit rows only
+            ok = (is_half_type(t) and cnp.PyArray_DescrCheck(param_dtype)
+                  and (<cnp.dtype>param_dtype).type_num == cnp.NPY_FLOAT)
+            tp = cnp.NPY_FLOAT
+        ok = (ok and cache_field(x, ROWS, True, n, d, t)
+              and cache_field(weight, VECTOR, False, n, d, tp)
               and cache_field(mean, STATS, layer, n, d, t)
               and cache_field(rstd, STATS, True, n, d, t))
     if not ok:
         raise edited_cache(cache)
+
+
+cdef inline void mixed_backward_rows(bint layer, Kind ek, void *dx, float *dw, float *db,
+                                     double *red, double *wpart, double *bpart,
+                                     const void *dy, const void *x, const float *w,
+                                     const double *mean, const double *rstd, Py_ssize_t n,
+                                     Py_ssize_t d, int nt, float *buf) noexcept nogil:
+    """The norm backward kernels of 16-bit rows with float32 parameters."""
+    if ek == KIND_BF16:
+        mixed_backward(layer, <rn_bf16 *>dx, dw, db, red, wpart, bpart, <const rn_bf16 *>dy,
+                       <const rn_bf16 *>x, w, mean, rstd, n, d, nt, buf)
+    else:
+        mixed_backward(layer, <rn_f16 *>dx, dw, db, red, wpart, bpart, <const rn_f16 *>dy,
+                       <const rn_f16 *>x, w, mean, rstd, n, d, nt, buf)
 
 
 cdef object norm_backward(bint layer, dy, cache, out, n_threads):
@@ -284,8 +326,8 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
                         f"function, got {type(cache).__name__}")
     x, weight, shape, axes = cache.x, cache.weight, cache.shape, cache.axes
     mean = cache.mean if layer else None
-    rstd = cache.rstd
-    check_norm_cache(cache, x, weight, mean, rstd, shape, axes, layer)
+    rstd, pdt = cache.rstd, cache.param_dtype
+    check_norm_cache(cache, x, weight, mean, rstd, shape, axes, pdt, layer)
     cdef cnp.ndarray xr = <cnp.ndarray>x
     cdef cnp.ndarray dya
     if type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == cnp.PyArray_TYPE(xr) \
@@ -308,14 +350,19 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef Py_ssize_t n = cnp.PyArray_DIM(xr, 0), d = cnp.PyArray_DIM(xr, 1), nb = row_blocks(n)
     nt = team(nt, n * d)
     cdef bint stream = streams(cnp.PyArray_NBYTES(dx))
-    dw = None if weight is None else new_vector(d, cnp.PyArray_TYPE(xr))
-    db = new_vector(d, cnp.PyArray_TYPE(xr)) if layer and cache.has_bias else None
-    # scratch: two row reductions per row, then the dweight / dbias partial rows
+    cdef int tp = cnp.PyArray_TYPE(xr) if pdt is None else cnp.NPY_FLOAT
+    dw = None if weight is None else new_vector(d, tp)
+    db = new_vector(d, tp) if layer and cache.has_bias else None
+    # scratch: two row reductions per row, the dweight / dbias partial rows, then the
+    # widened rows (mixed, per thread)
     cdef Py_ssize_t parts = (dw is not None) + (db is not None)
-    cdef Scratch scratch = lend((2 * n + parts * nb * d) * sizeof(double))
+    cdef Py_ssize_t ndouble = 2 * n + parts * nb * d
+    cdef Py_ssize_t nbuf = 0 if pdt is None else nt * backward_floats(d)
+    cdef Scratch scratch = lend(ndouble * sizeof(double) + nbuf * sizeof(float))
     cdef double *red = <double *>scratch.data
     cdef double *wpart = red + 2 * n
     cdef double *bpart = wpart + (nb * d if dw is not None else 0)
+    cdef float *buf = <float *>(red + ndouble)
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdw = data_of(dw)
     cdef void *pdb = data_of(db)
@@ -326,7 +373,10 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef const double *prstd = <const double *>cnp.PyArray_DATA(<cnp.ndarray>rstd)
     cdef Kind ek = kind_of(xr)
     saved = release_gil(n * d)
-    if ek == KIND_F32:
+    if pdt is not None:
+        mixed_backward_rows(layer, ek, pdx, <float *>pdw, <float *>pdb, red, wpart, bpart,
+                            pdy, px, <const float *>pw, pmean, prstd, n, d, nt, buf)
+    elif ek == KIND_F32:
         norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
                            bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
     elif ek == KIND_F64:

@@ -10,7 +10,9 @@
 # The norms' caches hold rows of D elements: D is the size of the last axis, or of the last
 # `axes` axes together (normalized_shape = shape[-axes:]).  `weight` is the gain the kernel
 # applied, as a (D,) vector: the weight itself, or 1 + weight for a zero-centred weight
-# (whose gradient is the same sum, dy * xhat over rows).
+# (whose gradient is the same sum, dy * xhat over rows).  `param_dtype` is float32 when
+# 16-bit rows met float32 parameters (mixed_kernels.pxd): then dweight and dbias are float32;
+# None: they have x's dtype.
 
 @cython.dataclasses.dataclass(frozen=True)
 cdef class RMSNormCache:
@@ -20,6 +22,7 @@ cdef class RMSNormCache:
     rstd: object    # (N,) float64, 1/sqrt(mean(x^2) + eps)
     shape: object   # shape of the original input, given back to dx
     axes: object = 1  # how many trailing axes of shape a row spans
+    param_dtype: object = None  # float32 for float32 parameters beside 16-bit rows
 
     @property
     def normalized_shape(self):
@@ -27,10 +30,11 @@ cdef class RMSNormCache:
         return tuple(self.shape[len(self.shape) - self.axes:])
 
 
-cdef RMSNormCache rms_norm_cache(x, weight, rstd, shape, axes):
-    """RMSNormCache(x, weight, rstd, shape, axes), built in C."""
+cdef RMSNormCache rms_norm_cache(x, weight, rstd, shape, axes, param_dtype):
+    """RMSNormCache(x, weight, rstd, shape, axes, param_dtype), built in C."""
     cdef RMSNormCache c = RMSNormCache.__new__(RMSNormCache)
     c.x, c.weight, c.rstd, c.shape, c.axes = x, weight, rstd, shape, axes
+    c.param_dtype = param_dtype
     return c
 
 
@@ -44,6 +48,7 @@ cdef class LayerNormCache:
     rstd: object      # (N,) float64, 1/sqrt(var + eps)
     shape: object
     axes: object = 1
+    param_dtype: object = None
 
     @property
     def normalized_shape(self):
@@ -51,11 +56,13 @@ cdef class LayerNormCache:
         return tuple(self.shape[len(self.shape) - self.axes:])
 
 
-cdef LayerNormCache layer_norm_cache(x, weight, has_bias, mean, rstd, shape, axes):
-    """LayerNormCache(x, weight, has_bias, mean, rstd, shape, axes), built in C."""
+cdef LayerNormCache layer_norm_cache(x, weight, has_bias, mean, rstd, shape, axes,
+                                     param_dtype):
+    """LayerNormCache(x, weight, has_bias, mean, rstd, shape, axes, param_dtype), built in
+    C."""
     cdef LayerNormCache c = LayerNormCache.__new__(LayerNormCache)
     c.x, c.weight, c.has_bias, c.mean, c.rstd = x, weight, has_bias, mean, rstd
-    c.shape, c.axes = shape, axes
+    c.shape, c.axes, c.param_dtype = shape, axes, param_dtype
     return c
 
 

@@ -159,21 +159,37 @@ cpdef int norm_axes(normalized_shape, tuple shape) except -1:
     return len(ns)
 
 
-cdef inline object param_of(p, cnp.ndarray x, str name, int k=1):
-    """None, or a parameter (weight, bias) of x's dtype whose shape is x's last k axes (the
-    normalised ones), as like_array checks it."""
+cdef inline object param_of(p, cnp.ndarray x, str name, int k=1, object dtype=None):
+    """None, or a parameter (weight, bias) of `dtype` (None: x's) whose shape is x's last k
+    axes (the normalised ones), as like_array checks it."""
     cdef int j, ndim = cnp.PyArray_NDIM(x)
     if p is None:
         return None
+    cdef int t = cnp.PyArray_TYPE(x) if dtype is None else (<cnp.dtype>dtype).type_num
     cdef bint ok = (type(p) is cnp.ndarray
-                    and cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.PyArray_TYPE(x)
+                    and cnp.PyArray_TYPE(<cnp.ndarray>p) == t
                     and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>p)
                     and cnp.PyArray_NDIM(<cnp.ndarray>p) == k)
     for j in range(k):
         ok = ok and cnp.PyArray_DIM(<cnp.ndarray>p, j) == cnp.PyArray_DIM(x, ndim - k + j)
     if ok:
         return p
-    return like_array(p, name, shape_of(x)[ndim - k:], x.dtype)
+    return like_array(p, name, shape_of(x)[ndim - k:], x.dtype if dtype is None else dtype)
+
+
+cdef object F32 = np.dtype(np.float32)
+
+
+cdef inline object mixed_params(cnp.ndarray x, weight, bias):
+    """float32 when 16-bit x meets a float32 weight or bias (torch's mixed precision: a norm
+    module keeps float32 parameters and receives half-precision activations), and then every
+    parameter of the norm must be float32; else None (the parameters have x's dtype)."""
+    if not is_half_type(cnp.PyArray_TYPE(x)):
+        return None
+    for p in (weight, bias):
+        if p is not None and getattr(p, "dtype", None) == F32:
+            return F32
+    return None
 
 
 cpdef optional_param(p, str name, d, dtype):

@@ -1,6 +1,7 @@
 # Shared Cython declarations of the kernels: the OpenMP stub, the core's constants, and the
 # fixed row blocks through which every reduction over rows goes.
 from cython.parallel cimport prange
+from libc.string cimport memset
 
 from primitives cimport element, rn_accumulate, rn_narrow
 
@@ -38,6 +39,14 @@ cdef enum:
     MAX_ROW_BLOCKS = 64
     MIN_BLOCK_ROWS = 8
     REDUCE_COLUMNS = 512  # columns per task when the partial rows are summed
+
+
+cdef inline void zero_partials(double *a, double *b, Py_ssize_t d) noexcept nogil:
+    """A row block's partial rows (of d columns; NULL: not wanted) start at zero."""
+    if a != NULL:
+        memset(a, 0, d * sizeof(double))
+    if b != NULL:
+        memset(b, 0, d * sizeof(double))
 
 
 cdef inline Py_ssize_t row_blocks(Py_ssize_t n_rows) noexcept nogil:

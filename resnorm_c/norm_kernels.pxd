@@ -14,9 +14,8 @@
 # g = dy*w, m = mean(g*xn), mean_g = mean(g), mean_gxhat = mean(g*xhat).
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
-from libc.string cimport memset
 
-from common cimport RN_GROUP, row_blocks, sum_partials
+from common cimport RN_GROUP, row_blocks, sum_partials, zero_partials
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
                          rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
                          rn_ln_bwd_apply_rows)
@@ -78,8 +77,7 @@ cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, con
     """Rows lo .. hi of rms_backward in groups of up to RN_GROUP rows (the groups start at
     lo), adding their dweight terms into this block's partial row (dw_part NULL: none)."""
     cdef Py_ssize_t i = lo, rows
-    if dw_part != NULL:
-        memset(dw_part, 0, d * sizeof(double))
+    zero_partials(dw_part, NULL, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         rms_backward_group(dx + i * d, dw_part, m + i, dy + i * d, x + i * d, w, rstd + i, rows,
@@ -195,10 +193,7 @@ cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_p
     """Rows lo .. hi of layer_backward, in groups of up to RN_GROUP rows as in
     rms_backward_block."""
     cdef Py_ssize_t i = lo, rows
-    if dw_part != NULL:
-        memset(dw_part, 0, d * sizeof(double))
-    if db_part != NULL:
-        memset(db_part, 0, d * sizeof(double))
+    zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         layer_backward_group(dx + i * d, dw_part, db_part, mean_g + i, mean_gxhat + i,

@@ -185,7 +185,7 @@ cdef class ParamViews:
     assigning a new tensor or new .data (model.double(), param.data = ...) makes valid()
     False.  The views keep the old storage alive, so a new storage cannot reuse its address.
     """
-    cdef readonly object weight, bias, dtype, row, weight_view, bias_view, default_eps
+    cdef readonly object weight, bias, dtype, pdtype, row, weight_view, bias_view, default_eps
     cdef readonly Py_ssize_t d
     cdef readonly bint layer
     cdef object w_shape, b_shape
@@ -193,11 +193,12 @@ cdef class ParamViews:
     cdef cnp.dtype np_dtype
 
     def __init__(self, bint layer, weight, bias, x, row, cnp.dtype np_dtype, weight_view,
-                 bias_view, default_eps):
+                 bias_view, default_eps, pdtype):
         """layer: LayerNorm (else RMSNorm); row: normalized_shape as a tuple, None for the
         last axis; np_dtype: NumPy's dtype for x's; the parameters' views; the eps that
-        None stands for."""
+        None stands for; pdtype: the parameters' dtype (x's, or float32 beside 16-bit x)."""
         self.layer, self.weight, self.bias, self.dtype = layer, weight, bias, x.dtype
+        self.pdtype = pdtype
         shape = x.shape
         self.d = shape[len(shape) - 1]
         self.row = row
@@ -221,10 +222,10 @@ cdef class ParamViews:
                                    and tuple(shape[len(shape) - len(self.row):]) != self.row):
             return False
         return ((weight is None or (weight.data_ptr() == self.w_ptr
-                                    and weight.dtype is self.dtype
+                                    and weight.dtype is self.pdtype
                                     and weight.shape == self.w_shape))
                 and (bias is None or (bias.data_ptr() == self.b_ptr
-                                      and bias.dtype is self.dtype
+                                      and bias.dtype is self.pdtype
                                       and bias.shape == self.b_shape)))
 
     def infer(self, dict params, x, eps, bint zero_centered):

@@ -334,14 +334,108 @@ def test_gated_residual_rounds_once(rng, name, d):
     assert np.all(np.abs(cg - want) <= spacing(want, dt) + F32_TERMS * np.abs(terms).sum(0))
 
 
+# ------------------------------------------------- float32 parameters beside 16-bit rows
+
+def _mixed_results(x, dy, w, b, zc, nt):
+    """The four norm functions with float32 parameters (whatever x's dtype): outputs first,
+    then the gradients."""
+    out = [resnorm.rms_norm(x, w, zero_centered_weight=zc, n_threads=nt),
+           resnorm.layer_norm(x, w, b, zero_centered_weight=zc, n_threads=nt)]
+    y, c = resnorm.rms_norm_forward(x, w, zero_centered_weight=zc, n_threads=nt)
+    out += [y, *resnorm.rms_norm_backward(dy, c, n_threads=nt)]
+    y, c = resnorm.layer_norm_forward(x, w, b, zero_centered_weight=zc, n_threads=nt)
+    out += [y, *resnorm.layer_norm_backward(dy, c, n_threads=nt)]
+    y, c = resnorm.layer_norm_forward(x, None, b, n_threads=nt)   # a bias alone
+    out += [y, *resnorm.layer_norm_backward(dy, c, n_threads=nt)[::2]]
+    return out
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [1, 3, 17, 1000, 4097])
+@pytest.mark.parametrize("zc", [False, True], ids=["w", "1+w"])
+def test_float32_parameters_are_the_float32_norm_rounded_once(rng, name, d, zc):
+    # 16-bit x with float32 weight and bias (torch's mixed precision) is, bit for bit, the
+    # float32 norm of the widened rows with each output rounded once to x's dtype; dweight
+    # and dbias are the float32 norm's, in float32; any thread count
+    dt = half(name)
+    x, dy = rows(rng, "mixed", 37, d, dt), rows(rng, "normal", 37, d, dt)
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    b = rng.standard_normal(d).astype(np.float32)
+    want = _mixed_results(x.astype(np.float32), dy.astype(np.float32), w, b, zc, 1)
+    for nt in (1, 2, 4):
+        got = _mixed_results(x, dy, w, b, zc, nt)
+        for k, (g, f) in enumerate(zip(got, want)):
+            if f is None:
+                assert g is None, k
+            elif g.shape == x.shape:   # outputs and dx: x's dtype, rounded once
+                assert g.dtype == dt and np.array_equal(g.view(np.uint16),
+                                                        f.astype(dt).view(np.uint16)), k
+            else:                      # dweight, dbias: float32
+                assert g.dtype == np.float32 and np.array_equal(g, f), k
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_float32_parameters_within_one_ulp_of_float64(rng, name):
+    dt = half(name)
+    x = rows(rng, "offset", 9, 333, dt)
+    w = (1 + 0.5 * rng.standard_normal(333)).astype(np.float32)
+    b = rng.standard_normal(333).astype(np.float32)
+    x64, w64, b64 = (a.astype(np.float64) for a in (x, w, b))
+    assert ulps(resnorm.rms_norm(x, w), ref.rms_norm_forward(x64, w64)[0]).max() <= 1
+    assert ulps(resnorm.layer_norm(x, w, b), ref.layer_norm_forward(x64, w64, b64)[0]).max() <= 1
+    # multi-axis parameters, as normalized_shape says
+    x3 = x.reshape(9, 9, 37)
+    w3 = w.reshape(9, 37)
+    y = resnorm.rms_norm(x3, w3, normalized_shape=(9, 37))
+    assert np.array_equal(y.reshape(9, 333).view(np.uint16),
+                          resnorm.rms_norm(x, w).view(np.uint16))
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_float32_parameters_read_only_and_strided_inputs_unchanged(rng, name):
+    dt = half(name)
+    x = rows(rng, "normal", 8, 40, dt)[:, ::2]
+    w = (1 + rng.standard_normal(40)).astype(np.float32)[::2]
+    x.flags.writeable = False
+    before = x.copy()
+    y, c = resnorm.layer_norm_forward(x, w, w)
+    assert np.array_equal(x.view(np.uint16), before.view(np.uint16))
+    assert np.array_equal(y.view(np.uint16),
+                          resnorm.layer_norm(before.copy(), w.copy(), w.copy()).view(np.uint16))
+    out = np.empty_like(x)
+    assert resnorm.layer_norm(x, w, w, out=out) is out
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_float32_parameters_cache_checked(rng, name):
+    import dataclasses
+    dt = half(name)
+    x = rows(rng, "normal", 4, 8, dt)
+    w = np.ones(8, np.float32)
+    _, c = resnorm.rms_norm_forward(x, w)
+    assert c.param_dtype == np.float32 and c.weight.dtype == np.float32
+    for edit in [dict(param_dtype=None), dict(param_dtype=np.dtype(np.float64)),
+                 dict(weight=w.astype(dt)), dict(x=x.astype(np.float32))]:
+        with pytest.raises(ValueError, match="cache"):
+            resnorm.rms_norm_backward(x, dataclasses.replace(c, **edit))
+    _, c = resnorm.rms_norm_forward(x, w.astype(dt))
+    assert c.param_dtype is None
+
+
 # --------------------------------------------------------------------------- checks
 
 @pytest.mark.parametrize("name", HALVES)
 def test_mixed_dtypes_refused_naming_the_argument(rng, name):
     dt = half(name)
     x = rows(rng, "normal", 2, 8, dt)
+    with pytest.raises(TypeError, match="weight must have dtype float32"):
+        resnorm.layer_norm(x, np.ones(8, dt), np.ones(8, np.float32))   # one or the other
     with pytest.raises(TypeError, match="weight"):
-        resnorm.rms_norm(x, np.ones(8, np.float32))
+        resnorm.rms_norm(x, np.ones(8, np.float64))
+    with pytest.raises(TypeError, match="weight"):   # the fused norms: x's dtype only
+        resnorm.add_rms_norm(x, x, np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="weight"):   # float32 x: float32 parameters only
+        resnorm.rms_norm(x.astype(np.float32), np.ones(8, dt))
     with pytest.raises(TypeError, match="residual"):
         resnorm.add_rms_norm(x, x.astype(np.float32))
     with pytest.raises(TypeError, match="g"):
@@ -413,6 +507,9 @@ for name in names:
         y, c = resnorm.rms_norm_forward(x, w)
         res = [y, *resnorm.rms_norm_backward(dy, c)]
         y, c = resnorm.layer_norm_forward(x, w, w)
+        res += [y, *resnorm.layer_norm_backward(dy, c)]
+        w32 = w.astype(np.float32)   # float32 parameters (their gradients: float32)
+        y, c = resnorm.layer_norm_forward(x, w32, w32)
         res += [y, *resnorm.layer_norm_backward(dy, c)]
         (y, h), c = resnorm.add_layer_norm_forward(x, r, w)
         res += [y, h, *resnorm.add_layer_norm_backward(dy, dy, c)[:3]]

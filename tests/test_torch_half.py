@@ -158,18 +158,122 @@ def test_patch_swaps_half_precision_models(dtype):
 def test_autocast_norms_return_what_torchs_return():
     # Under CPU autocast, torch runs neither norm in lower precision: a norm receives the
     # bfloat16 output of a Linear with its own float32 parameters, and returns bfloat16.
-    # resnorm's kernels take parameters of x's dtype only, so that mixed case is
-    # computed by torch's own norm (the patched module's own forward).
+    # The patched torch.nn norms compute that mixed case on resnorm, as torch does.
+    import resnorm
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 16),
                           nn.RMSNorm(16))
     x = torch.randn(4, 16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = model(x)
-    with rt.patch(model), torch.autocast("cpu", dtype=torch.bfloat16):
+    calls = []
+    with rt.patch(model), torch.autocast("cpu", dtype=torch.bfloat16), \
+            spy_norms(resnorm, calls):
         got = model(x)
+    assert calls == ["layer_norm_forward", "rms_norm_forward"]   # parameters want grads
     assert got.dtype is ref.dtype is torch.bfloat16
     assert torch.equal(got, ref)
+
+
+class spy_norms:
+    """Records the names of resnorm's NumPy norm functions called inside (resnorm.torch
+    calls them through the module's attributes)."""
+
+    NAMES = ("rms_norm", "layer_norm", "rms_norm_forward", "layer_norm_forward")
+
+    def __init__(self, module, calls):
+        self.module, self.calls, self.saved = module, calls, {}
+
+    def __enter__(self):
+        for name in self.NAMES:
+            fn = self.saved[name] = getattr(self.module, name)
+            setattr(self.module, name,
+                    lambda *a, _fn=fn, _name=name, **k: (self.calls.append(_name), _fn(*a, **k))[1])
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(self.module, name, fn)
+
+
+def _mixed_module_pair(layer, dtype, d=200):
+    """resnorm.torch's module and torch's with the same float32 parameters."""
+    torch.manual_seed(1)
+    m, t = ((rt.LayerNorm(d), nn.LayerNorm(d)) if layer
+            else (rt.RMSNorm(d, eps=1e-6), nn.RMSNorm(d, eps=1e-6)))
+    with torch.no_grad():
+        for p, q in zip(m.parameters(), t.parameters()):
+            p.copy_(1 + 0.5 * torch.randn(d))
+            q.copy_(p)
+    return m, t
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+def test_float32_modules_take_half_input_as_resnorms_kernels(dtype, layer):
+    # a float32 module given 16-bit input (torch's mixed precision): resnorm's NumPy result
+    # (the float32 norm rounded once), within one unit of the float64 formula and of
+    # torch's output; parameter gradients float32, summed in float64 (torch's are not:
+    # LayerNorm's dweight and dbias differ from the float64 sums by ~1e-2 in bfloat16)
+    import resnorm
+    m, t = _mixed_module_pair(layer, dtype)
+    x, _, _ = inputs(dtype, (5, 9, 200))
+    dy, _, _ = inputs(dtype, (5, 9, 200), seed=4)
+    params = [T.view(p.detach()) for p in m.parameters()]
+    with torch.no_grad():
+        y = m(x)
+        assert torch.equal(m(x), y)   # the second call: the module's cached views, in C
+    fn = resnorm.layer_norm_forward if layer else resnorm.rms_norm_forward
+    want, cache = fn(T.view(x), *params)
+    assert y.dtype is dtype and torch.equal(y, T.tensor(want))
+    # torch's: the rows without an offset (torch's float16 LayerNorm loses the spread of
+    # rows far from zero, see test_where_torch_differs_layer_norm_of_offset_rows)
+    assert ulps(y[::3], t(x).detach()[::3]) <= 1
+    x64 = x.double().requires_grad_()
+    p64 = [p.detach().double().requires_grad_() for p in m.parameters()]
+    y64 = (F.layer_norm(x64, (200,), *p64) if layer else F.rms_norm(x64, (200,), *p64, 1e-6))
+    # float32 parameters are not 16-bit numbers: where xhat * w + b cancels, the float32
+    # terms' rounding (2^-24 of |xhat * w| + |b| each, a few of them) can exceed one unit
+    # of the small result
+    r = y64.detach().to(dtype).double()
+    info = torch.finfo(dtype)   # one unit in the last place of r (subnormals: a fixed step)
+    unit = info.eps * torch.ldexp(torch.ones_like(r), torch.frexp(r).exponent - 1).clamp(
+        min=info.smallest_normal)
+    terms = (y64 - p64[1]).abs() + p64[1].abs() if layer else y64.abs()
+    assert ((y.double() - y64).abs() <= unit + 4 * 2.0 ** -24 * terms.detach()).all()
+
+    xr = x.clone().requires_grad_()
+    y = m(xr)
+    y.backward(dy)
+    y64.backward(dy.double())
+    grads = (resnorm.layer_norm_backward if layer else resnorm.rms_norm_backward)(
+        T.view(dy), cache)
+    assert xr.grad.dtype is dtype and torch.equal(xr.grad, T.tensor(grads[0]))
+    for p, g, g64 in zip(m.parameters(), grads[1:], (q.grad for q in p64)):
+        assert p.grad.dtype is torch.float32 and torch.equal(p.grad, T.tensor(g))
+        assert torch.allclose(p.grad.double(), g64, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+def test_float32_modules_compile_with_half_input(dtype, layer):
+    m, _ = _mixed_module_pair(layer, dtype, 24)
+    x = inputs(dtype, (3, 24))[0].requires_grad_()
+    explanation = torch._dynamo.explain(m)(x)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    assert y.dtype is dtype and torch.equal(y, m(x))
+    y.float().sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    gx = x.grad.clone()
+    x.grad = None
+    m.zero_grad()
+    m(x).float().sum().backward()
+    assert torch.equal(gx, x.grad)
+    for g, p in zip(grads, m.parameters()):
+        assert g.dtype is torch.float32 and torch.equal(g, p.grad)
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
@@ -217,5 +321,5 @@ def test_other_dtypes_still_refused():
     with pytest.raises(TypeError, match="torch.float16 or torch.bfloat16, got torch.int32"):
         rt.rms_norm(torch.ones(2, 4, dtype=torch.int32))
     with pytest.raises(TypeError, match="weight must have the input's dtype"):
-        rt.layer_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4))
+        rt.layer_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.float64))
     assert np.dtype(T.numpy_dtype(torch.bfloat16)).name == "bfloat16"

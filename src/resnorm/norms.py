@@ -51,7 +51,9 @@ def rms_norm_forward(x: ArrayLike, weight: ArrayLike | None = None, eps: float =
     x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
         The rows to normalise (any rank; the last axis is normalised).
     weight : ndarray, shape (D,), optional
-        The per-channel gain ``w``, of x's dtype; None means 1.
+        The per-channel gain ``w``, of x's dtype; None means 1.  For float16 or bfloat16
+        x it may be float32 (mixed precision): y is then the float32 norm of the widened
+        rows rounded once to x's dtype, and dweight is float32.
     eps : float, default 1e-6
         Added to the mean square; finite and at least the dtype's smallest normal number.
     normalized_shape : int or tuple of int, optional
@@ -207,7 +209,8 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     ----------
     x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
     weight, bias : ndarray, shape (D,) (or normalized_shape), optional
-        Of x's dtype, each None independently (w = 1, b = 0).
+        Of x's dtype, each None independently (w = 1, b = 0).  For float16 or bfloat16 x
+        both may be float32 (mixed precision), as for :func:`rms_norm_forward`'s weight.
     eps : float, default 1e-5
     normalized_shape : int or tuple of int, optional
     zero_centered_weight : bool, default False

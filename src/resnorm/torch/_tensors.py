@@ -130,8 +130,8 @@ def normalized_arg(row):
 
 
 def param_tensor(p, name, x, row=None):
-    """None, or p checked as a CPU tensor of x's dtype of the normalised row's shape (row;
-    None: (D,), D = x's last axis)."""
+    """None, or p checked as a CPU tensor of x's dtype (or float32 beside float16/bfloat16
+    x: mixed_params) of the normalised row's shape (row; None: (D,), D = x's last axis)."""
     if p is None:
         return None
     if not isinstance(p, torch.Tensor):
@@ -140,7 +140,7 @@ def param_tensor(p, name, x, row=None):
         raise TypeError(f"{name} must be a CPU tensor, got a tensor on device '{p.device}'")
     if p.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {p.layout}")
-    if p.dtype is not x.dtype:
+    if p.dtype is not x.dtype and not (p.dtype is torch.float32 and x.dtype in HALF_DTYPES):
         raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {p.dtype}")
     if row is None or len(row) == 1:
         if p.dim() != 1 or p.shape[0] != x.shape[-1]:
@@ -233,11 +233,22 @@ def tensor(a):
     return torch.from_numpy(a)
 
 
+def mixed_params(x, weight, bias):
+    """float16/bfloat16 x with a float32 weight or bias: torch's mixed precision (a float32
+    module receiving half-precision activations, as under torch.autocast), which resnorm
+    computes as the float32 norm of the widened rows rounded once to x's dtype, its
+    parameters' gradients in float32."""
+    return (x.dtype in HALF_DTYPES
+            and any(p is not None and p.dtype is torch.float32 for p in (weight, bias)))
+
+
 def param_views(layer, weight, bias, x, row=None):
     """A norm module's ParamViews for inputs like x: its weight and bias (None or tensors)
     checked once for x's dtype and the normalised axes (row: the module's normalized_shape
     as a tuple; None: x's last axis), with their NumPy views.  layer: LayerNorm."""
     param_tensor(weight, "weight", x, row)
     param_tensor(bias, "bias", x, row)
+    pdtype = torch.float32 if mixed_params(x, weight, bias) else x.dtype
     return ParamViews(layer, weight, bias, x, None if row is None or len(row) == 1 else row,
-                      numpy_dtype(x.dtype), view(weight), view(bias), default_eps(x.dtype))
+                      numpy_dtype(x.dtype), view(weight), view(bias), default_eps(x.dtype),
+                      pdtype)

@@ -14,9 +14,11 @@ the cache from saved tensors (rms_norm_cache / layer_norm_cache).
 The norms' options, as resnorm takes them (``**options``): normalized_shape (None for the
 last axis) and zero_centered_weight.
 """
+import numpy as np
+
 import resnorm
 
-from ._tensors import tensor, threads, view
+from ._tensors import mixed_params, tensor, threads, view
 
 
 def rms_norm(x, weight_view, eps, normalized_shape=None, zero_centered_weight=False):
@@ -88,16 +90,25 @@ def _gain(weight, zero_centered):
     return view((weight.detach() + 1 if zero_centered else weight).reshape(-1))
 
 
+def _param_dtype(mixed):
+    """The caches' param_dtype: float32 for float32 parameters beside 16-bit x (mixed)."""
+    return np.dtype(np.float32) if mixed else None
+
+
 def rms_norm_cache(x, weight, rstd, axes=1, zero_centered=False):
     """The RMSNormCache rms_norm_forward made, from its tensors (x, weight, rstd)."""
     return resnorm.RMSNormCache(_rows(x, axes), _gain(weight, zero_centered), view(rstd),
-                                tuple(x.shape), axes)
+                                tuple(x.shape), axes,
+                                _param_dtype(mixed_params(x, weight, None)))
 
 
-def layer_norm_cache(x, weight, has_bias, mean, rstd, axes=1, zero_centered=False):
-    """The LayerNormCache layer_norm_forward made, from its tensors."""
+def layer_norm_cache(x, weight, has_bias, mean, rstd, axes=1, zero_centered=False,
+                     mixed=False):
+    """The LayerNormCache layer_norm_forward made, from its tensors; mixed: its parameters
+    were float32 beside 16-bit x (the weight may be absent, so it is told)."""
     return resnorm.LayerNormCache(_rows(x, axes), _gain(weight, zero_centered), has_bias,
-                                  view(mean), view(rstd), tuple(x.shape), axes)
+                                  view(mean), view(rstd), tuple(x.shape), axes,
+                                  _param_dtype(mixed))
 
 
 def dropout(x, p, seed):

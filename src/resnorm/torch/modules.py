@@ -9,7 +9,8 @@ unchanged in both directions.
 Supported: any normalized_shape (an int, or the trailing axes of the input, e.g. (5, 64)),
 float32/float64/float16/bfloat16 CPU tensors; CUDA tensors and other dtypes raise TypeError
 in forward.  float16/bfloat16 input with float32 parameters (torch.autocast's mixed case)
-is computed by torch's own norm: resnorm's kernels take parameters of the input's dtype.
+is computed as torch computes it: the float32 norm, each output rounded once to the
+input's dtype, the parameters' gradients in float32.
 Like torch's modules, RMSNorm follows the input's dtype (a float32 module takes float64
 input and returns float64) and LayerNorm requires the parameters' dtype.
 GemmaRMSNorm applies 1 + weight, with the weight initialised at 0.  Under TorchScript
@@ -63,8 +64,6 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
         weight = parameter(module, "weight")
         bias = parameter(module, "bias") if layer else None
-        if mixed_dtypes(x, weight, bias):
-            return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     views = module.__dict__.get(_VIEWS)
     if views is not None:
@@ -73,13 +72,10 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
             return y
     weight = parameter(module, "weight")
     bias = parameter(module, "bias") if layer else None
-    # valid views imply that x and the parameters share a dtype: not the mixed case
     if views is None or type(x) is not torch.Tensor or not x.ndim or not views.valid(
             weight, bias, x):
-        if mixed_dtypes(x, weight, bias):
-            return _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         x = T.input_tensor(x)
-        if not layer and weight is not None and weight.dtype is not x.dtype:
+        if follows_input(layer, x, weight):
             return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         if normalized_shape is not None:
             T.trailing_axes(x, tuple(normalized_shape))
@@ -105,22 +101,12 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
                                            zero_centered)[0]
 
 
-def mixed_dtypes(x, weight, bias):
-    """Half-precision x with parameters of another dtype: torch's mixed case (bfloat16
-    activations reaching a float32 module under torch.autocast), which resnorm's kernels,
-    taking parameters of x's dtype only, do not compute."""
-    return (type(x) is torch.Tensor and x.dtype in T.HALF_DTYPES
-            and any(p is not None and p.dtype is not x.dtype for p in (weight, bias)))
-
-
-def _torch_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
-    """torch's own norm, for the mixed case (mixed_dtypes): what the module computes on torch."""
-    row = tuple(normalized_shape) if normalized_shape is not None else (x.shape[-1],)
-    if zero_centered and weight is not None:
-        weight = weight + 1
-    if layer:
-        return nn.functional.layer_norm(x, row, weight, bias, T.eps_for(eps, x))
-    return nn.functional.rms_norm(x, row, weight, eps)
+def follows_input(layer, x, weight):
+    """An RMSNorm weight of another dtype than x, converted to x's as torch.nn.RMSNorm does
+    (a float32 weight for float64 input); not torch's mixed precision (T.mixed_params),
+    which keeps the float32 weight."""
+    return (not layer and weight is not None and weight.dtype is not x.dtype
+            and not T.mixed_params(x, weight, None))
 
 
 def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
@@ -128,7 +114,7 @@ def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
     x = T.input_tensor(x)
     if normalized_shape is not None:
         T.trailing_axes(x, tuple(normalized_shape))
-    if not layer and weight is not None and weight.dtype is not x.dtype:
+    if follows_input(layer, x, weight):
         weight = weight.to(x.dtype)
     return functions.norm(layer, x, weight, bias, eps, None, normalized_shape, zero_centered)
 

@@ -123,19 +123,22 @@ def _(x, weight, bias, eps, axes=1, zero_centered=False):
 @torch.library.custom_op("resnorm::layer_norm_backward", mutates_args=(), device_types="cpu")
 def layer_norm_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
                         has_bias: bool, mean: torch.Tensor, rstd: torch.Tensor, axes: int = 1,
-                        zero_centered: bool = False) -> list[torch.Tensor]:
-    """[dx], then dweight (with a weight), then dbias (with a bias)."""
-    cache = kernels.layer_norm_cache(x, weight, has_bias, mean, rstd, axes, zero_centered)
+                        zero_centered: bool = False, mixed: bool = False) -> list[torch.Tensor]:
+    """[dx], then dweight (with a weight), then dbias (with a bias); mixed: float32
+    parameters beside 16-bit x (their gradients float32)."""
+    cache = kernels.layer_norm_cache(x, weight, has_bias, mean, rstd, axes, zero_centered,
+                                     mixed)
     return [t for t in kernels.layer_norm_backward(dy, cache) if t is not None]
 
 
 @layer_norm_backward.register_fake
-def _(dy, x, weight, has_bias, mean, rstd, axes=1, zero_centered=False):
+def _(dy, x, weight, has_bias, mean, rstd, axes=1, zero_centered=False, mixed=False):
     grads = [torch.empty_like(x, memory_format=torch.contiguous_format)]
     if weight is not None:
         grads.append(torch.empty_like(weight))
     if has_bias:
-        grads.append(x.new_empty(tuple(x.shape[x.dim() - axes:])))
+        grads.append(x.new_empty(tuple(x.shape[x.dim() - axes:]),
+                                 dtype=torch.float32 if mixed else x.dtype))
     return grads
 
 
@@ -143,6 +146,7 @@ def _layer_setup(ctx, inputs, output):
     x, weight, bias, eps = inputs[:4]
     ctx.eps = T.eps_for(eps, x)
     ctx.has_bias = bias is not None
+    ctx.mixed = T.mixed_params(x, weight, bias)
     _setup_options(ctx, inputs, 4)
     ctx.mark_non_differentiable(output[1], output[2])
     ctx.save_for_backward(x, weight, output[1], output[2])
@@ -151,7 +155,7 @@ def _layer_setup(ctx, inputs, output):
 def _layer_kernel_backward(ctx, dy):
     x, weight, mean, rstd = ctx.saved_tensors
     grads = iter(layer_norm_backward(dy, x, weight, ctx.has_bias, mean, rstd, ctx.axes,
-                                     ctx.zero_centered))
+                                     ctx.zero_centered, ctx.mixed))
     return next(grads), (next(grads) if weight is not None else None), (
         next(grads) if ctx.has_bias else None)
 

@@ -12,15 +12,18 @@ undo() switches the classes back.  Modules that do not match, or that resnorm ca
 (complex or integer parameters, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
 and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
 swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
-float16/bfloat16 models are patched like the others; a patched module that receives
-half-precision input while its parameters are float32 (torch.autocast) runs its own forward.
+float16/bfloat16 models are patched like the others.  Half-precision input to float32
+parameters (torch.autocast): torch.nn's norms run on resnorm (resnorm.torch's modules
+compute that case as torch does); any other patched class runs its own forward, whose
+formula in that case (where it rounds, which dtype it returns) the probe did not check.
 """
 import warnings
 
 import torch
 from torch import nn
 
-from .modules import LayerNorm, RMSNorm, forget_views, mixed_dtypes, module_norm
+from . import _tensors as T
+from .modules import LayerNorm, RMSNorm, forget_views, module_norm
 from .residual_modules import OWN_MODULES
 from .recognise import norm_like, recognise
 
@@ -51,9 +54,10 @@ class _Patched:
 def _forward(self, x):
     """A patched module's forward: its recognised formula on resnorm."""
     spec = self.__dict__[_SPEC]
-    if mixed_dtypes(x, getattr(self, "weight", None), getattr(self, "bias", None)):
-        # half-precision input, parameters of another dtype (torch.autocast): the module's
-        # own forward, on torch (resnorm's kernels take parameters of x's dtype only)
+    if isinstance(x, torch.Tensor) and T.mixed_params(x, getattr(self, "weight", None),
+                                                      getattr(self, "bias", None)):
+        # half-precision input, float32 parameters (torch.autocast): the module's own
+        # forward, on torch (the probe checked its formula for one dtype only)
         return type(self)._resnorm_original.forward(self, x)
     if isinstance(x, torch.Tensor) and x.dtype not in spec.dtypes:
         raise TypeError(

@@ -1,0 +1,121 @@
+# The norms of 16-bit rows (float16, bfloat16) with float32 parameters: torch's mixed
+# precision, where a norm module keeps float32 weight and bias and receives the half-precision
+# output of a layer before it (torch.autocast).
+#
+# Each row (a group of RN_GROUP rows in backward) is widened to float32 in this thread's
+# buffer, exactly; the float32 kernels of norm_kernels.pxd run on the buffer; each output row
+# is rounded once to the 16-bit type.  So the result is by definition the float32 norm of the
+# widened input with one rounding per output element: the same statistics, the same rare-row
+# paths and the same dweight/dbias partial rows as float32 (float64 partials in fixed row
+# blocks, then float32), bitwise reproducible for any thread count.  Memory sees 16-bit rows;
+# the widened copies stay in this thread's cache.
+#
+# buf: per thread, forward_floats(d) (forward) or backward_floats(d) (backward) floats, at
+# buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
+from cython.parallel cimport prange, threadid
+
+from common cimport RN_GROUP, row_blocks, sum_partials, zero_partials
+from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
+                          rms_forward_row)
+from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32
+
+
+ctypedef fused half:
+    rn_bf16
+    rn_f16
+
+
+cdef inline Py_ssize_t forward_floats(Py_ssize_t d) noexcept nogil:
+    """Floats of buffer per thread in forward: one widened row (the output overwrites it)."""
+    return d
+
+
+cdef inline Py_ssize_t backward_floats(Py_ssize_t d) noexcept nogil:
+    """Floats of buffer per thread in backward: a group's dy rows (dx overwrites them) and
+    its x rows."""
+    return 2 * <Py_ssize_t>RN_GROUP * d
+
+
+# --------------------------------------------------------------------------- forward
+
+cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rstd,
+                                   const half *x, const float *w, const float *b, Py_ssize_t d,
+                                   double eps, float *buf) noexcept nogil:
+    rn_to_float32(buf, x, d)
+    if layer:
+        layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False)
+    else:
+        rms_forward_row(buf, rstd, buf, w, d, eps, False)
+    rn_from_float32(y, buf, d)
+
+
+cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, const half *x,
+                               const float *w, const float *b, Py_ssize_t n, Py_ssize_t d,
+                               double eps, int n_threads, float *buf) noexcept nogil:
+    """y := round(norm(float32(x)) with w, b), row by row: rms_forward (mean unused) or
+    layer_forward of norm_kernels.pxd on the widened row.  y may be x."""
+    cdef Py_ssize_t i, per = forward_floats(d)
+    if n_threads == 1:
+        for i in range(n):
+            mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
+                              x + i * d, w, b, d, eps, buf)
+    else:
+        for i in prange(n, schedule="static", num_threads=n_threads):
+            mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
+                              x + i * d, w, b, d, eps, buf + threadid() * per)
+
+
+# --------------------------------------------------------------------------- backward
+
+cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, double *db_part,
+                                      double *red, Py_ssize_t n, const half *dy, const half *x,
+                                      const float *w, const double *mean, const double *rstd,
+                                      Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
+                                      float *buf) noexcept nogil:
+    """Rows lo .. hi in groups of up to RN_GROUP rows from lo, as norm_kernels.pxd's
+    *_backward_block: each group widened into buf (dy rows, then x rows), its float32
+    backward group with dx written over the widened dy, then dx rounded."""
+    cdef Py_ssize_t i = lo, rows
+    cdef float *gdy = buf
+    cdef float *gx = buf + <Py_ssize_t>RN_GROUP * d
+    zero_partials(dw_part, db_part, d)
+    while i < hi:
+        rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+        rn_to_float32(gdy, dy + i * d, rows * d)
+        rn_to_float32(gx, x + i * d, rows * d)
+        if layer:
+            layer_backward_group(gdy, dw_part, db_part, red + i, red + n + i, gdy, gx, w,
+                                 mean + i, rstd + i, rows, d, False)
+        else:
+            rms_backward_group(gdy, dw_part, red + i, gdy, gx, w, rstd + i, rows, d, False)
+        rn_from_float32(dx + i * d, gdy, rows * d)
+        i += rows
+
+
+cdef inline void mixed_backward(bint layer, half *dx, float *dw, float *db, double *red,
+                                double *dw_part, double *db_part, const half *dy,
+                                const half *x, const float *w, const double *mean,
+                                const double *rstd, Py_ssize_t n, Py_ssize_t d, int n_threads,
+                                float *buf) noexcept nogil:
+    """dx := round(the float32 norm backward of the widened dy and x); dw, db: its float32
+    column sums (NULL: not wanted; else dw_part / db_part are (row_blocks(n), d) scratch).
+    red: 2n doubles of scratch (the rows' reductions).  dx may be dy."""
+    cdef Py_ssize_t nb = row_blocks(n), blk, per = backward_floats(d)
+    cdef double *wpart
+    cdef double *bpart
+    if n_threads == 1:
+        for blk in range(nb):
+            mixed_backward_block(layer, dx, dw_part + blk * d if dw != NULL else NULL,
+                                 db_part + blk * d if db != NULL else NULL, red, n, dy, x, w,
+                                 mean, rstd, blk * n // nb, (blk + 1) * n // nb, d, buf)
+    else:
+        for blk in prange(nb, schedule="static", num_threads=n_threads):
+            wpart = dw_part + blk * d if dw != NULL else NULL
+            bpart = db_part + blk * d if db != NULL else NULL
+            mixed_backward_block(layer, dx, wpart, bpart, red, n, dy, x, w, mean, rstd,
+                                 blk * n // nb, (blk + 1) * n // nb, d,
+                                 buf + threadid() * per)
+    if dw != NULL:
+        sum_partials(dw, dw_part, nb, d, n_threads)
+    if db != NULL:
+        sum_partials(db, db_part, nb, d, n_threads)
