@@ -256,6 +256,36 @@ def test_float32_modules_take_half_input_as_resnorms_kernels(dtype, layer):
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("prenorm", [True, False], ids=["pre", "post"])
+def test_fused_add_norm_with_float32_parameters_is_torchs_composition(dtype, layer, prenorm):
+    # the fused kernels take parameters of x's dtype; with float32 ones (torch.autocast)
+    # the fused functions and modules compute torch's unfused composition, h = r + x
+    # rounded once, then resnorm's mixed norm of that h: the same bits, the same gradients
+    x, _, _ = inputs(dtype, (6, 40))
+    r, _, _ = inputs(dtype, (6, 40), seed=1)
+    w = (1 + 0.5 * torch.randn(40)).requires_grad_()
+    b = torch.randn(40).requires_grad_() if layer else None
+    name = ("add_layer_norm" if layer else "add_rms_norm") + ("" if prenorm else "_post")
+    params = (w, b) if layer else (w,)
+    x1, r1, x2, r2 = (t.clone().requires_grad_() for t in (x, r, x, r))
+    got = getattr(rt, name)(x1, r1, *params, p=0.25, seed=7)
+    h = r2 + rt.dropout(x2, 0.25, seed=7)
+    y = rt.layer_norm(h, w, b) if layer else rt.rms_norm(h, w)
+    want = (y, h) if prenorm else y
+    outs = got if prenorm else (got,)
+    for a, c in zip(outs, want if prenorm else (want,)):
+        assert a.dtype is dtype and torch.equal(a, c)
+    grads = torch.autograd.grad(sum(o.float().sum() for o in outs), (x1, r1, *params))
+    wants = torch.autograd.grad(sum(o.float().sum() for o in (want if prenorm else (want,))),
+                                (x2, r2, *params))
+    for a, c in zip(grads, wants):
+        assert a.dtype is c.dtype and torch.equal(a, c)
+    module = (rt.AddLayerNorm if layer else rt.AddRMSNorm)(40)   # float32 parameters
+    assert all(o.dtype is dtype for o in module(x, r))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
 def test_float32_modules_compile_with_half_input(dtype, layer):
     m, _ = _mixed_module_pair(layer, dtype, 24)
     x = inputs(dtype, (3, 24))[0].requires_grad_()

@@ -220,7 +220,9 @@ def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_w
     x : torch.Tensor
         float32 or float64 CPU tensor of shape (..., D).
     weight : torch.Tensor or None
-        (D,) (or normalized_shape) of x's dtype, or None (w = 1).
+        (D,) (or normalized_shape) of x's dtype, or None (w = 1); float32 beside
+        float16/bfloat16 x (torch.autocast): the float32 norm rounded once to x's dtype,
+        the weight's gradient float32.
     eps : float or None
         Added to mean(x^2); None means torch.finfo(x.dtype).eps (float32's for float16 and
         bfloat16, which are computed in float32), as in torch.
@@ -271,7 +273,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
     x : torch.Tensor
         float32 or float64 CPU tensor of shape (..., D).
     weight, bias : torch.Tensor or None
-        (D,) (or normalized_shape) of x's dtype, or None, independently.
+        (D,) (or normalized_shape) of x's dtype, or None, independently; float32 beside
+        float16/bfloat16 x, as for rms_norm's weight.
     eps : float or None
         Added to the (biased) variance; None means torch.finfo(x.dtype).eps (float32's
         for float16 and bfloat16).

@@ -225,7 +225,11 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
     function and module of resnorm.torch runs)."""
     _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
-    if T.graph_capture():
+    if T.graph_capture() or (isinstance(x, torch.Tensor)
+                             and T.mixed_params(x, weight, bias if layer else None)):
+        # recorded as torch's add and resnorm's dropout and norm operators; and float32
+        # parameters beside 16-bit rows (torch.autocast), which the fused kernels do not
+        # take: then h is torch's x + r, rounded once, and the norm resnorm's mixed one
         h = residual + alpha * dropout(x, p, seed=seed, training=training)
         y = norm(layer, h, weight, bias, eps, None, normalized_shape, zero_centered)
         return (y, h) if prenorm else y
@@ -243,10 +247,12 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
     Parameters
     ----------
     x, residual : torch.Tensor
-        float32/float64 CPU tensors of one shape (..., D) and dtype: the sublayer's output
-        and the residual stream.
+        CPU tensors (float32, float64, float16 or bfloat16) of one shape (..., D) and
+        dtype: the sublayer's output and the residual stream.
     weight : torch.Tensor or None
-        (D,) (or normalized_shape) of x's dtype.
+        (D,) (or normalized_shape) of x's dtype; float32 beside float16/bfloat16 x
+        (torch.autocast) computes torch's unfused composition: h = residual + alpha *
+        dropout(x) rounded once, then rms_norm(h, weight) with the float32 weight.
     eps : float or None
         None: torch.finfo(x.dtype).eps (float32's for float16 and bfloat16).
     normalized_shape : int or sequence of int, optional
