@@ -173,14 +173,15 @@ cdef inline void norm_backward_rows(bint layer, element *dx, element *dw, elemen
 
 cdef inline void mixed_forward_rows(bint layer, Kind ek, void *y, double *mean, double *rstd,
                                     const void *x, const void *w, const void *b, Py_ssize_t n,
-                                    Py_ssize_t d, double eps, int nt, float *buf) noexcept nogil:
+                                    Py_ssize_t d, double eps, int nt, bint stream,
+                                    float *buf) noexcept nogil:
     """The norm kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd)."""
     if ek == KIND_BF16:
         mixed_forward(layer, <rn_bf16 *>y, mean, rstd, <const rn_bf16 *>x, <const float *>w,
-                      <const float *>b, n, d, eps, nt, buf)
+                      <const float *>b, n, d, eps, nt, stream, buf)
     else:
         mixed_forward(layer, <rn_f16 *>y, mean, rstd, <const rn_f16 *>x, <const float *>w,
-                      <const float *>b, n, d, eps, nt, buf)
+                      <const float *>b, n, d, eps, nt, stream, buf)
 
 
 cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
@@ -236,7 +237,7 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef Kind ek = kind_of(rows)
     saved = release_gil(size)
     if pdt is not None:
-        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, buf)
+        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, stream, buf)
     elif ek == KIND_F32:
         norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
     elif ek == KIND_F64:
@@ -308,14 +309,15 @@ cdef inline void mixed_backward_rows(bint layer, Kind ek, void *dx, float *dw, f
                                      double *red, double *wpart, double *bpart,
                                      const void *dy, const void *x, const float *w,
                                      const double *mean, const double *rstd, Py_ssize_t n,
-                                     Py_ssize_t d, int nt, float *buf) noexcept nogil:
+                                     Py_ssize_t d, int nt, bint stream,
+                                     float *buf) noexcept nogil:
     """The norm backward kernels of 16-bit rows with float32 parameters."""
     if ek == KIND_BF16:
         mixed_backward(layer, <rn_bf16 *>dx, dw, db, red, wpart, bpart, <const rn_bf16 *>dy,
-                       <const rn_bf16 *>x, w, mean, rstd, n, d, nt, buf)
+                       <const rn_bf16 *>x, w, mean, rstd, n, d, nt, stream, buf)
     else:
         mixed_backward(layer, <rn_f16 *>dx, dw, db, red, wpart, bpart, <const rn_f16 *>dy,
-                       <const rn_f16 *>x, w, mean, rstd, n, d, nt, buf)
+                       <const rn_f16 *>x, w, mean, rstd, n, d, nt, stream, buf)
 
 
 cdef object norm_backward(bint layer, dy, cache, out, n_threads):
@@ -375,7 +377,7 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     saved = release_gil(n * d)
     if pdt is not None:
         mixed_backward_rows(layer, ek, pdx, <float *>pdw, <float *>pdb, red, wpart, bpart,
-                            pdy, px, <const float *>pw, pmean, prstd, n, d, nt, buf)
+                            pdy, px, <const float *>pw, pmean, prstd, n, d, nt, stream, buf)
     elif ek == KIND_F32:
         norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
                            bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)
@@ -454,9 +456,10 @@ def to_float32(float[::1] out, x):
             rn_to_float32(&out[0], <const rn_f16 *>px, n)
 
 
-def from_float32(out, const float[::1] x):
+def from_float32(out, const float[::1] x, bint stream=False):
     """out[k] := x[k] rounded to out's element dtype (round to nearest even), for a
-    contiguous 1-d out: the core's conversion at the dispatched level (for tests)."""
+    contiguous 1-d out: the core's conversion at the dispatched level, with non-temporal
+    stores when stream is true (for tests)."""
     cdef cnp.ndarray oa = float_array(out, "out", True)
     cdef Py_ssize_t n = cnp.PyArray_SIZE(oa)
     if (cnp.PyArray_NDIM(oa) != 1 or not kernel_layout(oa) or not cnp.PyArray_ISWRITEABLE(oa)
@@ -466,13 +469,13 @@ def from_float32(out, const float[::1] x):
     cdef Kind ek = kind_of(oa)
     with nogil:
         if ek == KIND_F32:
-            rn_from_float32(<float *>po, &x[0], n)
+            rn_from_float32(<float *>po, &x[0], n, stream)
         elif ek == KIND_F64:
-            rn_from_float32(<double *>po, &x[0], n)
+            rn_from_float32(<double *>po, &x[0], n, stream)
         elif ek == KIND_BF16:
-            rn_from_float32(<rn_bf16 *>po, &x[0], n)
+            rn_from_float32(<rn_bf16 *>po, &x[0], n, stream)
         else:
-            rn_from_float32(<rn_f16 *>po, &x[0], n)
+            rn_from_float32(<rn_f16 *>po, &x[0], n, stream)
 
 
 def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):

@@ -8,7 +8,8 @@
 # widened input with one rounding per output element: the same statistics, the same rare-row
 # paths and the same dweight/dbias partial rows as float32 (float64 partials in fixed row
 # blocks, then float32), bitwise reproducible for any thread count.  Memory sees 16-bit rows;
-# the widened copies stay in this thread's cache.
+# the widened copies stay in this thread's cache, and the rounded rows are stored streaming
+# (non-temporal) when the caller asks, as the other kernels store theirs.
 #
 # buf: per thread, forward_floats(d) (forward) or backward_floats(d) (backward) floats, at
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
@@ -40,29 +41,30 @@ cdef inline Py_ssize_t backward_floats(Py_ssize_t d) noexcept nogil:
 
 cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rstd,
                                    const half *x, const float *w, const float *b, Py_ssize_t d,
-                                   double eps, float *buf) noexcept nogil:
+                                   double eps, bint stream, float *buf) noexcept nogil:
     rn_to_float32(buf, x, d)
     if layer:
         layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False)
     else:
         rms_forward_row(buf, rstd, buf, w, d, eps, False)
-    rn_from_float32(y, buf, d)
+    rn_from_float32(y, buf, d, stream)
 
 
 cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, const half *x,
                                const float *w, const float *b, Py_ssize_t n, Py_ssize_t d,
-                               double eps, int n_threads, float *buf) noexcept nogil:
+                               double eps, int n_threads, bint stream,
+                               float *buf) noexcept nogil:
     """y := round(norm(float32(x)) with w, b), row by row: rms_forward (mean unused) or
     layer_forward of norm_kernels.pxd on the widened row.  y may be x."""
     cdef Py_ssize_t i, per = forward_floats(d)
     if n_threads == 1:
         for i in range(n):
             mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                              x + i * d, w, b, d, eps, buf)
+                              x + i * d, w, b, d, eps, stream, buf)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
             mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                              x + i * d, w, b, d, eps, buf + threadid() * per)
+                              x + i * d, w, b, d, eps, stream, buf + threadid() * per)
 
 
 # --------------------------------------------------------------------------- backward
@@ -71,7 +73,7 @@ cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, dou
                                       double *red, Py_ssize_t n, const half *dy, const half *x,
                                       const float *w, const double *mean, const double *rstd,
                                       Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
-                                      float *buf) noexcept nogil:
+                                      bint stream, float *buf) noexcept nogil:
     """Rows lo .. hi in groups of up to RN_GROUP rows from lo, as norm_kernels.pxd's
     *_backward_block: each group widened into buf (dy rows, then x rows), its float32
     backward group with dx written over the widened dy, then dx rounded."""
@@ -88,7 +90,7 @@ cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, dou
                                  mean + i, rstd + i, rows, d, False)
         else:
             rms_backward_group(gdy, dw_part, red + i, gdy, gx, w, rstd + i, rows, d, False)
-        rn_from_float32(dx + i * d, gdy, rows * d)
+        rn_from_float32(dx + i * d, gdy, rows * d, stream)
         i += rows
 
 
@@ -96,7 +98,7 @@ cdef inline void mixed_backward(bint layer, half *dx, float *dw, float *db, doub
                                 double *dw_part, double *db_part, const half *dy,
                                 const half *x, const float *w, const double *mean,
                                 const double *rstd, Py_ssize_t n, Py_ssize_t d, int n_threads,
-                                float *buf) noexcept nogil:
+                                bint stream, float *buf) noexcept nogil:
     """dx := round(the float32 norm backward of the widened dy and x); dw, db: its float32
     column sums (NULL: not wanted; else dw_part / db_part are (row_blocks(n), d) scratch).
     red: 2n doubles of scratch (the rows' reductions).  dx may be dy."""
@@ -107,13 +109,14 @@ cdef inline void mixed_backward(bint layer, half *dx, float *dw, float *db, doub
         for blk in range(nb):
             mixed_backward_block(layer, dx, dw_part + blk * d if dw != NULL else NULL,
                                  db_part + blk * d if db != NULL else NULL, red, n, dy, x, w,
-                                 mean, rstd, blk * n // nb, (blk + 1) * n // nb, d, buf)
+                                 mean, rstd, blk * n // nb, (blk + 1) * n // nb, d, stream,
+                                 buf)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             wpart = dw_part + blk * d if dw != NULL else NULL
             bpart = db_part + blk * d if db != NULL else NULL
             mixed_backward_block(layer, dx, wpart, bpart, red, n, dy, x, w, mean, rstd,
-                                 blk * n // nb, (blk + 1) * n // nb, d,
+                                 blk * n // nb, (blk + 1) * n // nb, d, stream,
                                  buf + threadid() * per)
     if dw != NULL:
         sum_partials(dw, dw_part, nb, d, n_threads)

@@ -103,7 +103,7 @@ PRIMITIVES = [
               "partials.h"),
     Primitive("to_float32", "void", "float *out, const T *x, Py_ssize_t n",
               "out_i = (float) x_i", "convert.h"),
-    Primitive("from_float32", "void", "T *out, const float *x, Py_ssize_t n",
+    Primitive("from_float32", "void", "T *out, const float *x, Py_ssize_t n, int stream",
               "out_i = (T) x_i, rounded to nearest even", "convert.h"),
     Primitive("accumulate", "void", "double *acc, const double *part, Py_ssize_t d",
               "acc_i += part_i", "partials.h", typed=False),

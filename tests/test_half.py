@@ -64,6 +64,10 @@ def test_float16_conversions_every_pattern():
     _api.from_float32(back, out)   # round trip: exact, NaN stays NaN
     assert np.array_equal(back.view(np.uint16)[~nan], bits[~nan])
     assert np.isnan(back[nan]).all()
+    for offset in (0, 1, 7):       # non-temporal stores: the same bits, any alignment
+        streamed = np.empty(h.size + offset, np.float16)[offset:]
+        _api.from_float32(streamed, out[:streamed.size], stream=True)
+        assert np.array_equal(streamed.view(np.uint16), back[:streamed.size].view(np.uint16))
 
 
 def special_floats():
@@ -372,6 +376,39 @@ def test_float32_parameters_are_the_float32_norm_rounded_once(rng, name, d, zc):
                                                         f.astype(dt).view(np.uint16)), k
             else:                      # dweight, dbias: float32
                 assert g.dtype == np.float32 and np.array_equal(g, f), k
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_float32_parameters_streamed_outputs_give_the_same_bits(rng, name):
+    # outputs stored with non-temporal stores (large outputs) hold the bits of ordinary
+    # stores, at any alignment of the output and any thread count
+    from resnorm import _parallel
+    dt = half(name)
+    x, dy = rows(rng, "normal", 21, 203, dt), rows(rng, "normal", 21, 203, dt)
+    w = (1 + rng.standard_normal(203)).astype(np.float32)
+    old = _parallel.STREAM_MIN_BYTES
+
+    def run(nt, offset):
+        out = [np.empty(x.size + offset, dt)[offset:].reshape(x.shape) for _ in range(4)]
+        resnorm.rms_norm(x, w, out=out[0], n_threads=nt)
+        resnorm.layer_norm(x, w, w, out=out[1], n_threads=nt)
+        _, c = resnorm.layer_norm_forward(x, w, w)
+        dw = resnorm.layer_norm_backward(dy, c, out=out[2], n_threads=nt)[1:]
+        _, c = resnorm.rms_norm_forward(x, w)
+        dw += resnorm.rms_norm_backward(dy, c, out=out[3], n_threads=nt)[1:]
+        return [a.view(np.uint16) for a in out] + list(dw)
+
+    for nt in (1, 2):
+        for offset in (0, 1):
+            try:
+                _parallel.STREAM_MIN_BYTES = 1 << 62
+                plain = run(nt, offset)
+                _parallel.STREAM_MIN_BYTES = 0
+                streamed = run(nt, offset)
+            finally:
+                _parallel.STREAM_MIN_BYTES = old
+            for a, b in zip(plain, streamed):
+                assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("name", HALVES)
