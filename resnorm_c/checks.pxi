@@ -186,10 +186,16 @@ cdef inline object mixed_params(cnp.ndarray x, weight, bias):
     parameter of the norm must be float32; else None (the parameters have x's dtype)."""
     if not is_half_type(cnp.PyArray_TYPE(x)):
         return None
-    for p in (weight, bias):
-        if p is not None and getattr(p, "dtype", None) == F32:
-            return F32
-    return None
+    return F32 if is_f32_param(weight) or is_f32_param(bias) else None
+
+
+cdef inline bint is_f32_param(p) except -1:
+    """p is a float32 array (an ndarray, decided in C, or anything with a float32 dtype)."""
+    if p is None:
+        return False
+    if type(p) is cnp.ndarray:
+        return cnp.PyArray_TYPE(<cnp.ndarray>p) == cnp.NPY_FLOAT
+    return getattr(p, "dtype", None) == F32
 
 
 cpdef optional_param(p, str name, d, dtype):
