@@ -2,7 +2,8 @@
 
 Every entry of tests/api_table.OPS on: both dtypes; with and without weight / bias
 (the residual and dropout functions: one or the other per shape, to keep memcheck's time);
-float16 and bfloat16 (with ml_dtypes) where a function takes them; learnable per-channel,
+float16 and bfloat16 (with ml_dtypes) where a function takes them, and with float32
+weight and bias where a norm takes them beside 16-bit rows; learnable per-channel,
 learnable scalar and fixed alpha; dropout on and off; full and
 per-channel gates; D = 1, 7, 33 and 300; no rows; rank 1 and 3; strided, misaligned and
 read-only inputs; out= and residual_out= where a function has them; 1, 2 and 3 threads
@@ -76,6 +77,10 @@ def main(one_team=False):
               for dtype in half_dtypes()
               for shape, w, gate in [((3, 1), True, "full"), ((5, 33), False, "channel"),
                                      ((4, 300), True, "full"), ((2, 3, 17), True, "channel")]]
+    # float32 parameters beside 16-bit rows (the norms' mixed precision)
+    mixed = [dataclasses.replace(h, weight=h.weight.astype(np.float32),
+                                 bias=h.bias.astype(np.float32))
+             for h in halves if h.weight is not None and h.bias is not None]
     calls = 0
     with np.errstate(all="ignore"):
         for parallel, nts, with_layouts in settings:
@@ -86,6 +91,7 @@ def main(one_team=False):
                 # the residual and dropout functions: one of the two variants per shape
                 mine = cases if op.norm and not op.fused else cases[len(op.name) % 2::2]
                 mine = mine + [h for h in halves if takes(op, h)]
+                mine += mixed if op.norm and not op.fused else []
                 for inp in mine + [with_data(forward, i, v, split=True) for i, v in rare]:
                     for nt in nts:
                         want = op.run(inp, n_threads=nt)
