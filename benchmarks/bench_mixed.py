@@ -58,9 +58,10 @@ def rows_for(shape, name, nt):
             fwd = resnorm.layer_norm if layer else resnorm.rms_norm
             bwd = resnorm.layer_norm_backward if layer else resnorm.rms_norm_backward
             cache = caches[layer, bits]
-            rows.append((f"resnorm {name_}, float{bits} params",
+            params = "float32" if bits == 32 else name
+            rows.append((f"resnorm {name_}, {params} params",
                          lambda f=fwd, a=args: f(x, *a, out=out, n_threads=nt)))
-            rows.append((f"resnorm {name_}_backward, float{bits} params",
+            rows.append((f"resnorm {name_}_backward, {params} params",
                          lambda f=bwd, c=cache: f(dy, c, out=out, n_threads=nt)))
     xt = torch.from_numpy(x.view(np.int16)).view(tdt)
     dyt = torch.from_numpy(dy.view(np.int16)).view(tdt)
