@@ -326,9 +326,18 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     if type(cache) is not kind and not isinstance(cache, kind):
         raise TypeError(f"cache must be the {kind.__name__} returned by the forward "
                         f"function, got {type(cache).__name__}")
-    x, weight, shape, axes = cache.x, cache.weight, cache.shape, cache.axes
-    mean = cache.mean if layer else None
-    rstd, pdt = cache.rstd, cache.param_dtype
+    # the fields read in C (the type was checked above)
+    cdef LayerNormCache lc
+    cdef RMSNormCache rc
+    mean, has_bias = None, False
+    if layer:
+        lc = <LayerNormCache>cache
+        x, weight, shape, axes, rstd = lc.x, lc.weight, lc.shape, lc.axes, lc.rstd
+        mean, has_bias, pdt = lc.mean, lc.has_bias, lc.param_dtype
+    else:
+        rc = <RMSNormCache>cache
+        x, weight, shape, axes, rstd = rc.x, rc.weight, rc.shape, rc.axes, rc.rstd
+        pdt = rc.param_dtype
     check_norm_cache(cache, x, weight, mean, rstd, shape, axes, pdt, layer)
     cdef cnp.ndarray xr = <cnp.ndarray>x
     cdef cnp.ndarray dya
@@ -354,7 +363,7 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef bint stream = streams(cnp.PyArray_NBYTES(dx))
     cdef int tp = cnp.PyArray_TYPE(xr) if pdt is None else cnp.NPY_FLOAT
     dw = None if weight is None else new_vector(d, tp)
-    db = new_vector(d, tp) if layer and cache.has_bias else None
+    db = new_vector(d, tp) if layer and has_bias else None
     # scratch: two row reductions per row, the dweight / dbias partial rows, then the
     # widened rows (mixed, per thread)
     cdef Py_ssize_t parts = (dw is not None) + (db is not None)
