@@ -19,11 +19,10 @@ cdef inline elementwise_cache_type(cache, type kind, str forward_name):
                         f"got {type(cache).__name__}")
 
 
-cdef inline cnp.ndarray gradient_like(g, str name, cache):
-    """The incoming gradient g (called name) checked against the cache's shape and dtype."""
-    dtype, shape = cache.dtype, cache.shape
+cdef inline cnp.ndarray gradient_like(g, str name, dtype, shape):
+    """The incoming gradient g (called name) checked against a cache's shape and dtype."""
     if (type(g) is cnp.ndarray and cnp.PyArray_DescrCheck(dtype)
-            and cnp.PyArray_TYPE(<cnp.ndarray>g) == dtype.num
+            and cnp.PyArray_TYPE(<cnp.ndarray>g) == (<cnp.dtype>dtype).type_num
             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>g) and shape_is(<cnp.ndarray>g, shape)):
         return <cnp.ndarray>g
     return like_array(g, name, shape, dtype)
@@ -137,7 +136,7 @@ def scaled_residual_backward(dh, cache, *, out=None, dbranch_out=None, n_threads
     if not (cache_field(c.branch, ROWS, learnable, n, d, t)
             and cache_field((<ResidualScale>c.alpha).vector, VECTOR, learnable, n, d, t)):
         raise edited_cache(c)
-    cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
+    cdef cnp.ndarray dha = gradient_like(dh, "dh", c.dtype, c.shape)
     cdef int nt = 1
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
     cdef ResidualScale scale = <ResidualScale>c.alpha
@@ -280,7 +279,7 @@ def gated_residual_backward(dh, cache, *, out=None, dbranch_out=None, dgate_out=
             and cache_field(c.s, VECTOR, not logits, n, d, t)
             and cache_field(c.ds, VECTOR64, not logits, n, d, t)):
         raise edited_cache(c)
-    cdef cnp.ndarray dha = gradient_like(dh, "dh", c)
+    cdef cnp.ndarray dha = gradient_like(dh, "dh", c.dtype, c.shape)
     cdef int nt = 1
     cdef cnp.ndarray rows = backward_rows(dha, n_threads, &nt, &n, &d)
     cdef tuple kept = (c.branch, c.gate, c.s, c.ds)
@@ -421,5 +420,5 @@ def dropout_backward(dy, cache, *, out=None, n_threads=None):
     cdef int t = 0
     if not (valid_spec(c.spec) and cache_rows(c.shape, c.dtype, 1, &n, &d, &t)):
         raise edited_cache(c)   # (the kernel reads no array of the cache)
-    cdef cnp.ndarray dya = gradient_like(dy, "dy", c)
+    cdef cnp.ndarray dya = gradient_like(dy, "dy", c.dtype, c.shape)
     return apply_dropout(dya, "dy", kernel_dropout(c.spec), out, threads_of(n_threads))

@@ -205,10 +205,10 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
         raise TypeError(f"cache must be the AddNormCache returned by {op}, got {made_by}")
     cdef AddNormCache c = <AddNormCache>cache
     check_add_norm_cache(c, layer, prenorm)
-    dtype = c.dtype
+    cdef cnp.dtype dtype = <cnp.dtype>c.dtype   # a dtype: check_add_norm_cache checked it
     shape = c.shape
     cdef cnp.ndarray dya
-    if (type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == dtype.num
+    if (type(dy) is cnp.ndarray and cnp.PyArray_TYPE(<cnp.ndarray>dy) == dtype.type_num
             and cnp.PyArray_ISNOTSWAPPED(<cnp.ndarray>dy) and shape_is(<cnp.ndarray>dy, shape)):
         dya = <cnp.ndarray>dy
     else:
