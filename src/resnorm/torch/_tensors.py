@@ -140,7 +140,7 @@ def param_tensor(p, name, x, row=None):
         raise TypeError(f"{name} must be a CPU tensor, got a tensor on device '{p.device}'")
     if p.layout is not torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {p.layout}")
-    if p.dtype is not x.dtype and not (p.dtype is torch.float32 and x.dtype in HALF_DTYPES):
+    if p.dtype is not x.dtype and not _float32_beside_half(p, x):
         raise TypeError(f"{name} must have the input's dtype {x.dtype}, got {p.dtype}")
     if row is None or len(row) == 1:
         if p.dim() != 1 or p.shape[0] != x.shape[-1]:
@@ -233,13 +233,20 @@ def tensor(a):
     return torch.from_numpy(a)
 
 
+def _float32_beside_half(p, x):
+    """p (a tensor) is float32 and x float16/bfloat16: the mixed case's one rule."""
+    return p.dtype is torch.float32 and x.dtype in HALF_DTYPES
+
+
 def mixed_params(x, weight, bias):
     """float16/bfloat16 x with a float32 weight or bias: torch's mixed precision (a float32
     module receiving half-precision activations, as under torch.autocast), which resnorm
     computes as the float32 norm of the widened rows rounded once to x's dtype, its
-    parameters' gradients in float32."""
-    return (x.dtype in HALF_DTYPES
-            and any(p is not None and p.dtype is torch.float32 for p in (weight, bias)))
+    parameters' gradients in float32.  (Every fused call asks: no generator.)"""
+    if x.dtype not in HALF_DTYPES:   # the common case decided at once
+        return False
+    return ((weight is not None and _float32_beside_half(weight, x))
+            or (bias is not None and _float32_beside_half(bias, x)))
 
 
 def param_views(layer, weight, bias, x, row=None):
