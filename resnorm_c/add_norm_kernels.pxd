@@ -10,6 +10,12 @@
 # Names follow docs/residual.md: g = dy*w; RMSNorm hn = h*rstd, m = mean(g*hn); LayerNorm
 # hhat = (h - mean)*rstd, mean_g = mean(g), mean_ghhat = mean(g*hhat); gh, the gradient
 # reaching h.
+#
+# 16-bit rows with float32 parameters (torch's mixed precision): buf, that kernel's float32
+# scratch per thread, is given, the parameters are wf and bf (either may be NULL), and w, b
+# are NULL.  h is formed and rounded to the 16-bit type as ever, and the norm is
+# mixed_kernels.pxd's, the float32 norm of the widened h (its backward rounds the gradient
+# reaching h, as the 16-bit kernels do).
 from cython.parallel cimport prange, threadid
 from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint64_t
@@ -18,7 +24,9 @@ from libc.string cimport memset
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials,
                     zero_partials)
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
-from primitives cimport (element, rn_residual_add, rn_residual_add_reduce, rn_residual_reduce,
+from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_group,
+                           mixed_forward_row)
+from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce, rn_residual_reduce,
                          rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
 from norm_kernels cimport (layer_backward_group, layer_forward_row_from, rms_backward_group,
                           rms_forward_row_from)
@@ -86,9 +94,10 @@ cdef inline void rare_row(element *y, element *hrow, double *mean, double *rstd,
 cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
                                        const element *x, const element *residual,
                                        const element *w, const element *b,
-                                       const element *alpha, double eps, const rn_dropout *dp,
-                                       uint64_t *masks, Py_ssize_t lo, Py_ssize_t hi,
-                                       Py_ssize_t d, bint stream) noexcept nogil:
+                                       const element *alpha, const float *wf, const float *bf,
+                                       double eps, const rn_dropout *dp, uint64_t *masks,
+                                       float *buf, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
+                                       bint stream) noexcept nogil:
     """Rows lo .. hi of add_norm_forward on one thread (masks: its keep-bit scratch).
     Streamed outputs, per row: reduction passes over x and residual that only load (h is
     not stored: a plain store would queue behind the streamed stores still draining), then
@@ -98,7 +107,8 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     squares, LayerNorm's sum), and the norm kernels finish the row from it: fewer
     operations per element, and the same bits, as residual_reduce and residual_add_reduce
     reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
-    it normalises h before h is rounded to 16 bits.)"""
+    it normalises h before h is rounded to 16 bits; with float32 parameters, h is rounded
+    and stored first, then normalised by the mixed kernel.)"""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
@@ -111,20 +121,28 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
-        if not stream and (element is float or element is double):
+        if buf != NULL or (not stream and (element is float or element is double)):
             # h stored by the pass that takes the norm's first reduction
             hrow = h + i * d if h != NULL else y + i * d
-            if element is float:   # one branch per type: the primitive has no 16-bit form
-                total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
-                                               <uint8_t *>keep, i * d % 64, scale, d, not layer)
-            elif element is double:
-                total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
-                                               <uint8_t *>keep, i * d % 64, scale, d, not layer)
-            if layer:
-                layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
-                                       total, False)
+            if element is rn_bf16 or element is rn_f16:   # with float32 parameters
+                rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                i * d % 64, scale, d, False)
+                mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
+                                  hrow, wf, bf, d, eps, stream, buf)
             else:
-                rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False)
+                if element is float:   # one branch per type: the primitive has no 16-bit form
+                    total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                                   <uint8_t *>keep, i * d % 64, scale, d,
+                                                   not layer)
+                else:
+                    total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                                   <uint8_t *>keep, i * d % 64, scale, d,
+                                                   not layer)
+                if layer:
+                    layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
+                                           total, False)
+                else:
+                    rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False)
             if dp != NULL and i + 1 < hi:
                 extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
                             (i + 1) * d + d)
@@ -163,29 +181,32 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
 
 cdef inline void add_norm_forward(element *y, element *h, double *mean, double *rstd,
                                   const element *x, const element *residual, const element *w,
-                                  const element *b, const element *alpha, double eps,
-                                  const rn_dropout *dropout, uint64_t *masks, Py_ssize_t n,
-                                  Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
+                                  const element *b, const element *alpha, const float *wf,
+                                  const float *bf, double eps, const rn_dropout *dropout,
+                                  uint64_t *masks, float *buf, Py_ssize_t n, Py_ssize_t d,
+                                  int n_threads, bint stream) noexcept nogil:
     """h := residual + alpha * dropout(x), then y := norm(h):
     RMSNorm (mean NULL):    y = h * rstd * w,                rstd = 1/sqrt(mean(h^2) + eps)
     LayerNorm (mean given): y = (h - mean) * rstd * w + b,  rstd = 1/sqrt(var(h) + eps), two-pass.
 
     Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
     NULL (only y is written).  w, b, alpha may be NULL.  mean, rstd (n) receive the row
-    statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  A
-    thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
+    statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  buf:
+    forward_floats(d) floats per thread for float32 parameters wf, bf beside 16-bit rows
+    (w, b NULL), else NULL.  A thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
     references: resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
     """
     cdef const rn_dropout *dp = active(dropout)
     cdef Py_ssize_t t, nw = add_norm_mask_words(d, dropout)
     if n_threads == 1:
-        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, eps, dp, masks, 0, n,
-                              d, stream)
+        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, wf, bf, eps, dp,
+                              masks, buf, 0, n, d, stream)
         return
     for t in prange(n_threads, schedule="static", num_threads=n_threads):
-        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, eps, dp,
-                              masks + t * nw, t * n // n_threads, (t + 1) * n // n_threads, d,
-                              stream)
+        add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, wf, bf, eps, dp,
+                              masks + t * nw,
+                              buf + t * forward_floats(d) if buf != NULL else NULL,
+                              t * n // n_threads, (t + 1) * n // n_threads, d, stream)
 
 
 # --------------------------------------------------------------------------- backward
@@ -228,10 +249,11 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                          const element *dy, const element *dh,
                                          const element *h, const element *x,
                                          const element *residual, const element *w,
-                                         const element *alpha, const double *mean,
-                                         const double *rstd, const rn_dropout *dp,
-                                         char *mine, Py_ssize_t blk, Py_ssize_t nb,
-                                         Py_ssize_t n, Py_ssize_t d, bint stream) noexcept nogil:
+                                         const element *alpha, const float *wf,
+                                         const double *mean, const double *rstd,
+                                         const rn_dropout *dp, char *mine, float *buf,
+                                         Py_ssize_t blk, Py_ssize_t nb, Py_ssize_t n,
+                                         Py_ssize_t d, bint stream) noexcept nogil:
     """Row block blk (of nb) of add_norm_backward, adding into its partial rows of the
     wanted sums (partials: as add_norm_backward's).  mine: this thread's scratch, a group of
     rows for the gradient reaching h (in Post-Norm first h itself), then the keep bits of
@@ -275,7 +297,12 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                 <uint8_t *>keep, (i + r) * d % 64, scale, d, False)
             hp = gs
         # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm)
-        if mean == NULL:
+        if buf != NULL:   # float32 parameters beside 16-bit rows
+            if element is rn_bf16 or element is rn_f16:
+                mixed_backward_group(mean != NULL, gs, dw_part, db_part, mean_g, m,
+                                     dy + i * d, hp, wf, mean + i if mean != NULL else NULL,
+                                     rstd + i, rows, d, False, buf)
+        elif mean == NULL:
             rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False)
         else:
             layer_backward_group(gs, dw_part, db_part, mean_g, m, dy + i * d, hp, w, mean + i,
@@ -293,12 +320,13 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         rn_sfence()
 
 
-cdef inline void add_norm_backward(element *dx, element *dresidual, element *dw, element *db,
+cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, void *db,
                                    double *dalpha, double *partials, char *scratch,
                                    const element *dy, const element *dh, const element *h,
                                    const element *x, const element *residual,
-                                   const element *w, const element *alpha, const double *mean,
-                                   const double *rstd, const rn_dropout *dropout, Py_ssize_t n,
+                                   const element *w, const element *alpha, const float *wf,
+                                   const double *mean, const double *rstd,
+                                   const rn_dropout *dropout, float *buf, Py_ssize_t n,
                                    Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
     """gh := dh + J_norm(h)^T dy, the gradient reaching h, with g = dy*w:
       RMSNorm (mean NULL):    J^T dy = rstd * (g - hn * mean(g*hn)),  hn = h*rstd
@@ -309,7 +337,9 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, element *dw,
 
     Pre-Norm: h is the cached forward output.  Post-Norm: h is NULL and each row of h is
     recomputed from x and residual (dh must then be NULL).  dh may be NULL (0); dw, db,
-    dalpha NULL: not wanted (x may then be NULL in Pre-Norm).  partials: 3 * row_blocks(n)
+    dalpha NULL: not wanted (x may then be NULL in Pre-Norm).  dw, db: of the element type;
+    float32 when buf is given (backward_floats(d) floats per thread): float32 parameters
+    beside 16-bit rows, the weight wf (w NULL).  partials: 3 * row_blocks(n)
     * d doubles (dw, db, dalpha partial rows); scratch: add_norm_backward_scratch(d) bytes
     per thread, 64-byte aligned.  NumPy references: resnorm.reference.add_rms_norm_backward,
     add_layer_norm_backward.
@@ -320,16 +350,23 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, element *dw,
     if n_threads == 1:
         for blk in range(nb):
             add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
-                                    dh, h, x, residual, w, alpha, mean, rstd, dp, scratch, blk,
-                                    nb, n, d, stream)
+                                    dh, h, x, residual, w, alpha, wf, mean, rstd, dp, scratch,
+                                    buf, blk, nb, n, d, stream)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
-                                    dh, h, x, residual, w, alpha, mean, rstd, dp,
-                                    scratch + threadid() * per_thread, blk, nb, n, d, stream)
-    if want_dw:
-        sum_partials(dw, partials, nb, d, n_threads)
-    if want_db:
-        sum_partials(db, partials + nb * d, nb, d, n_threads)
+                                    dh, h, x, residual, w, alpha, wf, mean, rstd, dp,
+                                    scratch + threadid() * per_thread,
+                                    buf + threadid() * backward_floats(d) if buf != NULL
+                                    else NULL,
+                                    blk, nb, n, d, stream)
+    if want_dw and buf != NULL:
+        sum_partials(<float *>dw, partials, nb, d, n_threads)
+    elif want_dw:
+        sum_partials(<element *>dw, partials, nb, d, n_threads)
+    if want_db and buf != NULL:
+        sum_partials(<float *>db, partials + nb * d, nb, d, n_threads)
+    elif want_db:
+        sum_partials(<element *>db, partials + nb * d, nb, d, n_threads)
     if want_dalpha:
         sum_partials(dalpha, partials + 2 * nb * d, nb, d, n_threads)

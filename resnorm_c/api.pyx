@@ -292,12 +292,9 @@ cdef check_norm_cache(cache, x, weight, mean, rstd, shape, axes, param_dtype, bi
     cdef bint ok = (type(x) is cnp.ndarray and is_element_type(cnp.PyArray_TYPE(<cnp.ndarray>x))
                     and shape_ok(shape, axes, &n, &d))
     if ok:
-        t = tp = cnp.PyArray_TYPE(<cnp.ndarray>x)
-        if param_dtype is not None:   # float32 parameters beside 16-bit rows only
-            ok = (is_half_type(t) and cnp.PyArray_DescrCheck(param_dtype)
-                  and (<cnp.dtype>param_dtype).type_num == cnp.NPY_FLOAT)
-            tp = cnp.NPY_FLOAT
-        ok = (ok and cache_field(x, ROWS, True, n, d, t)
+        t = cnp.PyArray_TYPE(<cnp.ndarray>x)
+        tp = param_type(param_dtype, t)
+        ok = (tp >= 0 and cache_field(x, ROWS, True, n, d, t)
               and cache_field(weight, VECTOR, False, n, d, tp)
               and cache_field(mean, STATS, layer, n, d, t)
               and cache_field(rstd, STATS, True, n, d, t))

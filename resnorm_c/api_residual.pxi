@@ -33,28 +33,44 @@ cdef inline cnp.ndarray buffer_for(out, cnp.ndarray like, tuple inputs, str name
 
 cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
                                        const void *x, const void *r, const void *w,
-                                       const void *b, const void *alpha, double eps,
-                                       const rn_dropout *site, uint64_t *masks, Py_ssize_t n,
-                                       Py_ssize_t d, int nt, bint stream) noexcept nogil:
-    """add_norm_forward for y's element type (the inputs are of that type)."""
-    add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r,
-                     <const element *>w, <const element *>b, <const element *>alpha, eps, site,
-                     masks, n, d, nt, stream)
+                                       const void *b, const void *alpha, bint mixed,
+                                       double eps, const rn_dropout *site, uint64_t *masks,
+                                       float *buf, Py_ssize_t n, Py_ssize_t d, int nt,
+                                       bint stream) noexcept nogil:
+    """add_norm_forward for y's element type (the inputs are of that type; w and b float32
+    when mixed)."""
+    if mixed:
+        add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r, NULL, NULL,
+                         <const element *>alpha, <const float *>w, <const float *>b, eps, site,
+                         masks, buf, n, d, nt, stream)
+    else:
+        add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r,
+                         <const element *>w, <const element *>b, <const element *>alpha, NULL,
+                         NULL, eps, site, masks, NULL, n, d, nt, stream)
 
 
-cdef inline void add_norm_backward_rows(element *dx, element *dres, element *dw, element *db,
+cdef inline void add_norm_backward_rows(element *dx, element *dres, void *dw, void *db,
                                         double *dalpha, double *partials, char *rows_scratch,
                                         const void *dy, const void *dh, const void *h,
                                         const void *x, const void *r, const void *w,
-                                        const void *alpha, const double *mean,
+                                        const void *alpha, bint mixed, const double *mean,
                                         const double *rstd, const rn_dropout *site,
-                                        Py_ssize_t n, Py_ssize_t d, int nt,
+                                        float *buf, Py_ssize_t n, Py_ssize_t d, int nt,
                                         bint stream) noexcept nogil:
-    """add_norm_backward for dx's element type (the other arrays are of that type)."""
-    add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch, <const element *>dy,
-                      <const element *>dh, <const element *>h, <const element *>x,
-                      <const element *>r, <const element *>w, <const element *>alpha, mean,
-                      rstd, site, n, d, nt, stream)
+    """add_norm_backward for dx's element type (the other arrays are of that type; w, dw
+    and db float32 when mixed)."""
+    if mixed:
+        add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch,
+                          <const element *>dy, <const element *>dh, <const element *>h,
+                          <const element *>x, <const element *>r, NULL,
+                          <const element *>alpha, <const float *>w, mean, rstd, site, buf, n,
+                          d, nt, stream)
+    else:
+        add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch,
+                          <const element *>dy, <const element *>dh, <const element *>h,
+                          <const element *>x, <const element *>r, <const element *>w,
+                          <const element *>alpha, NULL, mean, rstd, site, NULL, n, d, nt,
+                          stream)
 
 
 cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, eps,
@@ -65,8 +81,10 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef cnp.ndarray xa = float_array(x, "x", True)
     cdef cnp.ndarray ra = partner_of(residual, xa, "residual")
     cdef int k = axes_of(normalized_shape, xa)
-    wp = param_of(weight, xa, "weight", k)
-    bp = param_of(bias, xa, "bias", k) if layer else None
+    # float32 for float32 parameters beside 16-bit x, else None (x's dtype)
+    pdt = mixed_params(xa, weight, bias if layer else None)
+    wp = param_of(weight, xa, "weight", k, pdt)
+    bp = param_of(bias, xa, "bias", k, pdt) if layer else None
     cdef double e = eps_of(eps, xa)
     cdef bint zc = zero_centered_of(zero_centered)
     cdef ResidualScale scale = residual_scale_of(alpha, xa, k)
@@ -106,10 +124,14 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef cnp.ndarray mean = None, rstd = None
     cdef Py_ssize_t stats_bytes = 0 if keep_cache else 2 * n * sizeof(double)
     cdef Py_ssize_t masks_bytes = max(1, nt) * add_norm_mask_words(d, &site) * 8
-    cdef Scratch scratch = lend(stats_bytes + masks_bytes)
+    # the widened rows (mixed, one per thread)
+    cdef Py_ssize_t buf_bytes = 0 if pdt is None else max(1, nt) * forward_floats(d) * 4
+    cdef Scratch scratch = lend(stats_bytes + masks_bytes + buf_bytes)
     cdef double *pmean = <double *>scratch.data
     cdef double *prstd = pmean + n
     cdef uint64_t *masks = <uint64_t *>(scratch.data + stats_bytes)
+    cdef float *buf = <float *>(scratch.data + stats_bytes + masks_bytes)
+    cdef bint mixed = pdt is not None
     memset(masks, 0, masks_bytes)
     if keep_cache:
         rstd = new_stats(n)
@@ -130,17 +152,17 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef Kind ek = kind_of(rows_x)
     saved = release_gil(size)
     if ek == KIND_F32:
-        add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa, e,
-                              &site, masks, n, d, nt, stream)
+        add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa,
+                              mixed, e, &site, masks, buf, n, d, nt, stream)
     elif ek == KIND_F64:
         add_norm_forward_rows(<double *>py, <double *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                              e, &site, masks, n, d, nt, stream)
+                              mixed, e, &site, masks, buf, n, d, nt, stream)
     elif ek == KIND_BF16:
         add_norm_forward_rows(<rn_bf16 *>py, <rn_bf16 *>ph, pmean, prstd, px, pr, pw, pb,
-                              pa, e, &site, masks, n, d, nt, stream)
+                              pa, mixed, e, &site, masks, buf, n, d, nt, stream)
     else:
         add_norm_forward_rows(<rn_f16 *>py, <rn_f16 *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                              e, &site, masks, n, d, nt, stream)
+                              mixed, e, &site, masks, buf, n, d, nt, stream)
     take_gil_back(saved)
     scratch.give_back()
     y_result = finish(out, y)
@@ -150,14 +172,14 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cache = add_norm_cache(
         ADD_NORM_OPS[2 * layer + prenorm], as_rows(h, d) if prenorm else None,
         as_rows(rows_x, d) if keeps_x else None, None if prenorm else as_rows(rows_r, d), w,
-        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.descr, k)
+        b is not None, scale, spec, mean, rstd, shape_of(xa), xa.descr, k, pdt)
     return result, cache
 
 
 cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
     """The arrays add_norm_backward reads, as the forward function made them."""
     cdef Py_ssize_t n = 0, d = 0
-    cdef int t = 0
+    cdef int t = 0, tp = -1
     cdef bint learnable = False
     # the kernel tells Pre- from Post-Norm by h, and LayerNorm from RMSNorm by mean
     cdef bint ok = (valid_spec(cache.dropout) and valid_scale(cache.alpha)
@@ -165,11 +187,12 @@ cdef check_add_norm_cache(AddNormCache cache, bint layer, bint prenorm):
                     and (prenorm or cache.h is None) and (layer or cache.mean is None)
                     and cache_rows(cache.shape, cache.dtype, cache.axes, &n, &d, &t))
     if ok:
+        tp = param_type(cache.param_dtype, t)
         learnable = (<ResidualScale>cache.alpha).learns()
         ok = (cache_field(cache.h, ROWS, prenorm, n, d, t)
               and cache_field(cache.x, ROWS, learnable or not prenorm, n, d, t)
               and cache_field(cache.residual, ROWS, not prenorm, n, d, t)
-              and cache_field(cache.weight, VECTOR, False, n, d, t)
+              and tp >= 0 and cache_field(cache.weight, VECTOR, False, n, d, tp)
               and cache_field((<ResidualScale>cache.alpha).vector, VECTOR, learnable, n, d, t)
               and cache_field(cache.mean, STATS, layer, n, d, t)
               and cache_field(cache.rstd, STATS, True, n, d, t))
@@ -229,7 +252,8 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
                          "different gradients")
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_size(rows, c.axes), n = size // d
     cdef Py_ssize_t nb = row_blocks(n)
-    cdef int typenum = cnp.PyArray_TYPE(rows)
+    cdef bint mixed = c.param_dtype is not None
+    cdef int typenum = cnp.NPY_FLOAT if mixed else cnp.PyArray_TYPE(rows)
     dweight = None if c.weight is None else new_vector(d, typenum)
     dbias = new_vector(d, typenum) if c.has_bias else None
     dalpha = new_vector(d, cnp.NPY_DOUBLE) if alpha.learns() else None
@@ -238,9 +262,13 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef rn_dropout site = kernel_dropout(c.dropout)
     cdef Py_ssize_t parts_bytes = 3 * nb * d * sizeof(double)
     cdef Py_ssize_t per_thread = add_norm_backward_scratch(d, &site)
-    cdef Scratch scratch = lend(parts_bytes + max(1, nt) * per_thread + 64)
+    cdef Py_ssize_t rows_bytes = max(1, nt) * per_thread + 64
+    # the widened rows (mixed, per thread)
+    cdef Py_ssize_t buf_bytes = max(1, nt) * backward_floats(d) * 4 if mixed else 0
+    cdef Scratch scratch = lend(parts_bytes + rows_bytes + buf_bytes)
     cdef double *partials = <double *>scratch.data
     cdef char *rows_scratch = scratch.data + (parts_bytes + 63) // 64 * 64
+    cdef float *buf = <float *>(scratch.data + parts_bytes + rows_bytes)
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdres = cnp.PyArray_DATA(dres)
     cdef void *pdw = data_of(dweight)
@@ -258,21 +286,21 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef Kind ek = kind_of(rows)
     saved = release_gil(size)
     if ek == KIND_F32:
-        add_norm_backward_rows(<float *>pdx, <float *>pdres, <float *>pdw, <float *>pdb, pda,
-                               partials, rows_scratch, pdy, pdh, ph, px, pr, pw, pa, pmean,
-                               prstd, &site, n, d, nt, stream)
+        add_norm_backward_rows(<float *>pdx, <float *>pdres, pdw, pdb, pda, partials,
+                               rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, pmean, prstd,
+                               &site, buf, n, d, nt, stream)
     elif ek == KIND_F64:
-        add_norm_backward_rows(<double *>pdx, <double *>pdres, <double *>pdw,
-                               <double *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+        add_norm_backward_rows(<double *>pdx, <double *>pdres, pdw, pdb, pda, partials,
+                               rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, pmean, prstd,
+                               &site, buf, n, d, nt, stream)
     elif ek == KIND_BF16:
-        add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, <rn_bf16 *>pdw,
-                               <rn_bf16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+        add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, pdw, pdb, pda, partials,
+                               rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, pmean, prstd,
+                               &site, buf, n, d, nt, stream)
     else:
-        add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, <rn_f16 *>pdw,
-                               <rn_f16 *>pdb, pda, partials, rows_scratch, pdy, pdh, ph, px,
-                               pr, pw, pa, pmean, prstd, &site, n, d, nt, stream)
+        add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, pdw, pdb, pda, partials,
+                               rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, pmean, prstd,
+                               &site, buf, n, d, nt, stream)
     take_gil_back(saved)
     scratch.give_back()
     row = None

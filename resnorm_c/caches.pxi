@@ -307,6 +307,7 @@ cdef class AddNormCache:
     shape: object
     dtype: object
     axes: object = 1  # how many trailing axes of shape a row spans
+    param_dtype: object = None  # float32 for float32 parameters beside 16-bit rows
 
     @property
     def normalized_shape(self):
@@ -315,13 +316,13 @@ cdef class AddNormCache:
 
 
 cdef AddNormCache add_norm_cache(op, h, x, residual, weight, has_bias, alpha, dropout, mean,
-                                 rstd, shape, dtype, axes):
+                                 rstd, shape, dtype, axes, param_dtype):
     """AddNormCache(op, h, x, residual, weight, has_bias, alpha, dropout, mean, rstd, shape,
-    dtype, axes), built in C."""
+    dtype, axes, param_dtype), built in C."""
     cdef AddNormCache c = AddNormCache.__new__(AddNormCache)
     c.op, c.h, c.x, c.residual, c.weight, c.has_bias = op, h, x, residual, weight, has_bias
     c.alpha, c.dropout, c.mean, c.rstd = alpha, dropout, mean, rstd
-    c.shape, c.dtype, c.axes = shape, dtype, axes
+    c.shape, c.dtype, c.axes, c.param_dtype = shape, dtype, axes, param_dtype
     return c
 
 

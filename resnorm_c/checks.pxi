@@ -384,6 +384,17 @@ cdef inline bint cache_rows(shape, dtype, axes, Py_ssize_t *n, Py_ssize_t *d,
     return True
 
 
+cdef inline int param_type(param_dtype, int typenum) noexcept:
+    """The type number of a cache's parameters beside rows of typenum: typenum (param_dtype
+    None), float32 (param_dtype float32 beside 16-bit rows), else -1 (an edited cache)."""
+    if param_dtype is None:
+        return typenum
+    if (is_half_type(typenum) and cnp.PyArray_DescrCheck(param_dtype)
+            and (<cnp.dtype>param_dtype).type_num == cnp.NPY_FLOAT):
+        return cnp.NPY_FLOAT
+    return -1
+
+
 cdef inline bint cache_field(a, Layout layout, bint required, Py_ssize_t n, Py_ssize_t d,
                              int typenum) noexcept:
     """An array a cache keeps, for a kernel that trusts its shape: None where not required,

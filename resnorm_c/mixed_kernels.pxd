@@ -69,28 +69,40 @@ cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, 
 
 # --------------------------------------------------------------------------- backward
 
+cdef inline void mixed_backward_group(bint layer, half *dx, double *dw_part, double *db_part,
+                                      double *mean_g, double *m, const half *dy,
+                                      const half *x, const float *w, const double *mean,
+                                      const double *rstd, Py_ssize_t rows, Py_ssize_t d,
+                                      bint stream, float *buf) noexcept nogil:
+    """One group of up to RN_GROUP rows: widened into buf (dy rows, then x rows), the
+    float32 backward group of norm_kernels.pxd with dx written over the widened dy, then dx
+    rounded.  mean_g (LayerNorm only), m: the group's row reductions."""
+    cdef float *gdy = buf
+    cdef float *gx = buf + <Py_ssize_t>RN_GROUP * d
+    rn_to_float32(gdy, dy, rows * d)
+    rn_to_float32(gx, x, rows * d)
+    if layer:
+        layer_backward_group(gdy, dw_part, db_part, mean_g, m, gdy, gx, w, mean, rstd, rows,
+                             d, False)
+    else:
+        rms_backward_group(gdy, dw_part, m, gdy, gx, w, rstd, rows, d, False)
+    rn_from_float32(dx, gdy, rows * d, stream)
+
+
 cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, double *db_part,
                                       double *red, Py_ssize_t n, const half *dy, const half *x,
                                       const float *w, const double *mean, const double *rstd,
                                       Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
                                       bint stream, float *buf) noexcept nogil:
     """Rows lo .. hi in groups of up to RN_GROUP rows from lo, as norm_kernels.pxd's
-    *_backward_block: each group widened into buf (dy rows, then x rows), its float32
-    backward group with dx written over the widened dy, then dx rounded."""
+    *_backward_block, each through mixed_backward_group."""
     cdef Py_ssize_t i = lo, rows
-    cdef float *gdy = buf
-    cdef float *gx = buf + <Py_ssize_t>RN_GROUP * d
     zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        rn_to_float32(gdy, dy + i * d, rows * d)
-        rn_to_float32(gx, x + i * d, rows * d)
-        if layer:
-            layer_backward_group(gdy, dw_part, db_part, red + i, red + n + i, gdy, gx, w,
-                                 mean + i, rstd + i, rows, d, False)
-        else:
-            rms_backward_group(gdy, dw_part, red + i, gdy, gx, w, rstd + i, rows, d, False)
-        rn_from_float32(dx + i * d, gdy, rows * d, stream)
+        mixed_backward_group(layer, dx + i * d, dw_part, db_part, red + i, red + n + i,
+                             dy + i * d, x + i * d, w, mean + i if layer else NULL, rstd + i,
+                             rows, d, stream, buf)
         i += rows
 
 

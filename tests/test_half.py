@@ -459,6 +459,103 @@ def test_float32_parameters_cache_checked(rng, name):
     assert c.param_dtype is None
 
 
+def _fused_mixed(layer, prenorm, x, r, dy, dh, w, b, nt, **kw):
+    """A fused training forward and its backward with float32 parameters: the outputs, then
+    the gradients (16-bit arrays as their bit patterns)."""
+    name = ("add_layer_norm" if layer else "add_rms_norm") + ("" if prenorm else "_post")
+    params = (w, b) if layer else (w,)
+    out, cache = getattr(resnorm, name + "_forward")(x, r, *params, n_threads=nt, **kw)
+    backward = getattr(resnorm, name + "_backward")
+    grads = backward(dy, dh, cache, n_threads=nt) if prenorm else backward(dy, cache,
+                                                                          n_threads=nt)
+    got = [a.view(np.uint16) if a.dtype == x.dtype else a
+           for a in (*(out if prenorm else (out,)), *grads) if a is not None]
+    return got, cache
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("prenorm", [True, False], ids=["pre", "post"])
+@pytest.mark.parametrize("d", [1, 17, 1000])
+def test_fused_float32_parameters_are_the_mixed_norm_of_h(rng, name, layer, prenorm, d):
+    # the fused add + norm with float32 parameters: h = residual + alpha * dropout(x) as the
+    # 16-bit fused kernels form and round it, then the mixed norm of h, bit for bit; in
+    # backward the mixed norm's gradient (rounded to x's dtype), plus dh, rounded once, then
+    # through the add; dweight and dbias float32.  The same bits for any thread count.
+    dt = half(name)
+    x, r, dy, dh = (rows(rng, "mixed", 23, d, dt) for _ in range(4))
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    b = rng.standard_normal(d).astype(np.float32)
+    params = (w, b) if layer else (w,)
+    norm_forward = resnorm.layer_norm_forward if layer else resnorm.rms_norm_forward
+    norm_backward = resnorm.layer_norm_backward if layer else resnorm.rms_norm_backward
+    for kw in ({}, {"alpha": 0.5, "p": 0.25, "seed": 7}):
+        _, h = resnorm.add_rms_norm(x, r, **kw)   # the 16-bit kernels' h
+        y, c = norm_forward(h, *params)
+        gn = norm_backward(dy, c)
+        gh = gn[0].astype(np.float32)
+        if prenorm:
+            gh = gh + dh.astype(np.float32)
+        base, cache = _fused_mixed(layer, prenorm, x, r, dy, dh, w, b, 1, **kw)
+        assert cache.param_dtype == np.float32
+        got = list(base)
+        assert np.array_equal(got[0], y.view(np.uint16))
+        if prenorm:
+            assert np.array_equal(got.pop(1), h.view(np.uint16))
+        dx, dres, dparams = got[1], got[2], got[3:]
+        assert np.array_equal(dres, gh.astype(dt).view(np.uint16))
+        keep = resnorm.dropout(np.ones(x.shape, np.float32), kw.get("p", 0.0),
+                               seed=kw.get("seed", 0))
+        want_dx = gh * np.float32(kw.get("alpha", 1.0)) * keep
+        assert np.array_equal(dx, want_dx.astype(dt).view(np.uint16))
+        for g, want in zip(dparams, gn[1:]):
+            assert g.dtype == np.float32
+            if not kw:   # the same row groups as the norm's own backward: the same sums
+                assert np.array_equal(g, want)
+            else:        # with dropout, a row at a time: float32 rounding apart
+                assert np.allclose(g, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+        for nt in (2, 4):
+            again, _ = _fused_mixed(layer, prenorm, x, r, dy, dh, w, b, nt, **kw)
+            assert all(np.array_equal(a, g) for a, g in zip(again, base))
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_fused_float32_parameters_other_forms(rng, name):
+    # the inference forms, a bias alone, a zero-centred weight, a learnable alpha, and
+    # streamed outputs give what the training forms give
+    from resnorm import _parallel
+    dt = half(name)
+    x, r, dy, dh = (rows(rng, "normal", 9, 203, dt) for _ in range(4))
+    w = rng.standard_normal(203).astype(np.float32)
+    _, h = resnorm.add_rms_norm(x, r)
+    y, h2 = resnorm.add_layer_norm(x, r, None, w)
+    assert np.array_equal(y.view(np.uint16), resnorm.layer_norm(h, None, w).view(np.uint16))
+    assert np.array_equal(h2.view(np.uint16), h.view(np.uint16))
+    y = resnorm.add_rms_norm_post(x, r, w, zero_centered_weight=True)
+    want = resnorm.rms_norm(h, w, zero_centered_weight=True)
+    assert np.array_equal(y.view(np.uint16), want.view(np.uint16))
+    alpha = np.asarray(0.75, dt)
+    (y, h), c = resnorm.add_rms_norm_forward(x, r, w, alpha=alpha)
+    grads = resnorm.add_rms_norm_backward(dy, dh, c)
+    _, fc = resnorm.add_rms_norm_forward(x, r, w.astype(dt), alpha=alpha)
+    assert grads[3].dtype == dt and grads[3].shape == ()
+    assert np.allclose(grads[3].astype(np.float64),
+                       resnorm.add_rms_norm_backward(dy, dh, fc)[3].astype(np.float64),
+                       rtol=2 ** -6)
+    old = _parallel.STREAM_MIN_BYTES
+    try:
+        _parallel.STREAM_MIN_BYTES = 0
+        streamed = resnorm.add_rms_norm_backward(dy, dh, resnorm.add_rms_norm_forward(
+            x, r, w, alpha=alpha)[1])
+        ys, hs = resnorm.add_rms_norm(x, r, w, alpha=alpha)
+    finally:
+        _parallel.STREAM_MIN_BYTES = old
+    assert np.array_equal(ys.view(np.uint16), y.view(np.uint16))
+    assert np.array_equal(hs.view(np.uint16), h.view(np.uint16))
+    for a, g in zip(streamed, grads):
+        assert np.array_equal(np.ravel(a).view(np.uint8), np.ravel(g).view(np.uint8))
+
+
 # --------------------------------------------------------------------------- checks
 
 @pytest.mark.parametrize("name", HALVES)
@@ -469,8 +566,8 @@ def test_mixed_dtypes_refused_naming_the_argument(rng, name):
         resnorm.layer_norm(x, np.ones(8, dt), np.ones(8, np.float32))   # one or the other
     with pytest.raises(TypeError, match="weight"):
         resnorm.rms_norm(x, np.ones(8, np.float64))
-    with pytest.raises(TypeError, match="weight"):   # the fused norms: x's dtype only
-        resnorm.add_rms_norm(x, x, np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="bias must have dtype float32"):   # the fused too
+        resnorm.add_layer_norm(x, x, np.ones(8, np.float32), np.ones(8, dt))
     with pytest.raises(TypeError, match="weight"):   # float32 x: float32 parameters only
         resnorm.rms_norm(x.astype(np.float32), np.ones(8, dt))
     with pytest.raises(TypeError, match="residual"):

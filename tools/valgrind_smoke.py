@@ -77,7 +77,7 @@ def main(one_team=False):
               for dtype in half_dtypes()
               for shape, w, gate in [((3, 1), True, "full"), ((5, 33), False, "channel"),
                                      ((4, 300), True, "full"), ((2, 3, 17), True, "channel")]]
-    # float32 parameters beside 16-bit rows (the norms' mixed precision)
+    # float32 parameters beside 16-bit rows (mixed precision: the norms and the fused add + norm)
     mixed = [dataclasses.replace(h, weight=h.weight.astype(np.float32),
                                  bias=h.bias.astype(np.float32))
              for h in halves if h.weight is not None and h.bias is not None]
@@ -91,7 +91,7 @@ def main(one_team=False):
                 # the residual and dropout functions: one of the two variants per shape
                 mine = cases if op.norm and not op.fused else cases[len(op.name) % 2::2]
                 mine = mine + [h for h in halves if takes(op, h)]
-                mine += mixed if op.norm and not op.fused else []
+                mine += mixed if op.norm else []
                 for inp in mine + [with_data(forward, i, v, split=True) for i, v in rare]:
                     for nt in nts:
                         want = op.run(inp, n_threads=nt)

@@ -62,7 +62,9 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
     residual : ndarray
         The residual stream, x's shape and dtype.
     weight : ndarray, shape (D,), optional
-        The norm's gain, of x's dtype (None: 1).
+        The norm's gain, of x's dtype (None: 1); float32 beside float16 or bfloat16 x
+        (mixed precision): h rounded to x's dtype, then the float32 norm of it rounded
+        once, dweight float32 (docs/half_precision.md).
     eps : float, default 1e-6
     normalized_shape : int or tuple of int, optional
         The normalised trailing axes, as in torch (e.g. ``(5, 64)`` for x of shape
