@@ -228,8 +228,8 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     if T.graph_capture() or (isinstance(x, torch.Tensor)
                              and T.mixed_params(x, weight, bias if layer else None)):
         # recorded as torch's add and resnorm's dropout and norm operators; and float32
-        # parameters beside 16-bit rows (torch.autocast), which the fused kernels do not
-        # take: then h is torch's x + r, rounded once, and the norm resnorm's mixed one
+        # parameters beside 16-bit rows (torch.autocast): torch's own composition there
+        # (dropout(x) rounded, then x + r rounded), and the norm resnorm's mixed one
         h = residual + alpha * dropout(x, p, seed=seed, training=training)
         y = norm(layer, h, weight, bias, eps, None, normalized_shape, zero_centered)
         return (y, h) if prenorm else y
@@ -252,7 +252,8 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
     weight : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype; float32 beside float16/bfloat16 x
         (torch.autocast) computes torch's unfused composition: h = residual + alpha *
-        dropout(x) rounded once, then rms_norm(h, weight) with the float32 weight.
+        dropout(x) as torch evaluates it (each operation rounded to x's dtype), then
+        rms_norm(h, weight) with the float32 weight.
     eps : float or None
         None: torch.finfo(x.dtype).eps (float32's for float16 and bfloat16).
     normalized_shape : int or sequence of int, optional
