@@ -6,8 +6,12 @@ For each shape, 16-bit dtype and thread count, the median time (ms) of:
 * resnorm, float32 parameters: rms_norm / layer_norm (out= given), and their backward
   from a training forward's cache (out= given), in NumPy;
 * resnorm, 16-bit parameters: the same calls with the parameters rounded to the dtype;
+* the fused add + norm the same ways (add_rms_norm / add_layer_norm with out= and
+  residual_out=, and their backward), and NumPy's unfused way with float32 parameters:
+  x + residual in the 16-bit dtype, then the norm;
 * torch: a float32 torch.nn.RMSNorm / LayerNorm given the 16-bit tensor, forward under
-  no_grad and forward + backward, and resnorm.torch's modules the same way;
+  no_grad and forward + backward, and resnorm.torch's modules the same way; and under
+  no_grad, x + residual then the float32 module;
 * np.copyto of the 16-bit rows: the memory floor of one read and one write.
 
 All rows of a shape are timed round-robin (resnorm.bench.time_interleaved), so they see
@@ -46,7 +50,8 @@ def rows_for(shape, name, nt):
     w32 = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
     b32 = rng.standard_normal(d).astype(np.float32)
     w16, b16 = w32.astype(dt), b32.astype(dt)
-    out, dst = np.empty_like(x), np.empty_like(x)
+    r = rng.standard_normal(shape, dtype=np.float32).astype(dt)
+    out, dst, hout = np.empty_like(x), np.empty_like(x), np.empty_like(x)
     caches = {(layer, bits): (resnorm.layer_norm_forward(x, w, b)[1] if layer
                               else resnorm.rms_norm_forward(x, w)[1])
               for layer in (False, True) for bits, (w, b) in ((32, (w32, b32)), (16, (w16, b16)))}
@@ -63,8 +68,23 @@ def rows_for(shape, name, nt):
                          lambda f=fwd, a=args: f(x, *a, out=out, n_threads=nt)))
             rows.append((f"resnorm {name_}_backward, {params} params",
                          lambda f=bwd, c=cache: f(dy, c, out=out, n_threads=nt)))
+            add = resnorm.add_layer_norm if layer else resnorm.add_rms_norm
+            add_fwd = getattr(resnorm, f"add_{name_}_forward")
+            add_bwd = getattr(resnorm, f"add_{name_}_backward")
+            add_cache = add_fwd(x, r, *args)[1]
+            rows.append((f"resnorm add_{name_}, {params} params",
+                         lambda f=add, a=args: f(x, r, *a, out=out, residual_out=hout,
+                                                 n_threads=nt)))
+            rows.append((f"resnorm add_{name_}_backward, {params} params",
+                         lambda f=add_bwd, c=add_cache: f(dy, dy, c, out=out,
+                                                          dresidual_out=dst, n_threads=nt)))
+        args = (w32, b32) if layer else (w32,)
+        rows.append((f"NumPy x + r, then resnorm {name_}, float32 params",
+                     lambda f=fwd, a=args: f(np.add(x, r, out=hout), *a, out=out,
+                                             n_threads=nt)))
     xt = torch.from_numpy(x.view(np.int16)).view(tdt)
     dyt = torch.from_numpy(dy.view(np.int16)).view(tdt)
+    rt_ = torch.from_numpy(r.view(np.int16)).view(tdt)
     xg = xt.clone().requires_grad_()
     for layer in (False, True):
         for lib, cls in (("torch", nn_class(layer)), ("resnorm.torch", rt_class(layer))):
@@ -76,6 +96,9 @@ def rows_for(shape, name, nt):
             label = f"{lib} {'LayerNorm' if layer else 'RMSNorm'} (float32)"
             rows.append((label + " forward", lambda m=m: no_grad(m, xt)))
             rows.append((label + " forward + backward", lambda m=m: train(m, xg, dyt)))
+            if lib == "torch":
+                rows.append((f"torch x + r, then {label[6:]} forward",
+                             lambda m=m: no_grad(m, xt + rt_)))
     return rows
 
 
