@@ -122,9 +122,11 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
         if buf != NULL or (not stream and (element is float or element is double)):
-            # h stored by the pass that takes the norm's first reduction
+            # h stored first (into y for Post-Norm): by the pass that takes the norm's
+            # first reduction, or (16-bit rows, float32 parameters) rounded, then
+            # normalised by the mixed kernel
             hrow = h + i * d if h != NULL else y + i * d
-            if element is rn_bf16 or element is rn_f16:   # with float32 parameters
+            if element is rn_bf16 or element is rn_f16:
                 rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
                                 i * d % 64, scale, d, False)
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
@@ -134,7 +136,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
                                                    not layer)
-                else:
+                elif element is double:
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
                                                    not layer)
