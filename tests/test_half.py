@@ -647,6 +647,8 @@ for name in names:
         res += [y, *resnorm.layer_norm_backward(dy, c)]
         (y, h), c = resnorm.add_layer_norm_forward(x, r, w)
         res += [y, h, *resnorm.add_layer_norm_backward(dy, dy, c)[:3]]
+        (y, h), c = resnorm.add_rms_norm_forward(x, r, w32, p=0.25, seed=3)
+        res += [y, h, *resnorm.add_rms_norm_backward(dy, dy, c)[:3]]
         for gate in (r, w):
             h, c = resnorm.gated_residual_forward(x, dy, gate)
             res += [h, *resnorm.gated_residual_backward(r, c)]
