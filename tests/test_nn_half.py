@@ -68,6 +68,44 @@ def test_norm_module_trains_and_saves(rng, dt):
 
 
 @pytest.mark.parametrize("dt", HALVES, ids=str)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+def test_norm_modules_with_float32_parameters(rng, dt, layer):
+    # param_dtype=float32 beside 16-bit rows (mixed precision): the functions' bits with
+    # float32 parameters, float32 gradients accumulated and trained, saved and loaded
+    make = nn.LayerNorm if layer else nn.RMSNorm
+    norm = make(24, dtype=dt, param_dtype=np.float32)
+    assert norm.weight.dtype == norm.dweight.dtype == np.float32
+    norm.weight[...] = rng.standard_normal(24)
+    x, dy = data(rng, (5, 24), dt), data(rng, (5, 24), dt)
+    y = norm(x)
+    dx = norm.backward(dy)
+    if layer:
+        assert norm.bias.dtype == norm.dbias.dtype == np.float32
+        want_y, cache = resnorm.layer_norm_forward(x, norm.weight, norm.bias)
+        want_dx, want_dw, want_db = resnorm.layer_norm_backward(dy, cache)
+        assert np.array_equal(norm.dbias, want_db)
+    else:
+        want_y, cache = resnorm.rms_norm_forward(x, norm.weight)
+        want_dx, want_dw = resnorm.rms_norm_backward(dy, cache)
+    assert y.dtype == dx.dtype == dt
+    assert np.array_equal(bits(y), bits(want_y)) and np.array_equal(bits(dx), bits(want_dx))
+    assert np.array_equal(norm.dweight, want_dw)
+    before = norm.weight.copy()
+    nn.SGD(norm, lr=0.1).step()
+    assert np.array_equal(norm.weight, before - np.float32(0.1) * want_dw)
+    other = make(24, dtype=dt, param_dtype=np.float32)
+    other.load_state_dict(norm.state_dict())
+    assert np.array_equal(bits(other(x)), bits(norm(x)))
+    assert make(24, dtype=dt, param_dtype=dt).weight.dtype == dt
+    for bad in (np.float64, np.float16 if dt == BF16 else BF16):
+        if bad is not None:
+            with pytest.raises(TypeError, match="param_dtype must be the module's dtype"):
+                make(24, dtype=dt, param_dtype=bad)
+    with pytest.raises(TypeError, match="param_dtype must be the module's dtype"):
+        make(24, param_dtype=np.float64)   # float32 rows: float32 parameters only
+
+
+@pytest.mark.parametrize("dt", HALVES, ids=str)
 @pytest.mark.parametrize("kind", ["plain", "scaled", "gated"])
 def test_dropout_and_residual_modules(rng, dt, kind):
     x, f, dh = (data(rng, (6, 20), dt) for _ in range(3))

@@ -9,6 +9,18 @@ from ..norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, 
 from .module import Module
 
 
+def _param_dtype(param_dtype, dtype):
+    """The parameters' dtype: the module's (param_dtype None), or float32 beside a 16-bit
+    dtype (mixed precision: the float32 norm of the widened rows, rounded once)."""
+    if param_dtype is None:
+        return dtype
+    pdt = _checks.float_dtype(param_dtype, "param_dtype", halves=True)
+    if pdt != dtype and not (pdt == np.float32 and dtype.itemsize == 2):
+        raise TypeError(f"param_dtype must be the module's dtype ({dtype}), or float32 "
+                        f"beside float16 or bfloat16, got {pdt}")
+    return pdt
+
+
 def _initial_weight(d, dtype, zero_centered_weight):
     """The weight a norm starts with: the identity gain, ones (or zeros when the gain is
     1 + weight)."""
@@ -37,12 +49,16 @@ class RMSNorm(Module):
     dtype : {numpy.float32, numpy.float64, numpy.float16, ml_dtypes.bfloat16}, default numpy.float32
         The dtype of the weight and of the inputs (16-bit: computed in float32, see
         docs/half_precision.md).
+    param_dtype : numpy.float32, optional
+        The weight's dtype when it differs from dtype: float32 beside a 16-bit dtype
+        (mixed precision; dweight float32 too).  None: dtype.
 
     Raises
     ------
     TypeError, ValueError
-        If d is not a positive int, eps is not a finite number > 0, or dtype is not
-        float32, float64, float16 or bfloat16.
+        If d is not a positive int, eps is not a finite number > 0, dtype is not
+        float32, float64, float16 or bfloat16, or param_dtype is neither dtype nor float32
+        beside a 16-bit dtype.
 
     Examples
     --------
@@ -58,12 +74,13 @@ class RMSNorm(Module):
     """
 
     def __init__(self, d: int, eps: float = 1e-6, *, zero_centered_weight: bool = False,
-                 dtype: DTypeLike = np.float32) -> None:
+                 dtype: DTypeLike = np.float32, param_dtype: DTypeLike | None = None) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype, halves=True)
-        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+        self.param_dtype = _param_dtype(param_dtype, self.dtype)
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.param_dtype,
                                                             zero_centered_weight)
         self.weight, self.dweight = self.add_param("weight", weight)
         self._cache = None
@@ -104,12 +121,15 @@ class LayerNorm(Module):
         so that weight decay pulls toward the identity.  dweight is the same sum.
     dtype : {numpy.float32, numpy.float64, numpy.float16, ml_dtypes.bfloat16}, default numpy.float32
         The dtype of the parameters and of the inputs (16-bit: computed in float32).
+    param_dtype : numpy.float32, optional
+        The parameters' dtype when it differs from dtype, as in `RMSNorm`.
 
     Raises
     ------
     TypeError, ValueError
-        If d is not a positive int, eps is not a finite number > 0, or dtype is not
-        float32, float64, float16 or bfloat16.
+        If d is not a positive int, eps is not a finite number > 0, dtype is not
+        float32, float64, float16 or bfloat16, or param_dtype is neither dtype nor float32
+        beside a 16-bit dtype.
 
     Examples
     --------
@@ -125,17 +145,19 @@ class LayerNorm(Module):
     """
 
     def __init__(self, d: int, eps: float = 1e-5, bias: bool = True, *,
-                 zero_centered_weight: bool = False, dtype: DTypeLike = np.float32) -> None:
+                 zero_centered_weight: bool = False, dtype: DTypeLike = np.float32,
+                 param_dtype: DTypeLike | None = None) -> None:
         super().__init__()
         self.d = _checks.positive_int(d, "d")
         self.eps = _checks.eps_value(eps)
         self.dtype = _checks.float_dtype(dtype, halves=True)
-        self.zero_centered_weight, weight = _initial_weight(self.d, self.dtype,
+        self.param_dtype = _param_dtype(param_dtype, self.dtype)
+        self.zero_centered_weight, weight = _initial_weight(self.d, self.param_dtype,
                                                             zero_centered_weight)
         self.weight, self.dweight = self.add_param("weight", weight)
         self.bias = self.dbias = None
         if bias:
-            self.bias, self.dbias = self.add_param("bias", np.zeros(self.d, self.dtype))
+            self.bias, self.dbias = self.add_param("bias", np.zeros(self.d, self.param_dtype))
         self._cache = None
 
     def forward(self, x: ArrayLike) -> NDArray[np.floating]:
