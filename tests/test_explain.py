@@ -618,6 +618,37 @@ def test_half_outputs_are_shown_as_their_rounding_and_agree(kind, kwargs, name):
     assert f"1 * eps({name})" in text
 
 
+@pytest.mark.parametrize("name", _halves())
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_half_with_float32_parameters(name, layer):
+    # float32 weight and bias arrays beside a 16-bit run: the mixed-precision kernels, as the
+    # functions run them; the parameters' gradients float32, held to float32's rule
+    w, b = np.array(W, np.float32), np.array(B, np.float32)
+    kwargs = dict(weight=w, bias=b) if layer else dict(weight=w)
+    e = explain("layer" if layer else "rms", [1.0, 2.1, 3.3, -4.7], dy=DY, dtype=name,
+                **kwargs)
+    assert e.param_dtype == np.float32 and e.agree
+    x = np.array([[1.0, 2.1, 3.3, -4.7]]).astype(e.dtype)
+    if layer:
+        y, cache = resnorm.layer_norm_forward(x, w, b)
+        dx, dw, db = resnorm.layer_norm_backward(np.array([DY]).astype(e.dtype), cache)
+        assert e["db"].dtype == np.float32 and np.array_equal(e["db"], db)
+    else:
+        y, cache = resnorm.rms_norm_forward(x, w)
+        dx, dw = resnorm.rms_norm_backward(np.array([DY]).astype(e.dtype), cache)
+    assert np.array_equal(e["y"].view(np.uint16), y.view(np.uint16))
+    assert np.array_equal(e["dx"].view(np.uint16), dx.view(np.uint16))
+    assert e["dw"].dtype == np.float32 and np.array_equal(e["dw"], dw)
+    assert {c.name: c.tolerance for c in e.checks}["dw"] == pytest.approx(
+        128 * 2.0 ** -23 * max(1.0, np.max(np.abs(dw))))
+    text = str(e)
+    assert text.splitlines()[0].startswith(("LayerNorm" if layer else "RMSNorm")
+                                           + f" ({name}, float32 parameters)")
+    assert "and the float32 parameters' gradients" in text
+    # a list (or a float64 array) is cast to the run's dtype, as before
+    assert explain("rms", [1.0, 2.0], [1.0, 2.0], dtype=name).param_dtype is None
+
+
 def test_half_check_catches_an_output_two_units_off(monkeypatch):
     real = resnorm.rms_norm_forward
 

@@ -213,7 +213,7 @@ class _Printer:
             self.lines.append(f"  {c.name:<9} max |kernel - reference| = {c.max_abs_diff:.3g}"
                               f"   (tolerance {c.tolerance:.3g})  {mark}")
         from .explain import tolerance_rule
-        self.lines.append(f"  tolerance = {tolerance_rule(e.dtype)}")
+        self.lines.append(f"  tolerance = {tolerance_rule(e.dtype, e.param_dtype)}")
         extra = (", every gradient matches finite differences" if e.gradient_checks else "") + \
             (", the Jacobians and invariants hold" if e.jacobians or e.invariants else "")
         verdict = (f"AGREE: the kernel outputs match the reference{extra}" if e.agree else
@@ -226,7 +226,9 @@ class _Printer:
         e = self.e
         rows = "1 row" if self.n_rows == 1 else f"{self.n_rows} rows"
         eps = "" if e.eps is None else f", eps = {_num(e.eps, self.digits)}"
-        self.lines.append(f"{KIND_TITLES[e.kind]} ({e.dtype.name}), {rows} of D = {self.d}{eps}")
+        dtypes = e.dtype.name + ("" if e.param_dtype is None else
+                                 f", {e.param_dtype.name} parameters")
+        self.lines.append(f"{KIND_TITLES[e.kind]} ({dtypes}), {rows} of D = {self.d}{eps}")
         self.lines.append(f"outputs from the compiled kernels ({KERNELS[e.kind]}); "
                           "intermediates from float64 NumPy (resnorm.reference)")
         for phase in PHASES:

@@ -325,6 +325,9 @@ class Explanation:
         uniform u of every element.
     gradient_loss : str, default ""
         The scalar the finite differences differentiate, e.g. ``"sum(dy * y)"``.
+    param_dtype : numpy.dtype or None, default None
+        float32 when a 16-bit run was given float32 weight or bias (mixed precision: the
+        float32 norm of the widened rows, its parameter gradients float32); else None.
 
     Examples
     --------
@@ -351,6 +354,7 @@ class Explanation:
     cache_why: str = ""
     philox: dict[str, Any] | None = None
     gradient_loss: str = ""
+    param_dtype: np.dtype | None = None
 
     @property
     def agree(self) -> bool:
@@ -487,6 +491,15 @@ def _as_float(a, name, dtype):
     return arr.astype(dtype, copy=False)
 
 
+def _param_dtype(dtype, given):
+    """The dtype of weight and bias: float32 when a 16-bit run is given a float32 array for
+    either (mixed precision, as the functions take it), else the run's dtype."""
+    if _is_half(dtype) and any(isinstance(given[k], np.ndarray)
+                               and given[k].dtype == np.float32 for k in ("weight", "bias")):
+        return np.dtype(np.float32)
+    return dtype
+
+
 def _alpha(alpha, dtype):
     if alpha is None:
         return 1.0
@@ -579,11 +592,12 @@ def _inputs(kind, x, dy, dtype, given):
     if g is not None and g.shape != (d,):
         g = g.reshape(-1, d)
     eps = given["eps"]
+    pdt = _param_dtype(dtype, given)
     return _Inputs(
         kind=kind, dtype=dtype, x=x.reshape(-1, d),
         residual=partner(given["residual"], "residual"),
-        weight=_as_float(given["weight"], "weight", dtype),
-        bias=_as_float(given["bias"], "bias", dtype),
+        weight=_as_float(given["weight"], "weight", pdt),
+        bias=_as_float(given["bias"], "bias", pdt),
         F=partner(given["F"], "F"), g=g,
         dy=partner(dy, "dy"), dh=partner(given["dh"], "dh"),
         eps=DEFAULT_EPS.get(kind) if eps is None else eps,
@@ -620,7 +634,7 @@ def _rule(value, dtype):
     return own if _is_half(own) else np.dtype(np.float32)
 
 
-def tolerance_rule(dtype: DTypeLike) -> str:
+def tolerance_rule(dtype: DTypeLike, param_dtype: DTypeLike | None = None) -> str:
     """The rule `Check.tolerance` follows for a run in dtype, in words (what ``print`` of an
     explanation states under its checks).
 
@@ -628,13 +642,15 @@ def tolerance_rule(dtype: DTypeLike) -> str:
     ----------
     dtype : {"float32", "float64", "float16", "bfloat16"}
         The dtype the kernels ran in (`Explanation.dtype`).
+    param_dtype : "float32" or None, optional
+        float32 parameters beside a 16-bit dtype (`Explanation.param_dtype`).
 
     Returns
     -------
     str
         The rule: ``TOLERANCE_ULPS`` units of eps(dtype) at the largest value, and for
         float16 and bfloat16 ``HALF_TOLERANCE_ULPS`` for the 16-bit outputs and float32's
-        rule for the float64 row statistics.
+        rule for the float64 row statistics (and the float32 parameters' gradients).
 
     Examples
     --------
@@ -645,9 +661,10 @@ def tolerance_rule(dtype: DTypeLike) -> str:
     dtype = np.dtype(dtype)
     if not _is_half(dtype):
         return f"{TOLERANCE_ULPS} * eps({dtype.name}) * max(1, max |reference value|)"
+    params = "" if param_dtype is None else " and the float32 parameters' gradients"
     return (f"{HALF_TOLERANCE_ULPS} * eps({dtype.name}) * max(1, max |reference value|) for "
             f"the {dtype.name} outputs (computed in float32, rounded once); "
-            f"{TOLERANCE_ULPS} * eps(float32) * ... for the float64 row statistics")
+            f"{TOLERANCE_ULPS} * eps(float32) * ... for the float64 row statistics{params}")
 
 
 def _check(name, kernel_value, reference_value, dtype):
@@ -790,7 +807,9 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         One row (D,) or a few rows (N, D) of real numbers (for "scaled" and "gated": the
         residual stream; for the fused kinds: the branch output added to it).
     weight, bias : array_like of shape (D,), optional
-        The norm's gain and bias (bias only for the LayerNorm kinds).
+        The norm's gain and bias (bias only for the LayerNorm kinds), cast to the run's
+        dtype; a float32 ndarray beside a float16 or bfloat16 run stays float32 (mixed
+        precision, as the functions take it: `Explanation.param_dtype`).
     eps : float, optional
         None for the library default (1e-6 for RMSNorm, 1e-5 for LayerNorm).
     dy : array_like, optional
@@ -865,6 +884,7 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
              "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}
     inp = _inputs(kind, x, dy, dtype, given)
+    pdt = _param_dtype(inp.dtype, given)
     t = _Trace()
     built = _explain_steps.BUILDERS[kind](t, inp)
     checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in built.comparisons)
@@ -877,4 +897,5 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         jacobians=_jacobians(built, inp.dtype) if backward else (),
         invariants=_invariants(built, inp.dtype) if backward else (),
         cache=_cache(built), cache_why=built.cache_why, philox=built.philox,
-        gradient_loss=" + ".join(f"sum(d{k} * {k})" for k in built.upstream))
+        gradient_loss=" + ".join(f"sum(d{k} * {k})" for k in built.upstream),
+        param_dtype=None if pdt == inp.dtype else pdt)
