@@ -26,8 +26,9 @@ from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, su
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_group,
                            mixed_forward_row)
-from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce, rn_residual_reduce,
-                         rn_residual_norm_apply, rn_residual_bwd, rn_rms_apply)
+from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
+                         rn_residual_reduce, rn_residual_norm_apply, rn_residual_bwd,
+                         rn_rms_apply)
 from norm_kernels cimport (layer_backward_group, layer_forward_row_from, rms_backward_group,
                           rms_forward_row_from)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
@@ -195,8 +196,9 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
     NULL (only y is written).  w, b, alpha may be NULL.  mean, rstd (n) receive the row
     statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  buf:
     forward_floats(d) floats per thread for float32 parameters wf, bf beside 16-bit rows
-    (w, b NULL), else NULL.  A thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
-    references: resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
+    (w, b NULL), else NULL.  A thread takes a contiguous range of rows.  Backward:
+    add_norm_backward.  NumPy references: resnorm.reference.add_rms_norm_forward,
+    add_layer_norm_forward.
     """
     cdef const rn_dropout *dp = active(dropout)
     cdef Py_ssize_t t, nw = add_norm_mask_words(d, dropout)
@@ -341,9 +343,9 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, vo
     recomputed from x and residual (dh must then be NULL).  dh may be NULL (0); dw, db,
     dalpha NULL: not wanted (x may then be NULL in Pre-Norm).  dw, db: of the element type;
     float32 when buf is given (backward_floats(d) floats per thread): float32 parameters
-    beside 16-bit rows, the weight wf (w NULL).  partials: 3 * row_blocks(n)
-    * d doubles (dw, db, dalpha partial rows); scratch: add_norm_backward_scratch(d) bytes
-    per thread, 64-byte aligned.  NumPy references: resnorm.reference.add_rms_norm_backward,
+    beside 16-bit rows, the weight wf (w NULL).  partials: 3 * row_blocks(n) * d doubles
+    (dw, db, dalpha partial rows); scratch: add_norm_backward_scratch(d) bytes per thread,
+    64-byte aligned.  NumPy references: resnorm.reference.add_rms_norm_backward,
     add_layer_norm_backward.
     """
     cdef const rn_dropout *dp = active(dropout)

@@ -457,6 +457,17 @@ def test_float32_parameters_cache_checked(rng, name):
             resnorm.rms_norm_backward(x, dataclasses.replace(c, **edit))
     _, c = resnorm.rms_norm_forward(x, w.astype(dt))
     assert c.param_dtype is None
+    # the fused add + norm's cache likewise
+    _, c = resnorm.add_rms_norm_forward(x, x, w)
+    assert c.param_dtype == np.float32
+    for edit in [dict(param_dtype=None), dict(param_dtype=np.dtype(np.float64)),
+                 dict(weight=w.astype(dt))]:
+        with pytest.raises(ValueError, match="cache"):
+            resnorm.add_rms_norm_backward(x, x, dataclasses.replace(c, **edit))
+    _, c = resnorm.add_rms_norm_forward(x.astype(np.float32), x.astype(np.float32), w)
+    with pytest.raises(ValueError, match="cache"):   # float32 rows: no float32 param_dtype
+        resnorm.add_rms_norm_backward(x, x, dataclasses.replace(
+            c, param_dtype=np.dtype(np.float32)))
 
 
 def _fused_mixed(layer, prenorm, x, r, dy, dh, w, b, nt, **kw):
