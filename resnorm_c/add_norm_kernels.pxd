@@ -364,13 +364,16 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, vo
                                     buf + threadid() * backward_floats(d) if buf != NULL
                                     else NULL,
                                     blk, nb, n, d, stream)
-    if want_dw and buf != NULL:
-        sum_partials(<float *>dw, partials, nb, d, n_threads)
-    elif want_dw:
-        sum_partials(<element *>dw, partials, nb, d, n_threads)
-    if want_db and buf != NULL:
-        sum_partials(<float *>db, partials + nb * d, nb, d, n_threads)
-    elif want_db:
-        sum_partials(<element *>db, partials + nb * d, nb, d, n_threads)
+    # (the float32 sums exist only in the 16-bit kernels: float and double keep one call each)
+    if (element is rn_bf16 or element is rn_f16) and buf != NULL:
+        if want_dw:
+            sum_partials(<float *>dw, partials, nb, d, n_threads)
+        if want_db:
+            sum_partials(<float *>db, partials + nb * d, nb, d, n_threads)
+    else:
+        if want_dw:
+            sum_partials(<element *>dw, partials, nb, d, n_threads)
+        if want_db:
+            sum_partials(<element *>db, partials + nb * d, nb, d, n_threads)
     if want_dalpha:
         sum_partials(dalpha, partials + 2 * nb * d, nb, d, n_threads)

@@ -462,10 +462,11 @@ OUTPUT_GRADIENT = {"scaled": "dh", "gated": "dh"}    # kinds whose output is h, 
 
 @dataclass(frozen=True)
 class _Inputs:
-    """Arrays as 2-D rows (N, D) of one float dtype; scalars as given (the library's
-    functions check them when the builder calls them)."""
+    """Arrays as 2-D rows (N, D) of one float dtype (weight and bias: param_dtype); scalars
+    as given (the library's functions check them when the builder calls them)."""
     kind: str
     dtype: np.dtype
+    param_dtype: np.dtype
     x: np.ndarray
     residual: np.ndarray | None
     weight: np.ndarray | None
@@ -594,7 +595,7 @@ def _inputs(kind, x, dy, dtype, given):
     eps = given["eps"]
     pdt = _param_dtype(dtype, given)
     return _Inputs(
-        kind=kind, dtype=dtype, x=x.reshape(-1, d),
+        kind=kind, dtype=dtype, param_dtype=pdt, x=x.reshape(-1, d),
         residual=partner(given["residual"], "residual"),
         weight=_as_float(given["weight"], "weight", pdt),
         bias=_as_float(given["bias"], "bias", pdt),
@@ -884,7 +885,6 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
              "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}
     inp = _inputs(kind, x, dy, dtype, given)
-    pdt = _param_dtype(inp.dtype, given)
     t = _Trace()
     built = _explain_steps.BUILDERS[kind](t, inp)
     checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in built.comparisons)
@@ -898,4 +898,4 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         invariants=_invariants(built, inp.dtype) if backward else (),
         cache=_cache(built), cache_why=built.cache_why, philox=built.philox,
         gradient_loss=" + ".join(f"sum(d{k} * {k})" for k in built.upstream),
-        param_dtype=None if pdt == inp.dtype else pdt)
+        param_dtype=None if inp.param_dtype == inp.dtype else inp.param_dtype)
