@@ -281,3 +281,113 @@ def test_patched_model_refuses_another_input_dtype_clearly():
     with pytest.raises(TypeError, match="checked this LlamaRMSNorm against resnorm for "
                                         "torch.float32 input, got torch.float64"):
         norm(torch.ones(2, 32, dtype=torch.float64))
+
+
+# --------------------------------------------------------------------------- float32 norms, 16-bit input
+
+# Under torch.autocast a float32 norm can receive float16/bfloat16 input (Qwen3's q/k norms
+# get a Linear's output).  The classes differ in where they round and in the dtype they
+# return: Llama-style rounds x * rstd to the input's dtype, then multiplies by the float32
+# weight (float32 out); Gemma computes in float32 and rounds once (input's dtype out); T5
+# multiplies the widened rows in float32 (float32 out).
+MIXED = {"llama": torch.float32, "qwen3": torch.float32, "gemma": None, "t5": torch.float32}
+HALVES = [torch.bfloat16, torch.float16]
+
+
+class _count_norm_calls:
+    """Counts calls of resnorm's NumPy RMSNorm functions (resnorm.torch calls them through
+    the module's attributes)."""
+
+    def __init__(self, monkeypatch):
+        import resnorm
+        self.count = 0
+        for fname in ("rms_norm", "rms_norm_forward"):
+            real = getattr(resnorm, fname)
+            monkeypatch.setattr(resnorm, fname, lambda *a, _f=real, **k: self._add(_f, a, k))
+
+    def _add(self, f, args, kwargs):
+        self.count += 1
+        return f(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+@pytest.mark.parametrize("name", list(MIXED))
+def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name, dtype,
+                                                                           monkeypatch):
+    pytest.importorskip("ml_dtypes")   # torch.bfloat16 tensors are viewed as ml_dtypes arrays
+    model = _model(name)
+    norm = _norms(model, MODELS[name][2])[-1]
+    g = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(6, 32, generator=g)).to(dtype).requires_grad_()
+    ref = norm(x)
+    dy = torch.randn(ref.shape, generator=g).to(ref.dtype)
+    ref_dx, ref_dw = torch.autograd.grad(ref, (x, norm.weight), dy)
+    _patch(model)
+    calls = _count_norm_calls(monkeypatch)
+    got = norm(x)
+    dx, dw = torch.autograd.grad(got, (x, norm.weight), dy)
+    assert calls.count == 1                                 # on resnorm, not its own forward
+    assert got.dtype == ref.dtype == (MIXED[name] or dtype)
+    # y: Llama rounds x * rstd to the 16-bit dtype before its weight and Gemma rounds its
+    # output: one rounding of that dtype; T5 stays in float32 (rstd from torch's float32
+    # mean of squares, then two products): a few float32 roundings.  dx: one rounding of
+    # the input's dtype.  dweight sums 6 float32 products per column in another order.
+    eps32 = torch.finfo(torch.float32).eps
+    tol = 4 * eps32 if name == "t5" else torch.finfo(dtype).eps
+    assert ((got - ref).abs() <= tol * ref.abs()).all()
+    assert (dx - ref_dx).abs().max() <= torch.finfo(dtype).eps * ref_dx.abs().max()
+    assert (dw - ref_dw).abs().max() <= 4 * eps32 * ref_dw.abs().max()
+
+
+class _EpsPerDtypeRMSNorm(torch.nn.Module):
+    """An RMSNorm that adds a larger eps to 16-bit input: no formula of resnorm's for it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.2 * torch.randn(d))
+        self.eps = 1e-6
+
+    def forward(self, x):
+        eps = self.eps if x.dtype == torch.float32 else 1e-2
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_a_class_computing_16_bit_input_otherwise_keeps_its_own_forward_there(dtype,
+                                                                             monkeypatch):
+    pytest.importorskip("ml_dtypes")
+    torch.manual_seed(0)
+    norm = _EpsPerDtypeRMSNorm(32)
+    x = (0.05 * torch.randn(6, 32)).to(dtype)
+    with torch.no_grad():
+        ref = norm(x)
+    handle = _patch(norm)
+    assert len(handle.swapped) == 1   # float32 input: recognised and on resnorm
+    calls = _count_norm_calls(monkeypatch)
+    with torch.no_grad():
+        assert torch.equal(norm(x), ref)   # 16-bit input: its own forward, on torch
+        norm(x.float())
+    assert calls.count == 1
+
+
+def test_qwen3_under_autocast_runs_every_norm_on_resnorm(monkeypatch):
+    # 5 norms receive the float32 residual stream, the 4 q/k norms a Linear's bfloat16 output
+    pytest.importorskip("ml_dtypes")
+    model = _model("qwen3")
+    batch = _batch("qwen3")
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = model(**batch).logits
+    _patch(model)
+    calls = _count_norm_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = model(**batch).logits   # parameters want gradients: one resnorm call per norm
+        assert calls.count == MODELS["qwen3"][3]
+        explanation = torch._dynamo.explain(lambda: model(**batch).logits)()
+    torch._dynamo.reset()
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert got.dtype == ref.dtype
+    # a q/k norm's x * rstd may round to the neighbouring bfloat16 value (resnorm's rstd
+    # is the float64 one): within 2 bfloat16 epsilons of the logits' largest size
+    tol = 2 * torch.finfo(torch.bfloat16).eps * ref.float().abs().max()
+    assert (got.float() - ref.float()).abs().max() <= tol

@@ -14,8 +14,9 @@ and a warning says so.  Norms over several trailing axes (normalized_shape (5, 6
 swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
 float16/bfloat16 models are patched like the others.  Half-precision input to float32
 parameters (torch.autocast): torch.nn's norms run on resnorm (resnorm.torch's modules
-compute that case as torch does); any other patched class runs its own forward, whose
-formula in that case (where it rounds, which dtype it returns) the probe did not check.
+compute that case as torch does); any other patched class runs on resnorm the way the probe
+found it computes that case (where it rounds, which dtype it returns: recognise.MIXED), and
+its own forward where none of those matched.
 """
 import warnings
 
@@ -25,7 +26,7 @@ from torch import nn
 from . import _tensors as T
 from .modules import LayerNorm, RMSNorm, forget_views, module_norm
 from .residual_modules import OWN_MODULES
-from .recognise import norm_like, recognise
+from .recognise import mixed_output, norm_like, recognise
 
 _RESNORM_CLASS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
 _TORCH_CLASS = {v: k for k, v in _RESNORM_CLASS.items()}
@@ -54,11 +55,15 @@ class _Patched:
 def _forward(self, x):
     """A patched module's forward: its recognised formula on resnorm."""
     spec = self.__dict__[_SPEC]
-    if isinstance(x, torch.Tensor) and T.mixed_params(x, getattr(self, "weight", None),
-                                                      getattr(self, "bias", None)):
-        # half-precision input, float32 parameters (torch.autocast): the module's own
-        # forward, on torch (the probe checked its formula for one dtype only)
-        return type(self)._resnorm_original.forward(self, x)
+    weight, bias = getattr(self, "weight", None), getattr(self, "bias", None)
+    if isinstance(x, torch.Tensor) and T.mixed_params(x, weight, bias):
+        # half-precision input, float32 parameters (torch.autocast): as the probe found
+        # this class computes that case, else the module's own forward, on torch
+        how = dict(spec.mixed).get(x.dtype)
+        if how is None:
+            return type(self)._resnorm_original.forward(self, x)
+        return mixed_output(spec.kind, how, x, weight, bias, getattr(self, spec.eps_attr),
+                            spec.normalized_shape)
     if isinstance(x, torch.Tensor) and x.dtype not in spec.dtypes:
         raise TypeError(
             f"resnorm.torch.patch checked this {type(self).__name__} against resnorm for "

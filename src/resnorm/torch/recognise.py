@@ -37,6 +37,7 @@ TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
 _ULPS = 256
 _ULPS_HALF = 4   # 16-bit outputs: the rounding of the output and of a module's own steps
 _ROWS = 8
+MIXED = ("round_once", "widened", "weight_after")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class NormSpec:
     eps_attr: str             # the module attribute holding eps
     dtypes: tuple             # torch dtypes checked by the probe
     normalized_shape: tuple = None   # several normalised axes; None: the last one
+    mixed: tuple = ()         # (half dtype, one of MIXED) for float32 parameters beside
+                              # half-precision input (torch.autocast)
 
     @property
     def layer(self):
@@ -100,6 +103,20 @@ def _probe_input(row, dtype, eps, generator):
     return x.to(dtype)
 
 
+def _random_params(params, row, dtype, generator):
+    """Probe values for the module's parameters: weights about 1, biases about 0."""
+    return {n: (1 + 0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
+                if n == "weight" else
+                0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
+                ).to(dtype) for n in params}
+
+
+def _eps(module, eps_attr, dtype):
+    """The module's eps for input of dtype (None: torch's default)."""
+    eps = getattr(module, eps_attr)
+    return T.default_eps(dtype) if eps is None else eps
+
+
 def _candidates(params):
     if "bias" in params:
         return ("layer",)
@@ -112,9 +129,26 @@ def _resnorm_output(kind, x, params, eps, row):
                               eps, None, row, kind == "rms_1p")
 
 
+def mixed_output(kind, how, x, weight, bias, eps, row):
+    """The norm of half-precision x with float32 weight/bias as the formula `how` (one of
+    MIXED) computes it; kind: 'rms', 'rms_1p' or 'layer'; row: the normalised axes (None:
+    the last one).  What a patched module runs in that case, and the probe's reference."""
+    layer, zero_centered = kind == "layer", kind == "rms_1p"
+    if how == "round_once":
+        return functions.norm(layer, x, weight, bias, eps, None, row, zero_centered)
+    if how == "widened":
+        return functions.norm(layer, x.float(), weight, bias, eps, None, row, zero_centered)
+    # weight_after: x * rstd in x's dtype, then the float32 parameters (in float32)
+    y = functions.norm(layer, x, None, None, eps, None, row).float()
+    if weight is not None:
+        y = y * ((1 + weight) if zero_centered else weight)
+    return y if bias is None else y + bias
+
+
 def _mismatch(y, ref, dtype):
     """The largest relative difference of y from resnorm's ref (inf for another dtype or
-    shape), and the tolerance it is held to."""
+    shape), and the tolerance it is held to: that of dtype, the precision ref was last
+    rounded to."""
     tol = (_ULPS_HALF if dtype in T.HALF_DTYPES else _ULPS) * float(torch.finfo(dtype).eps)
     if not isinstance(y, torch.Tensor) or y.shape != ref.shape or y.dtype != ref.dtype:
         return float("inf"), tol
@@ -176,13 +210,9 @@ def _probe(module, params, row, eps_attr, dtypes):
     for kind in _candidates(params):
         worst = (0.0, 0.0, 0.0, kind, None)
         for dtype in dtypes:
-            eps = getattr(module, eps_attr)
-            eps = T.default_eps(dtype) if eps is None else eps
+            eps = _eps(module, eps_attr, dtype)
             x = _probe_input(row, dtype, eps, generator)
-            random = {n: (1 + 0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
-                          if n == "weight" else
-                          0.5 * torch.randn(row, generator=generator, dtype=torch.float64)
-                          ).to(dtype) for n in params}
+            random = _random_params(params, row, dtype, generator)
             try:
                 outputs = _run(module, random, x)
             except Exception as e:   # noqa: BLE001 - any failure means "not recognised"
@@ -194,10 +224,39 @@ def _probe(module, params, row, eps_attr, dtypes):
                 if diff / tol > worst[0]:
                     worst = (diff / tol, diff, tol, kind, dtype)
         if worst[0] <= 1.0:
-            return NormSpec(kind, eps_attr, dtypes, row if len(row) > 1 else None), None
+            mixed = _probe_mixed(module, params, row, eps_attr, kind, generator) if (
+                dtypes == (torch.float32,) and params) else ()
+            return NormSpec(kind, eps_attr, dtypes, row if len(row) > 1 else None,
+                            mixed), None
         if closest is None or worst[0] < closest[0]:
             closest = worst
     _, diff, tol, kind, dtype = closest
     return None, (f"its output differs from resnorm's '{kind}' formula by {diff:.2g} "
                   f"(relative) on a {dtype} probe input, above the {tol:.2g} allowed: it "
                   f"computes something else (another formula, eps or precision)")
+
+
+def _probe_mixed(module, params, row, eps_attr, kind, generator):
+    """((half dtype, how), ...): for each half dtype resnorm takes, the first formula of
+    MIXED that a float32 module matches on half-precision probe input (none: the module
+    keeps its own forward for that dtype)."""
+    found = []
+    for dtype in T.HALF_DTYPES:
+        if T.dtype_problem(dtype) is not None:
+            continue
+        eps = _eps(module, eps_attr, dtype)
+        x = _probe_input(row, dtype, eps, generator)
+        random = _random_params(params, row, torch.float32, generator)
+        try:
+            outputs = _run(module, random, x)
+        except Exception:   # noqa: BLE001 - the module's own forward stays for this dtype
+            continue
+        for how in MIXED:
+            with torch.no_grad():
+                ref = mixed_output(kind, how, x, random.get("weight"), random.get("bias"),
+                                   eps, row if len(row) > 1 else None)
+            last = torch.float32 if how == "widened" else dtype
+            if all(diff <= tol for diff, tol in (_mismatch(y, ref, last) for y in outputs)):
+                found.append((dtype, how))
+                break
+    return tuple(found)
