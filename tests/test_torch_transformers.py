@@ -25,6 +25,11 @@ MODELS = {
     "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(**_DECODER, head_dim=8), "Qwen3RMSNorm", 9),
     "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(**_DECODER, head_dim=8), "GemmaRMSNorm", 5),
     "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(**_DECODER), "Phi3RMSNorm", 5),
+    # OLMo's LayerNorm has no parameters and no eps attribute (1e-5, found by the probe)
+    "olmo": (tf.OlmoForCausalLM, tf.OlmoConfig(**_DECODER), "OlmoLayerNorm", 5),
+    # Nemotron's LayerNorm computes with 1 + weight
+    "nemotron": (tf.NemotronForCausalLM, tf.NemotronConfig(**_DECODER), "NemotronLayerNorm1P",
+                 5),
     "t5": (tf.T5ForConditionalGeneration,
            tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1),
@@ -72,6 +77,22 @@ def _patch(model):
         return rt.patch(model)
 
 
+class _count_norm_calls:
+    """Counts calls of resnorm's NumPy norm functions `names` (resnorm.torch calls them
+    through the module's attributes)."""
+
+    def __init__(self, monkeypatch, names=("rms_norm", "rms_norm_forward")):
+        import resnorm
+        self.count = 0
+        for fname in names:
+            real = getattr(resnorm, fname)
+            monkeypatch.setattr(resnorm, fname, lambda *a, _f=real, **k: self._add(_f, a, k))
+
+    def _add(self, f, args, kwargs):
+        self.count += 1
+        return f(*args, **kwargs)
+
+
 # --------------------------------------------------------------------------- swapped, same results
 
 @pytest.mark.parametrize("name", NAMES)
@@ -95,6 +116,47 @@ def test_every_norm_is_swapped_and_logits_and_gradients_match(name):
             assert g is None, pname
         else:
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=pname)
+
+
+def test_llama4_weightless_qk_norms_are_swapped_and_agree():
+    # Llama 4's q/k norm has no parameters and no normalized_shape: an RMSNorm of whatever
+    # last axis it is given (the head dimension), probed on rows of another size
+    config = tf.Llama4TextConfig(**_DECODER, head_dim=8, intermediate_size_mlp=64,
+                                 num_local_experts=2)
+    torch.manual_seed(0)
+    model = tf.Llama4TextModel(config).eval()
+    batch = _batch("llama")
+    ref = model(**batch).last_hidden_state
+    ref_grads = torch.autograd.grad(ref.square().mean(), list(model.parameters()),
+                                    allow_unused=True)
+    handle = _patch(model)
+    swapped = sorted({type(m).__name__ for _, m in handle.swapped})
+    assert swapped == ["Llama4TextRMSNorm", "Llama4TextWeightlessRMSNorm"]
+    assert len(handle.swapped) == 7 and handle.skipped == []
+    out = model(**batch).last_hidden_state
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(out.square().mean(), list(model.parameters()),
+                                allow_unused=True)
+    for (pname, _), g, r in zip(model.named_parameters(), grads, ref_grads):
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=pname)
+
+
+def test_olmo_norm_keeps_its_own_forward_for_float64_input(monkeypatch):
+    # OLMo's LayerNorm computes in float32 whatever the input: resnorm in float64 would not
+    # compute the same, and with no parameters to fix a dtype the module stays usable
+    model = _model("olmo")
+    _patch(model)
+    norm = _norms(model, "OlmoLayerNorm")[0]
+    x = torch.randn(3, 32, dtype=torch.float64)
+    calls = _count_norm_calls(monkeypatch, ("layer_norm", "layer_norm_forward"))
+    with torch.no_grad():
+        got = norm(x)
+        assert calls.count == 0
+        norm(x.float())
+        assert calls.count == 1
+    assert got.dtype == torch.float64
+    assert torch.equal(got, torch.nn.functional.layer_norm(x.float(), (32,), eps=1e-5).double())
 
 
 def test_the_swapped_modules_run_resnorm(monkeypatch):
@@ -292,22 +354,6 @@ def test_patched_model_refuses_another_input_dtype_clearly():
 # multiplies the widened rows in float32 (float32 out).
 MIXED = {"llama": torch.float32, "qwen3": torch.float32, "gemma": None, "t5": torch.float32}
 HALVES = [torch.bfloat16, torch.float16]
-
-
-class _count_norm_calls:
-    """Counts calls of resnorm's NumPy RMSNorm functions (resnorm.torch calls them through
-    the module's attributes)."""
-
-    def __init__(self, monkeypatch):
-        import resnorm
-        self.count = 0
-        for fname in ("rms_norm", "rms_norm_forward"):
-            real = getattr(resnorm, fname)
-            monkeypatch.setattr(resnorm, fname, lambda *a, _f=real, **k: self._add(_f, a, k))
-
-    def _add(self, f, args, kwargs):
-        self.count += 1
-        return f(*args, **kwargs)
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)

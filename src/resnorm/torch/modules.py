@@ -28,9 +28,10 @@ _VIEWS = "_resnorm_param_views"
 
 def parameter(module, name):
     """module.<name> without nn.Module.__getattr__'s cost (a parametrized tensor or any
-    other attribute falls back to getattr)."""
+    other attribute falls back to getattr; None for a module without one, such as a norm
+    without parameters)."""
     p = module._parameters.get(name, _ABSENT)
-    return getattr(module, name) if p is _ABSENT else p
+    return getattr(module, name, None) if p is _ABSENT else p
 
 
 def forget_views(module_or_state):

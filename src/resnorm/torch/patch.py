@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from . import _tensors as T
-from .modules import LayerNorm, RMSNorm, forget_views, module_norm
+from .modules import LayerNorm, RMSNorm, forget_views, module_norm, parameter
 from .residual_modules import OWN_MODULES
 from .recognise import mixed_output, norm_like, recognise
 
@@ -55,24 +55,28 @@ class _Patched:
 def _forward(self, x):
     """A patched module's forward: its recognised formula on resnorm."""
     spec = self.__dict__[_SPEC]
-    weight, bias = getattr(self, "weight", None), getattr(self, "bias", None)
+    weight, bias = parameter(self, "weight"), parameter(self, "bias")
     if isinstance(x, torch.Tensor) and T.mixed_params(x, weight, bias):
         # half-precision input, float32 parameters (torch.autocast): as the probe found
         # this class computes that case, else the module's own forward, on torch
         how = dict(spec.mixed).get(x.dtype)
         if how is None:
             return type(self)._resnorm_original.forward(self, x)
-        return mixed_output(spec.kind, how, x, weight, bias, getattr(self, spec.eps_attr),
+        return mixed_output(spec.kind, how, x, weight, bias, spec.eps(self),
                             spec.normalized_shape)
     if isinstance(x, torch.Tensor) and x.dtype not in spec.dtypes:
+        if weight is None and bias is None:
+            # no parameters fix its dtype: where the probe did not match (OLMo's LayerNorm
+            # computes float64 input in float32), the module's own forward
+            return type(self)._resnorm_original.forward(self, x)
         raise TypeError(
             f"resnorm.torch.patch checked this {type(self).__name__} against resnorm for "
             f"{' and '.join(map(str, spec.dtypes))} input, got {x.dtype}; call "
             f"patch(model) again after changing the model's dtype, or undo() the patch")
-    eps = getattr(self, spec.eps_attr)
-    # Gemma's y = rms_norm(x) * (1 + w): resnorm's zero-centred weight, 1 + w in w's dtype
-    return module_norm(self, x, spec.layer, eps, spec.normalized_shape,
-                       spec.kind == "rms_1p")
+    # Gemma's y = rms_norm(x) * (1 + w) (Nemotron's LayerNorm likewise): resnorm's
+    # zero-centred weight, 1 + w in w's dtype
+    return module_norm(self, x, spec.layer, spec.eps(self), spec.normalized_shape,
+                       spec.zero_centered)
 
 
 def _unpickle(original):

@@ -4,15 +4,18 @@ patch() hands every norm-like module of a model (a leaf module whose class name 
 "norm", or any torch norm) to recognise(), which
 
 1. reads what resnorm would need: a weight and/or bias of one shape (the normalised
-   axes: (D,), or several, e.g. (5, 64)), no buffers, an eps attribute (``eps``,
-   ``variance_epsilon`` or ``epsilon``), float32/float64/float16/bfloat16 on the CPU;
+   axes: (D,), or several, e.g. (5, 64); a module with neither and no normalized_shape
+   normalises whatever last axis it is given), no buffers, an eps attribute (``eps``,
+   ``variance_epsilon`` or ``epsilon``; a module without one, such as OLMo's LayerNorm,
+   is probed with each eps of EPS_GUESSES), float32/float64/float16/bfloat16 on the CPU;
 2. runs the module on a probe input (with random parameters, through
    torch.func.functional_call, so the module's own tensors are not touched) in training
    and in eval mode, and compares the outputs with each formula resnorm computes:
 
-   ``rms``     y = x / sqrt(mean(x^2) + eps) * w            (Llama, Mistral, Qwen, Phi-3, T5)
-   ``rms_1p``  y = x / sqrt(mean(x^2) + eps) * (1 + w)      (Gemma)
-   ``layer``   y = (x - mean) / sqrt(var + eps) * w + b     (nn.LayerNorm and subclasses)
+   ``rms``       y = x / sqrt(mean(x^2) + eps) * w          (Llama, Mistral, Qwen, Phi-3, T5)
+   ``rms_1p``    y = x / sqrt(mean(x^2) + eps) * (1 + w)    (Gemma)
+   ``layer``     y = (x - mean) / sqrt(var + eps) * w + b   (nn.LayerNorm and subclasses)
+   ``layer_1p``  y = (x - mean) / sqrt(var + eps) * (1 + w) + b   (Nemotron)
 
 The probe rows include rows whose mean square is of the order of eps, so a module that
 adds eps elsewhere (or uses another eps) does not match.  A module matches a formula when
@@ -20,8 +23,10 @@ its output is within 256 units in the last place of the dtype (relative to 1 + |
 every probe element: float32 rounding differences pass, another formula, another eps or
 another precision (a float64 module that computes in float32) does not.  A float16 or
 bfloat16 module is probed in its dtype within 4 units in the last place (a module that
-rounds an intermediate step, such as Llama's, passes) and in float32 within 256.  What does not
-match is not swapped, and the reason says why.
+rounds an intermediate step, such as Llama's, passes) and in float32 within 256.  A module
+without parameters is probed in every dtype and runs on resnorm in those it matched,
+float32 among them (its own forward in the others: OLMo's computes float64 input in
+float32).  What does not match is not swapped, and the reason says why.
 """
 from dataclasses import dataclass
 
@@ -32,29 +37,50 @@ from . import _tensors as T
 from . import functions
 
 EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")
+EPS_GUESSES = (1e-5, 1e-6)   # torch.nn.LayerNorm's default, and most RMSNorms'
 TORCH_NORMS = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.LocalResponseNorm,
                nn.modules.batchnorm._NormBase)
 _ULPS = 256
 _ULPS_HALF = 4   # 16-bit outputs: the rounding of the output and of a module's own steps
 _ROWS = 8
+_FREE_ROW = (48,)   # the probe's row for a module that normalises any last axis
 MIXED = ("round_once", "widened", "weight_after")
 
 
 @dataclass(frozen=True)
 class NormSpec:
     """How resnorm computes a recognised module: the formula, where its eps is, the dtypes
-    the probe checked (inputs of other dtypes are refused at call time) and the normalised
-    axes."""
-    kind: str                 # 'rms', 'rms_1p' or 'layer'
-    eps_attr: str             # the module attribute holding eps
-    dtypes: tuple             # torch dtypes checked by the probe
+    the probe matched (inputs of other dtypes are refused at call time, or run the module's
+    own forward if it has no parameters) and the normalised axes."""
+    kind: str                 # 'rms', 'rms_1p', 'layer' or 'layer_1p'
+    eps_attr: str             # the module attribute holding eps (None: eps_value)
+    dtypes: tuple             # torch dtypes matched by the probe
     normalized_shape: tuple = None   # several normalised axes; None: the last one
     mixed: tuple = ()         # (half dtype, one of MIXED) for float32 parameters beside
                               # half-precision input (torch.autocast)
+    eps_value: float = None   # the eps the probe found, for a module without an attribute
 
     @property
     def layer(self):
-        return self.kind == "layer"
+        return _flags(self.kind)[0]
+
+    @property
+    def zero_centered(self):
+        return _flags(self.kind)[1]
+
+    def eps(self, module):
+        """The module's eps (None: torch's default for the input's dtype)."""
+        return _module_eps(module, self.eps_attr, self.eps_value)
+
+
+def _module_eps(module, eps_attr, eps_value):
+    """The module's eps attribute eps_attr (None: the module has none; eps_value)."""
+    return eps_value if eps_attr is None else getattr(module, eps_attr)
+
+
+def _flags(kind):
+    """(LayerNorm, zero-centred weight) of a formula's name."""
+    return kind.startswith("layer"), kind.endswith("_1p")
 
 
 def norm_like(module):
@@ -80,7 +106,9 @@ def _row(module, params):
     if (isinstance(shape, (tuple, list)) and shape
             and all(isinstance(s, int) and s > 0 for s in shape)):
         return tuple(shape), None
-    return None, "it has no weight, bias or normalized_shape to tell the normalised size"
+    if getattr(module, "normalized_shape", None) is None:
+        return _FREE_ROW, None
+    return None, f"its normalized_shape {shape!r} is not a size or a tuple of sizes"
 
 
 def _eps_attribute(module):
@@ -111,29 +139,31 @@ def _random_params(params, row, dtype, generator):
                 ).to(dtype) for n in params}
 
 
-def _eps(module, eps_attr, dtype):
+def _eps(module, eps_attr, eps_value, dtype):
     """The module's eps for input of dtype (None: torch's default)."""
-    eps = getattr(module, eps_attr)
+    eps = _module_eps(module, eps_attr, eps_value)
     return T.default_eps(dtype) if eps is None else eps
 
 
 def _candidates(params):
     if "bias" in params:
-        return ("layer",)
-    return ("rms", "rms_1p", "layer") if "weight" in params else ("rms", "layer")
+        return ("layer", "layer_1p")
+    return ("rms", "rms_1p", "layer", "layer_1p") if "weight" in params else ("rms", "layer")
 
 
 def _resnorm_output(kind, x, params, eps, row):
+    layer, zero_centered = _flags(kind)
     with torch.no_grad():
-        return functions.norm(kind == "layer", x, params.get("weight"), params.get("bias"),
-                              eps, None, row, kind == "rms_1p")
+        return functions.norm(layer, x, params.get("weight"), params.get("bias"), eps, None,
+                              row, zero_centered)
 
 
 def mixed_output(kind, how, x, weight, bias, eps, row):
     """The norm of half-precision x with float32 weight/bias as the formula `how` (one of
-    MIXED) computes it; kind: 'rms', 'rms_1p' or 'layer'; row: the normalised axes (None:
-    the last one).  What a patched module runs in that case, and the probe's reference."""
-    layer, zero_centered = kind == "layer", kind == "rms_1p"
+    MIXED) computes it; kind: a formula's name (NormSpec.kind); row: the normalised axes
+    (None: the last one).  What a patched module runs in that case, and the probe's
+    reference."""
+    layer, zero_centered = _flags(kind)
     if how == "round_once":
         return functions.norm(layer, x, weight, bias, eps, None, row, zero_centered)
     if how == "widened":
@@ -190,9 +220,6 @@ def recognise(module):
     if reason is not None:
         return None, reason
     eps_attr = _eps_attribute(module)
-    if eps_attr is None:
-        return None, (f"it has no eps attribute ({', '.join(EPS_ATTRIBUTES)}) to pass to "
-                      f"resnorm")
     dtypes = tuple({p.dtype for p in params.values()}) or tuple(
         d for d in T.NUMPY_DTYPES if T.dtype_problem(d) is None)
     if len(dtypes) > 1 and params:
@@ -208,35 +235,45 @@ def _probe(module, params, row, eps_attr, dtypes):
     generator = torch.Generator().manual_seed(20240611)   # never torch's global generator
     closest = None   # (ratio, difference, tolerance, kind, dtype) of the nearest formula
     for kind in _candidates(params):
-        worst = (0.0, 0.0, 0.0, kind, None)
-        for dtype in dtypes:
-            eps = _eps(module, eps_attr, dtype)
-            x = _probe_input(row, dtype, eps, generator)
-            random = _random_params(params, row, dtype, generator)
-            try:
-                outputs = _run(module, random, x)
-            except Exception as e:   # noqa: BLE001 - any failure means "not recognised"
-                return None, (f"calling it on a probe input of shape {tuple(x.shape)} failed "
-                              f"({type(e).__name__}: {e})")
-            ref = _resnorm_output(kind, x, random, eps, row)
-            for y in outputs:
-                diff, tol = _mismatch(y, ref, dtype)
-                if diff / tol > worst[0]:
-                    worst = (diff / tol, diff, tol, kind, dtype)
-        if worst[0] <= 1.0:
-            mixed = _probe_mixed(module, params, row, eps_attr, kind, generator) if (
-                dtypes == (torch.float32,) and params) else ()
-            return NormSpec(kind, eps_attr, dtypes, row if len(row) > 1 else None,
-                            mixed), None
-        if closest is None or worst[0] < closest[0]:
-            closest = worst
+        for eps_value in (None,) if eps_attr else EPS_GUESSES:
+            worst = {}   # dtype -> (ratio, difference, tolerance, kind, dtype)
+            for dtype in dtypes:
+                eps = _eps(module, eps_attr, eps_value, dtype)
+                x = _probe_input(row, dtype, eps, generator)
+                random = _random_params(params, row, dtype, generator)
+                try:
+                    outputs = _run(module, random, x)
+                except Exception as e:   # noqa: BLE001 - any failure means "not recognised"
+                    return None, (f"calling it on a probe input of shape {tuple(x.shape)} "
+                                  f"failed ({type(e).__name__}: {e})")
+                ref = _resnorm_output(kind, x, random, eps, row)
+                worst[dtype] = max(((diff / tol, diff, tol, kind, dtype) for diff, tol in
+                                    (_mismatch(y, ref, dtype) for y in outputs)),
+                                   key=_ratio)
+            matched = tuple(d for d in dtypes if worst[d][0] <= 1.0)
+            if matched == dtypes or (not params and torch.float32 in matched):
+                mixed = _probe_mixed(module, params, row, eps_attr, eps_value, kind,
+                                     generator) if (dtypes == (torch.float32,) and params) else ()
+                return NormSpec(kind, eps_attr, matched, row if len(row) > 1 else None,
+                                mixed, eps_value), None
+            nearest = max(worst.values(), key=_ratio)
+            if closest is None or nearest[0] < closest[0]:
+                closest = nearest
     _, diff, tol, kind, dtype = closest
-    return None, (f"its output differs from resnorm's '{kind}' formula by {diff:.2g} "
-                  f"(relative) on a {dtype} probe input, above the {tol:.2g} allowed: it "
-                  f"computes something else (another formula, eps or precision)")
+    differs = (f"its output differs from resnorm's '{kind}' formula by {diff:.2g} "
+               f"(relative) on a {dtype} probe input, above the {tol:.2g} allowed")
+    if eps_attr is None:
+        return None, (f"it has no eps attribute ({', '.join(EPS_ATTRIBUTES)}), and with "
+                      f"eps {' or '.join(map(str, EPS_GUESSES))} {differs}")
+    return None, (f"{differs}: it computes something else (another formula, eps or "
+                  f"precision)")
 
 
-def _probe_mixed(module, params, row, eps_attr, kind, generator):
+def _ratio(worst):
+    return worst[0]
+
+
+def _probe_mixed(module, params, row, eps_attr, eps_value, kind, generator):
     """((half dtype, how), ...): for each half dtype resnorm takes, the first formula of
     MIXED that a float32 module matches on half-precision probe input (none: the module
     keeps its own forward for that dtype)."""
@@ -244,7 +281,7 @@ def _probe_mixed(module, params, row, eps_attr, kind, generator):
     for dtype in T.HALF_DTYPES:
         if T.dtype_problem(dtype) is not None:
             continue
-        eps = _eps(module, eps_attr, dtype)
+        eps = _eps(module, eps_attr, eps_value, dtype)
         x = _probe_input(row, dtype, eps, generator)
         random = _random_params(params, row, torch.float32, generator)
         try:
