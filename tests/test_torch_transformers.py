@@ -159,6 +159,32 @@ def test_olmo_norm_keeps_its_own_forward_for_float64_input(monkeypatch):
     assert torch.equal(got, torch.nn.functional.layer_norm(x.float(), (32,), eps=1e-5).double())
 
 
+# More architectures, forward only: every norm-like module swapped, the logits unchanged
+# (name: the Config's prefix; the model class is <name>ForCausalLM)
+MORE = ["Gemma2", "Gemma3Text", "Cohere", "Cohere2", "Mixtral", "Granite", "Qwen2Moe",
+        "Qwen3Moe", "Olmo2", "Olmo3", "StableLm", "GPTNeoX", "Phi", "Bloom", "Starcoder2",
+        "FalconH1", "Exaone4", "GptOss", "Apertus", "Arcee", "Ernie4_5", "Doge", "Lfm2",
+        "Mamba", "DiffLlama", "Persimmon", "BioGpt", "Mpt"]
+
+
+@pytest.mark.parametrize("name", MORE)
+def test_more_architectures_have_every_norm_swapped(name):
+    from resnorm.torch.recognise import norm_like
+    model_cls = (getattr(tf, f"{name}ForCausalLM", None)
+                 or getattr(tf, f"{name.replace('Text', '')}ForCausalLM"))
+    torch.manual_seed(0)
+    model = model_cls(getattr(tf, f"{name}Config")(**_DECODER)).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname.lower() or "ln" in pname.split("."):
+                p.add_(0.2 * torch.randn_like(p))
+        batch = _batch(name)
+        ref = model(**batch).logits
+        handle = _patch(model)
+        assert len(handle.swapped) == sum(map(norm_like, model.modules())) > 0
+        torch.testing.assert_close(model(**batch).logits, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_swapped_modules_run_resnorm(monkeypatch):
     """The patched model calls resnorm's functions (and not torch's norm) for every norm."""
     import resnorm
