@@ -12,13 +12,16 @@ For each shape, 16-bit dtype and thread count, the median time (ms) of:
 * torch: a float32 torch.nn.RMSNorm / LayerNorm given the 16-bit tensor, forward under
   no_grad and forward + backward, and resnorm.torch's modules the same way; and under
   no_grad, x + residual then the float32 module;
+* with --compile, torch.compile of the torch rows (Inductor, warmed up before timing); as
+  Inductor fixes its thread count when it compiles, --compile takes one --threads value
+  (run one process per thread count);
 * np.copyto of the 16-bit rows: the memory floor of one read and one write.
 
 All rows of a shape are timed round-robin (resnorm.bench.time_interleaved), so they see
 the same machine noise; numbers are to be read on a quiet machine.
 
     PYTHONPATH=src python benchmarks/bench_mixed.py [--shapes 2048x4096,2048x768]
-        [--threads 1,2] [--dtypes bfloat16,float16] [--repeats 9] [--quick]
+        [--threads 1,2] [--dtypes bfloat16,float16] [--repeats 9] [--compile] [--quick]
 
 --quick: one small shape and few repeats, to check that the script runs.
 """
@@ -40,8 +43,9 @@ def numpy_dtype(name):
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def rows_for(shape, name, nt):
-    """(label, function) of every timed row at this shape, dtype and thread count."""
+def rows_for(shape, name, nt, compiled=False):
+    """(label, function) of every timed row at this shape, dtype and thread count
+    (compiled: with the torch.compile rows)."""
     dt, tdt = numpy_dtype(name), getattr(torch, name)
     n, d = shape
     rng = np.random.default_rng(0)
@@ -99,6 +103,20 @@ def rows_for(shape, name, nt):
             if lib == "torch":
                 rows.append((f"torch x + r, then {label[6:]} forward",
                              lambda m=m: no_grad(m, xt + rt_)))
+                if compiled:
+                    rows += compiled_rows(label[6:], m, xt, xg, dyt, rt_)
+    return rows
+
+
+def compiled_rows(label, m, xt, xg, dyt, r):
+    """torch.compile of the torch rows, each called once before timing (compiles it)."""
+    fwd = torch.compile(lambda x: m(x))
+    add = torch.compile(lambda x, r: m(x + r))
+    rows = [(f"torch.compile {label} forward", lambda: no_grad(fwd, xt)),
+            (f"torch.compile {label} forward + backward", lambda: train(fwd, xg, dyt, m)),
+            (f"torch.compile x + r, then {label} forward", lambda: no_grad(add, xt, r))]
+    for _, f in rows:
+        f()
     return rows
 
 
@@ -110,15 +128,16 @@ def rt_class(layer):
     return rt.LayerNorm if layer else (lambda d: rt.RMSNorm(d, eps=1e-6))
 
 
-def no_grad(m, x):
+def no_grad(m, *x):
     with torch.no_grad():
-        return m(x)
+        return m(*x)
 
 
-def train(m, x, dy):
+def train(m, x, dy, module=None):
+    """Forward and backward of m (a module, or a compiled call of `module`)."""
     m(x).backward(dy)
     x.grad = None
-    m.zero_grad(set_to_none=True)
+    (module or m).zero_grad(set_to_none=True)
 
 
 def main():
@@ -127,10 +146,15 @@ def main():
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--compile", action="store_true",
+                        help="also torch.compile of the torch rows (one --threads value)")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.shapes, args.threads, args.repeats = "64x256", "1", 3
+    if args.compile and "," in args.threads:
+        parser.error("--compile takes one --threads value (Inductor fixes its thread count "
+                     "when it compiles): run one process per thread count")
     warnings.simplefilter("ignore")   # torch: "Mismatch dtype between input and weight"
     info = machine_info()
     print(f"# {info['cpu']}, {info['cores']} cores, resnorm level {info['simd_level']}, "
@@ -140,7 +164,7 @@ def main():
         for name in args.dtypes.split(","):
             for shape in args.shapes.split(","):
                 shape = tuple(map(int, shape.split("x")))
-                rows = rows_for(shape, name, nt)
+                rows = rows_for(shape, name, nt, args.compile)
                 times = time_interleaved([f for _, f in rows], args.repeats)
                 print(f"\n## {shape[0]}x{shape[1]} {name}, {nt} thread(s): median ms")
                 for (label, _), t in zip(rows, times):
