@@ -379,6 +379,40 @@ def test_patch_recognises_norms_by_what_they_compute():
         assert torch.equal(model(x), ref)
 
 
+class ChannelsFirstRMSNorm(nn.Module):   # over axis 1 of (N, C, L): not the last axis
+    def __init__(self, c, weight=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c)) if weight else None
+        self.eps = 1e-6
+
+    def forward(self, x):
+        y = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + self.eps)
+        return y if self.weight is None else y * self.weight.reshape(-1, *[1] * (x.ndim - 2))
+
+
+class AnyAxisRMSNorm(nn.Module):         # no parameters, no normalized_shape: the last axis
+    eps = 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_patch_tells_the_normalised_axis_apart():
+    # the probe rows have two leading axes, so a norm over axis 1 is not taken for one
+    # over the last axis, with or without a weight to tell the size
+    model = nn.Sequential(ChannelsFirstRMSNorm(16), ChannelsFirstRMSNorm(16, weight=False),
+                          AnyAxisRMSNorm())
+    with pytest.warns(UserWarning, match="left 2 norm module"):
+        handle = rt.patch(model)
+    assert [name for name, _ in handle.swapped] == ["2"]
+    for name, reason in handle.skipped:
+        assert "differs from resnorm's" in reason or "failed" in reason, (name, reason)
+    x = torch.randn(2, 16, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), AnyAxisRMSNorm()(
+            ChannelsFirstRMSNorm(16, weight=False)(ChannelsFirstRMSNorm(16)(x))))
+
+
 def test_patched_custom_norm_trains_like_the_original():
     def run(patch):
         torch.manual_seed(0)

@@ -120,15 +120,17 @@ def _eps_attribute(module):
 
 
 def _probe_input(row, dtype, eps, generator):
-    """(rows, *row) probe rows: unit scale, large with an offset (LayerNorm vs RMSNorm), and
-    rows whose mean square is about eps (where the eps term decides the output)."""
+    """(2, rows / 2, *row) probe rows: unit scale, large with an offset (LayerNorm vs
+    RMSNorm), and rows whose mean square is about eps (where the eps term decides the
+    output).  Two leading axes, so a module that normalises over axis 1 (channels first)
+    rather than the last does not match."""
     x = torch.randn((_ROWS,) + row, generator=generator, dtype=torch.float64)
     x[1] = x[1] * 1e3 + 50.0
     x[2] = x[2] + 3.0
     small = max(eps, float(torch.finfo(dtype).tiny) * 1e6) ** 0.5
     x[3:6] *= small * torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64).reshape(
         (3,) + (1,) * len(row))
-    return x.to(dtype)
+    return x.to(dtype).reshape((2, _ROWS // 2) + row)
 
 
 def _random_params(params, row, dtype, generator):
