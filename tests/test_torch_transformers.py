@@ -371,7 +371,7 @@ def test_patched_model_refuses_another_input_dtype_clearly():
         norm(torch.ones(2, 32, dtype=torch.float64))
 
 
-# --------------------------------------------------------------------------- float32 norms, 16-bit input
+# --------------------------------------------------------------------------- 16-bit input
 
 # Under torch.autocast a float32 norm can receive float16/bfloat16 input (Qwen3's q/k norms
 # get a Linear's output).  The classes differ in where they round and in the dtype they
