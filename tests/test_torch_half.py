@@ -14,6 +14,8 @@ from torch import nn  # noqa: E402
 import resnorm.torch as rt  # noqa: E402
 from resnorm.torch import _tensors as T  # noqa: E402
 
+from _spy import spy_norms  # noqa: E402
+
 HALVES = [torch.bfloat16, torch.float16]
 ids = str
 
@@ -173,27 +175,6 @@ def test_autocast_norms_return_what_torchs_return():
     assert calls == ["layer_norm_forward", "rms_norm_forward"]   # parameters want grads
     assert got.dtype is ref.dtype is torch.bfloat16
     assert torch.equal(got, ref)
-
-
-class spy_norms:
-    """Records the names of resnorm's NumPy norm functions called inside (resnorm.torch
-    calls them through the module's attributes)."""
-
-    NAMES = ("rms_norm", "layer_norm", "rms_norm_forward", "layer_norm_forward")
-
-    def __init__(self, module, calls):
-        self.module, self.calls, self.saved = module, calls, {}
-
-    def __enter__(self):
-        for name in self.NAMES:
-            fn = self.saved[name] = getattr(self.module, name)
-            setattr(self.module, name,
-                    lambda *a, _fn=fn, _name=name, **k: (self.calls.append(_name), _fn(*a, **k))[1])
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.saved.items():
-            setattr(self.module, name, fn)
 
 
 def _mixed_module_pair(layer, dtype, d=200):

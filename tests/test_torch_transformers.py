@@ -11,7 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")   # nothing may come from the netwo
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
 
+import resnorm  # noqa: E402
 import resnorm.torch as rt  # noqa: E402
+from _spy import spy_norms  # noqa: E402
 
 VOCAB = 64
 _DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -77,22 +79,6 @@ def _patch(model):
         return rt.patch(model)
 
 
-class _count_norm_calls:
-    """Counts calls of resnorm's NumPy norm functions `names` (resnorm.torch calls them
-    through the module's attributes)."""
-
-    def __init__(self, monkeypatch, names=("rms_norm", "rms_norm_forward")):
-        import resnorm
-        self.count = 0
-        for fname in names:
-            real = getattr(resnorm, fname)
-            monkeypatch.setattr(resnorm, fname, lambda *a, _f=real, **k: self._add(_f, a, k))
-
-    def _add(self, f, args, kwargs):
-        self.count += 1
-        return f(*args, **kwargs)
-
-
 # --------------------------------------------------------------------------- swapped, same results
 
 @pytest.mark.parametrize("name", NAMES)
@@ -142,19 +128,19 @@ def test_llama4_weightless_qk_norms_are_swapped_and_agree():
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6, msg=pname)
 
 
-def test_olmo_norm_keeps_its_own_forward_for_float64_input(monkeypatch):
+def test_olmo_norm_keeps_its_own_forward_for_float64_input():
     # OLMo's LayerNorm computes in float32 whatever the input: resnorm in float64 would not
     # compute the same, and with no parameters to fix a dtype the module stays usable
     model = _model("olmo")
     _patch(model)
     norm = _norms(model, "OlmoLayerNorm")[0]
     x = torch.randn(3, 32, dtype=torch.float64)
-    calls = _count_norm_calls(monkeypatch, ("layer_norm", "layer_norm_forward"))
-    with torch.no_grad():
+    calls = []
+    with torch.no_grad(), spy_norms(resnorm, calls):
         got = norm(x)
-        assert calls.count == 0
+        assert calls == []
         norm(x.float())
-        assert calls.count == 1
+        assert len(calls) == 1
     assert got.dtype == torch.float64
     assert torch.equal(got, torch.nn.functional.layer_norm(x.float(), (32,), eps=1e-5).double())
 
@@ -384,8 +370,7 @@ HALVES = [torch.bfloat16, torch.float16]
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
 @pytest.mark.parametrize("name", list(MIXED))
-def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name, dtype,
-                                                                           monkeypatch):
+def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name, dtype):
     pytest.importorskip("ml_dtypes")   # torch.bfloat16 tensors are viewed as ml_dtypes arrays
     model = _model(name)
     norm = _norms(model, MODELS[name][2])[-1]
@@ -395,10 +380,11 @@ def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name
     dy = torch.randn(ref.shape, generator=g).to(ref.dtype)
     ref_dx, ref_dw = torch.autograd.grad(ref, (x, norm.weight), dy)
     _patch(model)
-    calls = _count_norm_calls(monkeypatch)
-    got = norm(x)
+    calls = []
+    with spy_norms(resnorm, calls):
+        got = norm(x)
     dx, dw = torch.autograd.grad(got, (x, norm.weight), dy)
-    assert calls.count == 1                                 # on resnorm, not its own forward
+    assert len(calls) == 1                                  # on resnorm, not its own forward
     assert got.dtype == ref.dtype == (MIXED[name] or dtype)
     # y: Llama rounds x * rstd to the 16-bit dtype before its weight and Gemma rounds its
     # output: one rounding of that dtype; T5 stays in float32 (rstd from torch's float32
@@ -426,8 +412,7 @@ class _EpsPerDtypeRMSNorm(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
-def test_a_class_computing_16_bit_input_otherwise_keeps_its_own_forward_there(dtype,
-                                                                             monkeypatch):
+def test_a_class_computing_16_bit_input_otherwise_keeps_its_own_forward_there(dtype):
     pytest.importorskip("ml_dtypes")
     torch.manual_seed(0)
     norm = _EpsPerDtypeRMSNorm(32)
@@ -436,14 +421,14 @@ def test_a_class_computing_16_bit_input_otherwise_keeps_its_own_forward_there(dt
         ref = norm(x)
     handle = _patch(norm)
     assert len(handle.swapped) == 1   # float32 input: recognised and on resnorm
-    calls = _count_norm_calls(monkeypatch)
-    with torch.no_grad():
+    calls = []
+    with torch.no_grad(), spy_norms(resnorm, calls):
         assert torch.equal(norm(x), ref)   # 16-bit input: its own forward, on torch
         norm(x.float())
-    assert calls.count == 1
+    assert len(calls) == 1
 
 
-def test_qwen3_under_autocast_runs_every_norm_on_resnorm(monkeypatch):
+def test_qwen3_under_autocast_runs_every_norm_on_resnorm():
     # 5 norms receive the float32 residual stream, the 4 q/k norms a Linear's bfloat16 output
     pytest.importorskip("ml_dtypes")
     model = _model("qwen3")
@@ -451,10 +436,11 @@ def test_qwen3_under_autocast_runs_every_norm_on_resnorm(monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         ref = model(**batch).logits
     _patch(model)
-    calls = _count_norm_calls(monkeypatch)
+    calls = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = model(**batch).logits   # parameters want gradients: one resnorm call per norm
-        assert calls.count == MODELS["qwen3"][3]
+        with spy_norms(resnorm, calls):
+            got = model(**batch).logits   # parameters want gradients: one call per norm
+        assert len(calls) == MODELS["qwen3"][3]
         explanation = torch._dynamo.explain(lambda: model(**batch).logits)()
     torch._dynamo.reset()
     assert explanation.graph_break_count == 0, explanation.break_reasons
