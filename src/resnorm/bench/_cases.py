@@ -59,6 +59,15 @@ class Case:
         return [(True, self.out), (False, self.alloc)]
 
 
+def bound(fn, *args):
+    """fn with its leading positional arguments bound: a case's call then passes only
+    keywords, as a user's call does.  (A call spelled ``fn(x, *params, out=y)`` builds a
+    keyword dict on every call: about 0.9 us of a 2 us fused call on this machine, time
+    the user does not pay; a partial of positional arguments passes keywords on as they
+    are.)"""
+    return partial(fn, *args)
+
+
 def fixed(fn):
     """A peer whose call does not depend on the thread count (NumPy runs on one thread)."""
     return lambda threads, used: fn

@@ -18,7 +18,7 @@ from .. import (add_layer_norm, add_layer_norm_backward, add_layer_norm_forward,
                 scaled_residual, scaled_residual_backward, scaled_residual_forward)
 from . import _peers_numba as nb
 from . import _peers_onnx as onnx
-from ._cases import (BACKWARD, FORWARD, FUSED, Case, arrays, column, f64_sum, fixed,
+from ._cases import (BACKWARD, FORWARD, FUSED, Case, arrays, bound, column, f64_sum, fixed,
                      numpy_layer, numpy_layer_backward, numpy_rms, numpy_rms_backward, parts,
                      register)
 from ._ops_norms import LAYER_EPS, RMS_EPS
@@ -67,9 +67,10 @@ def _prenorm(name, layer, p, training=False):
         eps = LAYER_EPS if layer else RMS_EPS
         params = (w, b) if layer else (w,)
         if training:
-            add = add_layer_norm_forward if layer else add_rms_norm_forward
+            fn = add_layer_norm_forward if layer else add_rms_norm_forward
         else:
-            add = add_layer_norm if layer else add_rms_norm
+            fn = add_layer_norm if layer else add_rms_norm
+        add = bound(fn, x, r, *params)
 
         def ref(rows, keep):
             hr = f64_sum(r[rows], _dropped(x[rows], None if keep is None else keep[rows], p))
@@ -105,9 +106,8 @@ def _prenorm(name, layer, p, training=False):
         n_stats = (2 if layer else 1) if training else 0
         return Case(
             4 * x.nbytes + len(params) * w.nbytes + n_stats * shape[0] * 8,
-            out=lambda n: add(x, r, *params, p=p, seed=SEED, out=y, residual_out=h,
-                              n_threads=n),
-            alloc=lambda n: add(x, r, *params, p=p, seed=SEED, n_threads=n),
+            out=lambda n: add(p=p, seed=SEED, out=y, residual_out=h, n_threads=n),
+            alloc=lambda n: add(p=p, seed=SEED, n_threads=n),
             reference=ref, flat=_with_stats(training, layer), peers=peers, torch=spec,
             p=p, keep=(lambda outputs: outputs[1] != r) if p else None)
 
@@ -127,9 +127,10 @@ def _postnorm(name, layer, training=False):
         eps = LAYER_EPS if layer else RMS_EPS
         params = (w, b) if layer else (w,)
         if training:
-            add = add_layer_norm_post_forward if layer else add_rms_norm_post_forward
+            fn = add_layer_norm_post_forward if layer else add_rms_norm_post_forward
         else:
-            add = add_layer_norm_post if layer else add_rms_norm_post
+            fn = add_layer_norm_post if layer else add_rms_norm_post
+        add = bound(fn, x, r, *params)
 
         def ref(rows, keep):
             return _norm_reference(f64_sum(x[rows], r[rows]), w, b, layer)[
@@ -151,8 +152,8 @@ def _postnorm(name, layer, training=False):
                     [x, r, *params])
         n_stats = (2 if layer else 1) if training else 0
         return Case(3 * x.nbytes + len(params) * w.nbytes + n_stats * shape[0] * 8,
-                    out=lambda n: add(x, r, *params, out=y, n_threads=n),
-                    alloc=lambda n: add(x, r, *params, n_threads=n), reference=ref,
+                    out=lambda n: add(out=y, n_threads=n),
+                    alloc=lambda n: add(n_threads=n), reference=ref,
                     flat=_with_stats(training, layer), peers=peers, torch=spec)
 
 
@@ -250,14 +251,14 @@ def _add_norm_backward(name, layer, prenorm):
         if prenorm:
             forward = add_layer_norm_forward if layer else add_rms_norm_forward
             (_, h), cache = forward(x, r, *params)
-            backward = add_layer_norm_backward if layer else add_rms_norm_backward
-            call = lambda n, **buf: backward(dy, dh, cache, n_threads=n, **buf)
+            backward = bound(add_layer_norm_backward if layer else add_rms_norm_backward,
+                             dy, dh, cache)
         else:
             forward = add_layer_norm_post_forward if layer else add_rms_norm_post_forward
             _, cache = forward(x, r, *params)
             h = x + r   # a NumPy user keeps h; resnorm recomputes it from x and r
-            backward = add_layer_norm_post_backward if layer else add_rms_norm_post_backward
-            call = lambda n, **buf: backward(dy, cache, n_threads=n, **buf)
+            backward = bound(add_layer_norm_post_backward if layer
+                             else add_rms_norm_post_backward, dy, cache)
         rstd = column(cache.rstd, dtype)
         mean = column(cache.mean, dtype) if layer else None
 
@@ -298,7 +299,9 @@ def _add_norm_backward(name, layer, prenorm):
         # gradients; reads the float64 row statistics
         n_stats = 2 if layer else 1
         traffic = 5 * x.nbytes + (1 + len(params)) * w.nbytes + n_stats * shape[0] * 8
-        return Case(traffic, out=lambda n: call(n, out=dx, dresidual_out=dres), alloc=call,
+        return Case(traffic,
+                    out=lambda n: backward(out=dx, dresidual_out=dres, n_threads=n),
+                    alloc=lambda n: backward(n_threads=n),
                     reference=ref, summed=(2, 3, 4) if layer else (2, 3),
                     peers={"numpy": fixed(numpy_backward), "numba": numba_peer}, torch=spec)
 
