@@ -84,12 +84,13 @@ cdef inline void rare_row(element *y, element *hrow, double *mean, double *rstd,
     """A row of add_norm_forward that stats_trusted rejected: h is stored in hrow (which may
     be y, never w or b), then normalised by the norm kernels' scalar path (rare_rows.pxd).
     mean NULL: RMSNorm.  Kept out of the kernel's loop, which it would only make longer."""
-    rn_residual_add(hrow, residual, x, alpha, keep, kpos, scale, d, False)
+    # (no prefetch: a rare row)
+    rn_residual_add(hrow, residual, x, alpha, keep, kpos, scale, d, False, 0)
     if mean != NULL:
         _ln_forward_careful(y, mean, rstd, hrow, w, b, var, eps, d, False)
     else:
         rstd[0] = _rms_rstd_rescaled(hrow, d, eps)
-        rn_rms_apply(y, hrow, w, rstd[0], d, False)
+        rn_rms_apply(y, hrow, w, rstd[0], d, False, 0)
 
 
 cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
@@ -109,7 +110,8 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     operations per element, and the same bits, as residual_reduce and residual_add_reduce
     reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
     it normalises h before h is rounded to 16 bits; with float32 parameters, h is rounded
-    and stored first, then normalised by the mixed kernel.)"""
+    and stored first, then normalised by the mixed kernel.)  Each row prefetches the next
+    of this range (ahead = hi - 1 - i), none past it."""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
@@ -129,23 +131,24 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
             hrow = h + i * d if h != NULL else y + i * d
             if element is rn_bf16 or element is rn_f16:
                 rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                i * d % 64, scale, d, False)
+                                i * d % 64, scale, d, False, hi - 1 - i)
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
                                   hrow, wf, bf, d, eps, stream, buf)
             else:
                 if element is float:   # one branch per type: the primitive has no 16-bit form
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
-                                                   not layer)
+                                                   not layer, hi - 1 - i)
                 elif element is double:
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
-                                                   not layer)
+                                                   not layer, hi - 1 - i)
                 if layer:
                     layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
-                                           total, False)
+                                           total, False, hi - 1 - i)
                 else:
-                    rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False)
+                    rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False,
+                                         hi - 1 - i)
             if dp != NULL and i + 1 < hi:
                 extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
                             (i + 1) * d + d)
@@ -158,10 +161,10 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
         mu = 0.0
         if layer:
             mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                    i * d % 64, scale, d, False, 0.0) / d
+                                    i * d % 64, scale, d, False, 0.0, hi - 1 - i) / d
             mean[i] = mu
         var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                 i * d % 64, scale, d, True, mu) / d
+                                 i * d % 64, scale, d, True, mu, hi - 1 - i) / d
         if stats_trusted(layer, residual, mu, var, d):
             rstd[i] = 1.0 / sqrt(var + eps)
             apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,
@@ -219,10 +222,12 @@ cdef inline void through_add(element *dx, element *dresidual, double *dalpha_par
                              const element *gh, const element *dh, const element *x,
                              const element *alpha, const uint8_t *keep, Py_ssize_t kpos,
                              uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
-                             Py_ssize_t d, int stream) noexcept nogil:
+                             Py_ssize_t d, int stream, bint ahead) noexcept nogil:
     """Backward of one row of h = residual + alpha*(x*m), given the gradient gh reaching h
     from the norm (+ dh along the stream): dresidual, dx and the dalpha partial, slice by
-    slice; between slices the next row's keep bits go into next_words (when not NULL)."""
+    slice; between slices the next row's keep bits go into next_words (when not NULL).
+    ahead: the arrays read have a next row.  A slice prefetches the span one slice ahead,
+    so it does so within the row, or into the next row when there is one."""
     cdef Py_ssize_t k = 0, length
     cdef double scale = dp.scale if dp != NULL else 1.0
     cdef uint64_t first = next_start // 64, made = next_start // 64
@@ -230,7 +235,7 @@ cdef inline void through_add(element *dx, element *dresidual, double *dalpha_par
         length = min(<Py_ssize_t>SEGMENT, d - k)
         rn_residual_bwd(dx + k, dresidual + k, dalpha_part + k if dalpha_part != NULL else NULL,
                         gh + k, at(dh, k), at(x, k), at(alpha, k), keep, kpos + k, scale, length,
-                        stream)
+                        stream, ahead or k + 2 * length <= d)
         if next_words != NULL:
             made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
@@ -271,7 +276,7 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     cdef element *gs = <element *>mine
     cdef uint64_t *masks = <uint64_t *>(mine + gs_bytes(d))
     cdef Py_ssize_t lo = blk * n // nb, hi = (blk + 1) * n // nb
-    cdef Py_ssize_t i = lo, r, rows, nw = mask_words(d)
+    cdef Py_ssize_t i = lo, r, rows, ahead, nw = mask_words(d)
     cdef Py_ssize_t group = 1 if dp != NULL else RN_GROUP
     cdef double m[RN_GROUP]
     cdef double mean_g[RN_GROUP]
@@ -298,8 +303,12 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         else:
             for r in range(rows):
                 rn_residual_add(gs + r * d, residual + (i + r) * d, x + (i + r) * d, alpha,
-                                <uint8_t *>keep, (i + r) * d % 64, scale, d, False)
+                                <uint8_t *>keep, (i + r) * d % 64, scale, d, False,
+                                hi - 1 - i - r)
             hp = gs
+        # the rows after this group that the norm's passes may prefetch: none when h is
+        # the scratch group gs (Post-Norm)
+        ahead = hi - i - rows if h != NULL else 0
         # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm)
         if buf != NULL:   # float32 parameters beside 16-bit rows
             if element is rn_bf16 or element is rn_f16:
@@ -307,15 +316,16 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                      dy + i * d, hp, wf, mean + i if mean != NULL else NULL,
                                      rstd + i, rows, d, False, buf)
         elif mean == NULL:
-            rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False)
+            rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False,
+                               ahead)
         else:
             layer_backward_group(gs, dw_part, db_part, mean_g, m, dy + i * d, hp, w, mean + i,
-                                 rstd + i, rows, d, False)
+                                 rstd + i, rows, d, False, ahead)
         for r in range(i, i + rows):
             through_add(dx + r * d, dresidual + r * d, dalpha_part, gs + (r - i) * d,
                         at(dh, r * d), x + r * d if want_dalpha else NULL, alpha,
                         <uint8_t *>keep, r * d % 64, keep_next if r + 1 < hi else NULL, dp,
-                        (r + 1) * d, d, unfenced)
+                        (r + 1) * d, d, unfenced, r + 1 < i + rows)
             swap = keep
             keep = keep_next
             keep_next = swap

@@ -313,7 +313,7 @@ cdef inline Py_ssize_t _row_bits(uint64_t *words, uint64_t start, Py_ssize_t n,
 cdef inline void _drop(element *y, const element *x, const uint64_t *words, Py_ssize_t kpos,
                        Py_ssize_t n, const rn_dropout *dp) noexcept nogil:
     """y[:n] := x[:n] * m, m = scale where the bit (from kpos on) is set, else 0.  y may be x."""
-    rn_residual_add(y, NULL, x, NULL, <const uint8_t *>words, kpos, dp.scale, n, 0)
+    rn_residual_add(y, NULL, x, NULL, <const uint8_t *>words, kpos, dp.scale, n, 0, 0)
 
 
 cdef inline int _block_end(int i0, int t, int block, bint causal) noexcept nogil:

@@ -44,9 +44,9 @@ cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rs
                                    double eps, bint stream, float *buf) noexcept nogil:
     rn_to_float32(buf, x, d)
     if layer:
-        layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False)
+        layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False, 0)   # (buf: one row)
     else:
-        rms_forward_row(buf, rstd, buf, w, d, eps, False)
+        rms_forward_row(buf, rstd, buf, w, d, eps, False, 0)
     rn_from_float32(y, buf, d, stream)
 
 
@@ -82,10 +82,11 @@ cdef inline void mixed_backward_group(bint layer, half *dx, double *dw_part, dou
     rn_to_float32(gdy, dy, rows * d)
     rn_to_float32(gx, x, rows * d)
     if layer:
+        # (buf holds one group: no rows after it)
         layer_backward_group(gdy, dw_part, db_part, mean_g, m, gdy, gx, w, mean, rstd, rows,
-                             d, False)
+                             d, False, 0)
     else:
-        rms_backward_group(gdy, dw_part, m, gdy, gx, w, rstd, rows, d, False)
+        rms_backward_group(gdy, dw_part, m, gdy, gx, w, rstd, rows, d, False, 0)
     rn_from_float32(dx, gdy, rows * d, stream)
 
 

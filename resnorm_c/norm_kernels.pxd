@@ -9,6 +9,9 @@
 # any thread count.  dweight/dbias sum over rows: each block of rows (common.row_blocks, a
 # function of N only) writes its own partial row, and the partials are added in block order.
 #
+# Row helpers take `ahead`, the rows that follow theirs in the arrays (the primitives
+# prefetch the next row only when there is one; see resnorm_c/primitives.py).
+#
 # Names follow docs/rms_norm.md and docs/layer_norm.md: x (N, D) rows, w weight, b bias,
 # y output; rstd = 1/sqrt(ms + eps) per row, xn = x*rstd, xhat = (x - mean)*rstd,
 # g = dy*w, m = mean(g*xn), mean_g = mean(g), mean_gxhat = mean(g*xhat).
@@ -27,21 +30,22 @@ from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_caref
 # --------------------------------------------------------------------------- RMSNorm
 
 cdef inline void rms_forward_row(element *y, double *rstd, const element *x, const element *w,
-                                 Py_ssize_t d, double eps, bint stream) noexcept nogil:
+                                 Py_ssize_t d, double eps, bint stream,
+                                 Py_ssize_t ahead) noexcept nogil:
     # one reduction: the sum of squares, accumulated in double
-    rms_forward_row_from(y, rstd, x, w, d, eps, rn_sumsq(x, d), stream)
+    rms_forward_row_from(y, rstd, x, w, d, eps, rn_sumsq(x, d, ahead), stream, ahead)
 
 
 cdef inline void rms_forward_row_from(element *y, double *rstd, const element *x,
                                       const element *w, Py_ssize_t d, double eps, double sumsq,
-                                      bint stream) noexcept nogil:
+                                      bint stream, Py_ssize_t ahead) noexcept nogil:
     """rms_forward_row given the row's sum of squares (rn_sumsq's bits)."""
     if element is double and not isfinite(sumsq):
         # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
         rstd[0] = _rms_rstd_rescaled(x, d, eps)
     else:
         rstd[0] = 1.0 / sqrt(sumsq / d + eps)
-    rn_rms_apply(y, x, w, rstd[0], d, stream)
+    rn_rms_apply(y, x, w, rstd[0], d, stream, ahead)
 
 
 cdef inline void rms_forward(element *y, double *rstd, const element *x, const element *w,
@@ -52,36 +56,39 @@ cdef inline void rms_forward(element *y, double *rstd, const element *x, const e
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream, n - 1 - i)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream)
+            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream, n - 1 - i)
 
 
 cdef inline void rms_backward_group(element *dx, double *dw_part, double *m, const element *dy,
                                     const element *x, const element *w, const double *rstd,
-                                    Py_ssize_t rows, Py_ssize_t d, bint stream) noexcept nogil:
+                                    Py_ssize_t rows, Py_ssize_t d, bint stream,
+                                    Py_ssize_t ahead) noexcept nogil:
     """`rows` (<= RN_GROUP) consecutive rows of rms_backward, adding their dweight terms
     into dw_part (NULL: none): first each row's reduction m[r] = mean(g * xn), then one
-    elementwise pass over the group (core/backward.h).  dx may be dy or x."""
+    elementwise pass over the group (core/backward.h).  dx may be dy or x.  ahead: the rows
+    after the group."""
     cdef Py_ssize_t r
     for r in range(rows):
-        m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d) / d
-    rn_rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, <int>rows, d, stream)
+        m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d, ahead + rows - 1 - r) / d
+    rn_rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, <int>rows, d, stream, ahead)
 
 
 cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, const element *dy,
                                     const element *x, const element *w, const double *rstd,
-                                    Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
+                                    Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, Py_ssize_t d,
                                     bint stream) noexcept nogil:
-    """Rows lo .. hi of rms_backward in groups of up to RN_GROUP rows (the groups start at
-    lo), adding their dweight terms into this block's partial row (dw_part NULL: none)."""
+    """Rows lo .. hi (of n) of rms_backward in groups of up to RN_GROUP rows (the groups
+    start at lo), adding their dweight terms into this block's partial row (dw_part NULL:
+    none)."""
     cdef Py_ssize_t i = lo, rows
     zero_partials(dw_part, NULL, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         rms_backward_group(dx + i * d, dw_part, m + i, dy + i * d, x + i * d, w, rstd + i, rows,
-                           d, stream)
+                           d, stream, n - i - rows)
         i += rows
 
 
@@ -101,12 +108,12 @@ cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_pa
     if n_threads == 1:
         for blk in range(nb):
             rms_backward_block(dx, dw_part + blk * d if dw != NULL else NULL, m, dy, x, w, rstd,
-                               blk * n // nb, (blk + 1) * n // nb, d, stream)
+                               blk * n // nb, (blk + 1) * n // nb, n, d, stream)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             part = dw_part + blk * d if dw != NULL else NULL
             rms_backward_block(dx, part, m, dy, x, w, rstd, blk * n // nb, (blk + 1) * n // nb,
-                               d, stream)
+                               n, d, stream)
     if dw != NULL:
         sum_partials(dw, dw_part, nb, d, n_threads)
 
@@ -115,21 +122,21 @@ cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_pa
 
 cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const element *x,
                                    const element *w, const element *b, Py_ssize_t d,
-                                   double eps, bint stream) noexcept nogil:
+                                   double eps, bint stream, Py_ssize_t ahead) noexcept nogil:
     # two reductions: the mean, then the mean squared deviation from it
-    layer_forward_row_from(y, mean, rstd, x, w, b, d, eps, rn_sum(x, d), stream)
+    layer_forward_row_from(y, mean, rstd, x, w, b, d, eps, rn_sum(x, d, ahead), stream, ahead)
 
 
 cdef inline void layer_forward_row_from(element *y, double *mean, double *rstd,
                                         const element *x, const element *w, const element *b,
                                         Py_ssize_t d, double eps, double total,
-                                        bint stream) noexcept nogil:
+                                        bint stream, Py_ssize_t ahead) noexcept nogil:
     """layer_forward_row given the row's sum (rn_sum's bits)."""
     mean[0] = total / d
     cdef double var = rn_sumsqdev(x, d, mean[0]) / d
     if _ln_stats_trusted(x, mean[0], var, d):
         rstd[0] = 1.0 / sqrt(var + eps)
-        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream, ahead)
     else:
         _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
 
@@ -147,33 +154,35 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream,
+                              n - 1 - i)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream)
+            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream,
+                              n - 1 - i)
 
 
 cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_part,
                                       double *mean_g, double *mean_gxhat, const element *dy,
                                       const element *x, const element *w, const double *mean,
                                       const double *rstd, Py_ssize_t rows, Py_ssize_t d,
-                                      bint stream) noexcept nogil:
+                                      bint stream, Py_ssize_t ahead) noexcept nogil:
     """`rows` (<= RN_GROUP) consecutive rows of layer_backward, as in rms_backward_group,
     with two reductions per row; a row whose reductions overflowed takes the scalar path.
-    dx may be dy or x."""
+    dx may be dy or x.  ahead: the rows after the group."""
     cdef Py_ssize_t r
     cdef bint trusted = True
     for r in range(rows):
         # two reductions in one pass: sum(g) and sum(g * xhat)
         rn_ln_bwd_sums(&mean_g[r], &mean_gxhat[r], dy + r * d, x + r * d, w, mean[r], rstd[r],
-                       d)
+                       d, ahead + rows - 1 - r)
         mean_g[r] = mean_g[r] / d
         mean_gxhat[r] = mean_gxhat[r] / d
         trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d,
                                               d)
     if trusted:
         rn_ln_bwd_apply_rows(dx, dw_part, db_part, dy, x, w, mean, rstd, mean_g, mean_gxhat,
-                             <int>rows, d, stream)
+                             <int>rows, d, stream, ahead)
         return
     for r in range(rows):
         if _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d, d):
@@ -182,22 +191,24 @@ cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_p
                                  mean[r], rstd[r], d)
         else:
             rn_ln_bwd_apply_rows(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
-                                 &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1, d, stream)
+                                 &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1, d, stream,
+                                 ahead + rows - 1 - r)
 
 
 cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_part,
                                       double *mean_g, double *mean_gxhat, const element *dy,
                                       const element *x, const element *w, const double *mean,
                                       const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
-                                      Py_ssize_t d, bint stream) noexcept nogil:
-    """Rows lo .. hi of layer_backward, in groups of up to RN_GROUP rows as in
+                                      Py_ssize_t n, Py_ssize_t d, bint stream) noexcept nogil:
+    """Rows lo .. hi (of n) of layer_backward, in groups of up to RN_GROUP rows as in
     rms_backward_block."""
     cdef Py_ssize_t i = lo, rows
     zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         layer_backward_group(dx + i * d, dw_part, db_part, mean_g + i, mean_gxhat + i,
-                             dy + i * d, x + i * d, w, mean + i, rstd + i, rows, d, stream)
+                             dy + i * d, x + i * d, w, mean + i, rstd + i, rows, d, stream,
+                             n - i - rows)
         i += rows
 
 
@@ -220,14 +231,14 @@ cdef inline void layer_backward(element *dx, element *dw, element *db, double *m
         for blk in range(nb):
             layer_backward_block(dx, dw_part + blk * d if dw != NULL else NULL,
                                  db_part + blk * d if db != NULL else NULL, mean_g, mean_gxhat,
-                                 dy, x, w, mean, rstd, blk * n // nb, (blk + 1) * n // nb, d,
-                                 stream)
+                                 dy, x, w, mean, rstd, blk * n // nb, (blk + 1) * n // nb, n,
+                                 d, stream)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             wpart = dw_part + blk * d if dw != NULL else NULL
             bpart = db_part + blk * d if db != NULL else NULL
             layer_backward_block(dx, wpart, bpart, mean_g, mean_gxhat, dy, x, w, mean, rstd,
-                                 blk * n // nb, (blk + 1) * n // nb, d, stream)
+                                 blk * n // nb, (blk + 1) * n // nb, n, d, stream)
     if dw != NULL:
         sum_partials(dw, dw_part, nb, d, n_threads)
     if db != NULL:

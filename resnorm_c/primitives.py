@@ -2,7 +2,10 @@
 is generated.
 
 Each entry is one primitive of the C core (resnorm_c/*.h): its name, what it returns, its
-parameters (``T`` is the element type) and the formula it computes.  From this list,
+parameters (``T`` is the element type) and the formula it computes.  A row primitive that
+reads ahead takes ``ahead``, the rows that follow its row (or group of rows) in the arrays
+it reads: it prefetches the next row only when there is one (0: the last row, or a row
+that is not part of an array of rows).  From this list,
 ``generate()`` writes
 
 * ``primitives.h``: the C tables (``rn_ops_f32``, ``rn_ops_f64``, ``rn_ops_any``) and the
@@ -40,35 +43,39 @@ class Primitive:
 
 PRIMITIVES = [
     # ---- reductions: one row in, a float64 sum out (32 fixed lanes, reduce.h)
-    Primitive("sum", "double", "const T *x, Py_ssize_t d", "sum_i x_i", "reduce.h"),
-    Primitive("sumsq", "double", "const T *x, Py_ssize_t d", "sum_i x_i^2", "reduce.h"),
+    Primitive("sum", "double", "const T *x, Py_ssize_t d, Py_ssize_t ahead", "sum_i x_i",
+              "reduce.h"),
+    Primitive("sumsq", "double", "const T *x, Py_ssize_t d, Py_ssize_t ahead", "sum_i x_i^2",
+              "reduce.h"),
     Primitive("sumsqdev", "double", "const T *x, Py_ssize_t d, double mean",
               "sum_i (x_i - mean)^2", "reduce.h"),
     Primitive("rms_bwd_dot", "double",
-              "const T *dy, const T *x, const T *w, double rstd, Py_ssize_t d",
+              "const T *dy, const T *x, const T *w, double rstd, Py_ssize_t d, Py_ssize_t ahead",
               "sum_i g_i xn_i;  g = dy*w, xn = x*rstd", "reduce.h"),
     Primitive("ln_bwd_sums", "void",
               "double *sum_g, double *sum_gxhat, const T *dy, const T *x, const T *w, "
-              "double mean, double rstd, Py_ssize_t d",
+              "double mean, double rstd, Py_ssize_t d, Py_ssize_t ahead",
               "sum_g = sum_i g_i, sum_gxhat = sum_i g_i xhat_i;  xhat = (x - mean)*rstd",
               "reduce.h"),
     Primitive("residual_reduce", "double",
               "const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
-              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, double shift",
+              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, double shift, "
+              "Py_ssize_t ahead",
               "sum_i (h_i - shift)^(1 + squares);  h = residual + alpha*(x*m), not stored",
               "reduce.h"),
     Primitive("residual_add_reduce", "double",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
-              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares",
+              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, Py_ssize_t ahead",
               "h_i = residual_i + alpha_i*(x_i*m_i), stored;  sum_i h_i^(1 + squares)",
               "reduce.h", halves=False),
     # ---- forward elementwise passes (apply.h)
     Primitive("rms_apply", "void",
-              "T *y, const T *x, const T *w, double rstd, Py_ssize_t d, int stream",
+              "T *y, const T *x, const T *w, double rstd, Py_ssize_t d, int stream, "
+              "Py_ssize_t ahead",
               "y_i = x_i * rstd * w_i", "apply.h"),
     Primitive("ln_apply", "void",
               "T *y, const T *x, const T *w, const T *b, double mean, double rstd, "
-              "Py_ssize_t d, int stream",
+              "Py_ssize_t d, int stream, Py_ssize_t ahead",
               "y_i = (x_i - mean) * rstd * w_i + b_i", "apply.h"),
     Primitive("residual_norm_apply", "void",
               "T *y, T *h, const T *residual, const T *x, const T *alpha, "
@@ -79,23 +86,24 @@ PRIMITIVES = [
     # ---- backward elementwise passes over up to RN_GROUP rows (backward.h)
     Primitive("rms_bwd_apply_rows", "void",
               "T *dx, double *dw_part, const T *dy, const T *x, const T *w, "
-              "const double *rstd, const double *m, int rows, Py_ssize_t d, int stream",
+              "const double *rstd, const double *m, int rows, Py_ssize_t d, int stream, "
+              "Py_ssize_t ahead",
               "dx = rstd * (g - xn * m),  dw_part += sum_rows dy*xn", "backward.h"),
     Primitive("ln_bwd_apply_rows", "void",
               "T *dx, double *dw_part, double *db_part, const T *dy, const T *x, const T *w, "
               "const double *mean, const double *rstd, const double *mean_g, "
-              "const double *mean_gxhat, int rows, Py_ssize_t d, int stream",
+              "const double *mean_gxhat, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead",
               "dx = rstd * (g - mean_g - xhat * mean_gxhat),  dw_part += sum_rows dy*xhat,  "
               "db_part += sum_rows dy", "backward.h"),
     # ---- residual connections and dropout rows (residual_rows.h)
     Primitive("residual_add", "void",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
-              "Py_ssize_t kpos, double scale, Py_ssize_t d, int stream",
+              "Py_ssize_t kpos, double scale, Py_ssize_t d, int stream, Py_ssize_t ahead",
               "h_i = residual_i + alpha_i*(x_i*m_i)", "residual_rows.h"),
     Primitive("residual_bwd", "void",
               "T *dx, T *dresidual, double *dalpha_part, const T *gh, const T *dh, const T *x, "
               "const T *alpha, const uint8_t *keep, Py_ssize_t kpos, double scale, "
-              "Py_ssize_t d, int stream",
+              "Py_ssize_t d, int stream, Py_ssize_t ahead",
               "dresidual = gh + dh,  dx = (gh + dh)*alpha*m,  dalpha_part += (gh + dh)*(x*m)",
               "residual_rows.h"),
     # ---- sums over rows (partials.h)
@@ -131,11 +139,12 @@ PRIMITIVES = [
     Primitive("sigmoid", "void", "T *s, T *ds, const T *g, Py_ssize_t d",
               "s = 1/(1 + exp(-g)),  ds = s*(1 - s)", "vmath.h", halves=False),
     Primitive("gated_add", "void",
-              "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream",
+              "T *h, const T *x, const T *F, const T *g, Py_ssize_t d, int stream, "
+              "Py_ssize_t ahead",
               "h_i = x_i + F_i * sigmoid(g_i)", "vmath.h"),
     Primitive("gated_bwd", "void",
               "T *dx, T *dF, T *dg, double *dg_part, const T *dh, const T *F, const T *g, "
-              "Py_ssize_t d, int stream",
+              "Py_ssize_t d, int stream, Py_ssize_t ahead",
               "dx = dh,  dF = dh*s,  dg = F*(dh*s*(1 - s)) (or dg_part += it);  s = sigmoid(g)",
               "vmath.h"),
 ]

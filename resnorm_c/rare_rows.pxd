@@ -123,7 +123,7 @@ cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, con
     if _row_is_constant(x, d):
         mean[0] = value(x)
         rstd[0] = 1.0 / sqrt(eps)
-        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream)
+        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream, 0)   # (a rare row: no prefetch)
         return
     if element is double:
         if not isfinite(var):

@@ -22,12 +22,14 @@ cdef inline void dropout_chunk(element *y, const element *x, const rn_dropout *d
                                uint64_t *words, Py_ssize_t lo, Py_ssize_t hi,
                                int stream) noexcept nogil:
     """Elements lo .. hi of dropout_apply, slice by slice (slices start on a group), so that
-    Philox and memory traffic interleave finely; words: mask_words(SEGMENT) of scratch."""
+    Philox and memory traffic interleave finely; words: mask_words(SEGMENT) of scratch.  A
+    slice prefetches the span one slice ahead, when it lies within lo .. hi."""
     cdef Py_ssize_t k = lo, length
     while k < hi:
         length = min(<Py_ssize_t>SEGMENT, hi - k)
         extend_bits(words, dp, k // 64, k // 64, k + length)
-        rn_residual_add(y + k, NULL, x + k, NULL, <uint8_t *>words, 0, dp.scale, length, stream)
+        rn_residual_add(y + k, NULL, x + k, NULL, <uint8_t *>words, 0, dp.scale, length, stream,
+                        k + 2 * length <= hi)
         k = k + length
 
 
@@ -76,10 +78,12 @@ cdef inline void scaled_forward(element *h, const element *x, const element *F,
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream)
+            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream,
+                            n - 1 - i)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream)
+            rn_residual_add(h + i * d, x + i * d, F + i * d, alpha, NULL, 0, 1.0, d, stream,
+                            n - 1 - i)
 
 
 cdef inline void scaled_backward_block(element *dx, element *dF, double *dalpha_part,
@@ -94,7 +98,7 @@ cdef inline void scaled_backward_block(element *dx, element *dF, double *dalpha_
     for i in range(lo, hi):
         rn_residual_bwd(dF + i * d, dx + i * d, dalpha_part, dh + i * d, NULL,
                         F + i * d if dalpha_part != NULL else NULL, alpha, NULL, 0, 1.0, d,
-                        stream)
+                        stream, hi - 1 - i)
 
 
 cdef inline void scaled_backward(element *dx, element *dF, double *dalpha,
@@ -137,15 +141,18 @@ cdef inline void gated_forward(element *h, const element *x, const element *F,
                                Py_ssize_t d, int n_threads, bint stream) noexcept nogil:
     """h := x + sigmoid(g) * F, the sigmoid formed in registers.  g_step: d for a g of F's
     shape, 0 for a per-channel (D,) g used by every row (the 16-bit types: float and double
-    take scaled_forward with s = sigmoid(g) formed once).  h may be x, F or g.
+    take scaled_forward with s = sigmoid(g) formed once; no prefetch then, g being one
+    row).  h may be x, F or g.
     NumPy reference: resnorm.reference.gated_residual_forward."""
     cdef Py_ssize_t i
     if n_threads == 1:
         for i in range(n):
-            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream)
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream,
+                         n - 1 - i if g_step else 0)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
-            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream)
+            rn_gated_add(h + i * d, x + i * d, F + i * d, g + i * g_step, d, stream,
+                         n - 1 - i if g_step else 0)
 
 
 cdef inline void gated_backward(element *dx, element *dF, element *dg, const element *dh,
@@ -158,11 +165,11 @@ cdef inline void gated_backward(element *dx, element *dF, element *dg, const ele
     if n_threads == 1:
         for i in range(n):
             rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, NULL, dh + i * d, F + i * d,
-                         g + i * d, d, stream)
+                         g + i * d, d, stream, n - 1 - i)
     else:
         for i in prange(n, schedule="static", num_threads=n_threads):
             rn_gated_bwd(dx + i * d, dF + i * d, dg + i * d, NULL, dh + i * d, F + i * d,
-                         g + i * d, d, stream)
+                         g + i * d, d, stream, n - 1 - i)
 
 
 cdef inline void gated_channel_backward_block(element *dx, element *dF, double *dg_part,
@@ -173,8 +180,9 @@ cdef inline void gated_channel_backward_block(element *dx, element *dF, double *
     cdef Py_ssize_t i
     memset(dg_part, 0, d * sizeof(double))
     for i in range(lo, hi):
+        # (no prefetch: g is one row; the rows of dh and F stream in order)
         rn_gated_bwd(dx + i * d, dF + i * d, NULL, dg_part, dh + i * d, F + i * d, g, d,
-                     stream)
+                     stream, 0)
 
 
 cdef inline void gated_channel_backward(element *dx, element *dF, element *dg,

@@ -3,11 +3,11 @@
  * non-temporal ("streaming") stores when the caller asks (stream), which skip the
  * read-for-ownership of each output line.  The norm kernels call these after the
  * reductions over the row, which prefetched the next row of the input: these prefetch the
- * next row of the output. */
+ * next row of the output (ahead: the rows that follow in the array; none past its end). */
 
 /* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1) */
 static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rstd,
-                               Py_ssize_t d, int stream)
+                               Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
     const RN_C r = (RN_C)rstd;
 #define PF_(k) RN_PFV_OUT(y, k)
@@ -22,7 +22,8 @@ static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rst
 
 /* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL) */
 static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T *b,
-                              double mean, double rstd, Py_ssize_t d, int stream)
+                              double mean, double rstd, Py_ssize_t d, int stream,
+                              Py_ssize_t ahead)
 {
     RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
@@ -70,7 +71,8 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
             || RN_NAME(meets)(h, alpha, d) || RN_NAME(meets)(h, w, d)
             || RN_NAME(meets)(h, b, d)) stream = 0;
         else {
-            RN_NAME(residual_add)(h, residual, x, alpha, keep, kpos, scale, d, stream);
+            /* (no prefetch: residual_reduce prefetched the next row) */
+            RN_NAME(residual_add)(h, residual, x, alpha, keep, kpos, scale, d, stream, 0);
             h = NULL;
         }
     }

@@ -27,9 +27,10 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
 
 /* Prefetch of the next group's rows at column k: what the next group's reduction passes
  * read.  The apply pass over a whole group is long enough to bring them in; the reduction
- * passes alone (each also prefetching one row ahead) are too short to hide memory. */
+ * passes alone (each also prefetching one row ahead) are too short to hide memory.  Only
+ * rows that exist: ahead is the number of rows after this group in the array. */
 #define RN_PF_GROUP(k)                                                                  \
-    for (int p_ = 0; p_ < rows; p_++) {                                                 \
+    for (int p_ = 0; p_ < rows && p_ < ahead; p_++) {                                   \
         RN_NAME(prefetch_next)(dy + p_ * d, rows * d, (k), RN_W);                       \
         RN_NAME(prefetch_next)(x + p_ * d, rows * d, (k), RN_W);                        \
     }
@@ -104,8 +105,13 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
         }                                                                               \
         rn_sfence();                                                                    \
     } while (0)
-#define RN_PF_ROW(k) (RN_NAME(prefetch_next)(dyr, rows * d, (k), RN_W),                 \
-                      RN_NAME(prefetch_next)(xr, rows * d, (k), RN_W))
+#define RN_PF_ROW(k)                                                                    \
+    do {                                                                                \
+        if (r < ahead) {                                                                \
+            RN_NAME(prefetch_next)(dyr, rows * d, (k), RN_W);                           \
+            RN_NAME(prefetch_next)(xr, rows * d, (k), RN_W);                            \
+        }                                                                               \
+    } while (0)
 
 /* One row r's vector at k of the RMSNorm backward, written once for the column loop and
  * the chunked pass: stores dx = rstd * (g - xn * m) into DX (xn = X * rstd, g = DY * WV,
@@ -137,7 +143,7 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
 
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream)
+    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -156,7 +162,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
 /* rms_bwd_rows_body for a streamed group, chunk by chunk (the same bits). */
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d)
+    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + RN_W];
 #define B_(k)                                                                           \
@@ -174,7 +180,8 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
  * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted). */
 static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *dy,
                                         const RN_T *x, const RN_T *w, const double *rstd,
-                                        const double *m, int rows, Py_ssize_t d, int stream)
+                                        const double *m, int rows, Py_ssize_t d, int stream,
+                                        Py_ssize_t ahead)
 {
     RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
     for (int r = 0; r < rows; r++) {
@@ -182,15 +189,16 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
         mt[r] = (RN_C)m[r];
     }
     if (RN_CHUNKED(stream, rows, d)) {
-        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dw_part, dy, x, w, rs, mt, rows, d);
-        else RN_NAME(rms_bwd_rows_chunked)(dx, NULL, dy, x, NULL, rs, mt, rows, d);
+        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dw_part, dy, x, w, rs, mt, rows, d, ahead);
+        else RN_NAME(rms_bwd_rows_chunked)(dx, NULL, dy, x, NULL, rs, mt, rows, d, ahead);
         return;
     }
     /* One inlined copy per case so the dead branches leave the loops. */
 #define CASES_(R)                                                                       \
-    if (w && dw_part) RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, R, d, stream); \
-    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, R, d, stream);   \
-    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, R, d, stream)
+    if (w && dw_part)                                                                   \
+        RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, R, d, stream, ahead); \
+    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, R, d, stream, ahead); \
+    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, R, d, stream, ahead)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 }
@@ -198,7 +206,7 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
     RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
-    Py_ssize_t d, int stream)
+    Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -220,7 +228,7 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
     RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
-    Py_ssize_t d)
+    Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + RN_W], tb[RN_CHUNK + RN_W];
 #define B_(k)                                                                           \
@@ -242,7 +250,7 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
                                        const RN_T *dy, const RN_T *x, const RN_T *w,
                                        const double *mean, const double *rstd,
                                        const double *mean_g, const double *mean_gxhat, int rows,
-                                       Py_ssize_t d, int stream)
+                                       Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
     /* in the compute type: mean as hi + lo, rstd, mean_g, mean_gxhat */
     RN_C mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], mg[RN_GROUP], mgx[RN_GROUP];
@@ -254,22 +262,21 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
     }
     if (RN_CHUNKED(stream, rows, d)) {
         if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx,
-                                            rows, d);
+                                            rows, d, ahead);
         else RN_NAME(ln_bwd_rows_chunked)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, mg, mgx,
-                                          rows, d);
+                                          rows, d, ahead);
         return;
     }
+#define LN_BODY_(DW, DB, W, R)                                                          \
+    RN_NAME(ln_bwd_rows_body)(dx, DW, DB, dy, x, W, mh, ml, rs, mg, mgx, R, d, stream, ahead)
 #define CASES_(R)                                                                       \
-    if (w && dw_part && db_part)                                                        \
-        RN_NAME(ln_bwd_rows_body)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
-    else if (w && dw_part)                                                              \
-        RN_NAME(ln_bwd_rows_body)(dx, dw_part, NULL, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
-    else if (w)                                                                         \
-        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, w, mh, ml, rs, mg, mgx, R, d, stream); \
-    else                                                                                \
-        RN_NAME(ln_bwd_rows_body)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, mg, mgx, R, d, stream)
+    if (w && dw_part && db_part) LN_BODY_(dw_part, db_part, w, R);                      \
+    else if (w && dw_part) LN_BODY_(dw_part, NULL, w, R);                               \
+    else if (w) LN_BODY_(NULL, db_part, w, R);                                          \
+    else LN_BODY_(NULL, db_part, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
+#undef LN_BODY_
 }
 
 #undef RN_PF_GROUP

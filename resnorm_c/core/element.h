@@ -10,8 +10,6 @@
 #include "vmath.h"
 
 /* vec.h's names, defined again for the next element type */
-#undef RN_PFV_X
-#undef RN_PFV_DY_X
 #undef RN_PFV_OUT
 #undef RN_ELEMENTWISE
 #undef RN_LD

@@ -127,13 +127,23 @@ static inline RN_DVEC RN_NAME(add_exact_square)(RN_DVEC acc, RN_DVEC v)
         }                                                                               \
     } while (0)
 
-#define RN_PF_X(i) RN_NAME(prefetch_next)(x, d, (i), 32)
-#define RN_PF_DY_X(i) (RN_NAME(prefetch_next)(dy, d, (i), 32), RN_NAME(prefetch_next)(x, d, (i), 32))
+/* The next row's chunk at i of x (and of a second row p), when there is a next row: ahead,
+ * the rows that follow this one in the array, is a parameter of every prefetching
+ * primitive. */
+#define RN_PF_X(i) do { if (ahead) RN_NAME(prefetch_next)(x, d, (i), 32); } while (0)
+#define RN_PF_PX(p, i)                                                                  \
+    do {                                                                                \
+        if (ahead) {                                                                    \
+            RN_NAME(prefetch_next)((p), d, (i), 32);                                    \
+            RN_NAME(prefetch_next)(x, d, (i), 32);                                      \
+        }                                                                               \
+    } while (0)
+#define RN_PF_DY_X(i) RN_PF_PX(dy, i)
 
 static inline RN_DVEC RN_NAME(square)(RN_DVEC v) { return v * v; }
 
 /* sum_i x_i */
-static double RN_NAME(sum)(const RN_T *x, Py_ssize_t d)
+static double RN_NAME(sum)(const RN_T *x, Py_ssize_t d, Py_ssize_t ahead)
 {
     double r;
 #define A_(a, i) ((a) + RN_NAME(dload)(x + (i)))
@@ -145,7 +155,7 @@ static double RN_NAME(sum)(const RN_T *x, Py_ssize_t d)
 }
 
 /* sum_i x_i^2 */
-static double RN_NAME(sumsq)(const RN_T *x, Py_ssize_t d)
+static double RN_NAME(sumsq)(const RN_T *x, Py_ssize_t d, Py_ssize_t ahead)
 {
     double r;
 #if RN_TFLOAT
@@ -177,7 +187,7 @@ static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t d, double mean)
 
 /* RMSNorm backward reduction: sum_i g_i * xn_i with g = dy*w, xn = x*rstd (w NULL: 1). */
 static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
-                                   Py_ssize_t d)
+                                   Py_ssize_t d, Py_ssize_t ahead)
 {
     const RN_C r = (RN_C)rstd;
     double s[1];
@@ -199,7 +209,7 @@ static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w,
  * xhat = (x - mean)*rstd:  *sum_g = sum g,  *sum_gxhat = sum g*xhat. */
 static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *dy,
                                  const RN_T *x, const RN_T *w, double mean, double rstd,
-                                 Py_ssize_t d)
+                                 Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
@@ -230,11 +240,12 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
  * one row ahead; the apply pass (residual_norm_apply) finds the row in cache. */
 static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, const RN_T *alpha,
                                        const uint8_t *keep, Py_ssize_t kpos, double scale,
-                                       Py_ssize_t d, int squares, double shift)
+                                       Py_ssize_t d, int squares, double shift,
+                                       Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
     double s;
-#define PF_(i) (RN_NAME(prefetch_next)(x, d, (i), 32), RN_NAME(prefetch_next)(residual, d, (i), 32))
+#define PF_(i) RN_PF_PX(residual, i)
 #define H_(i) RN_NAME(widen)(RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i))
 #define HS_(i) ((double)RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), i) - shift)
 #define S1_(i) ({ double t_ = HS_(i); t_ * t_; })
@@ -276,7 +287,7 @@ static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, cons
 static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const RN_T *x,
                                            const RN_T *alpha, const uint8_t *keep,
                                            Py_ssize_t kpos, double scale, Py_ssize_t d,
-                                           int squares)
+                                           int squares, Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
     RN_DVEC acc[RN_NACC] = {{0}}, wide[RN_NHALF];
@@ -285,8 +296,10 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
                  RN_NAME(vstore)(h + (k), v_); v_; })
 #define PASS_(ADD)                                                                      \
     for (; i + 32 <= d; i += 32) {                                                      \
-        RN_NAME(prefetch_next)(x, d, i, 32);                                            \
-        RN_NAME(prefetch_next)(residual, d, i, 32);                                     \
+        if (ahead) {                                                                    \
+            RN_NAME(prefetch_next)(x, d, i, 32);                                        \
+            RN_NAME(prefetch_next)(residual, d, i, 32);                                 \
+        }                                                                               \
         for (int c = 0; c < 32 / RN_W; c++) {                                           \
             RN_NAME(widen_vec)(H_(i + c * RN_W), wide);                                 \
             for (int q = 0; q < RN_NHALF; q++)                                          \
@@ -328,4 +341,5 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
 #undef RN_REDUCE_BLOCKED
 #undef RN_BLOCK
 #undef RN_PF_X
+#undef RN_PF_PX
 #undef RN_PF_DY_X

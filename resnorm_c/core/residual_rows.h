@@ -9,11 +9,11 @@
  * short rows that stay in cache. */
 static void RN_NAME(residual_add)(RN_T *h, const RN_T *residual, const RN_T *x,
                                   const RN_T *alpha, const uint8_t *keep, Py_ssize_t kpos,
-                                  double scale, Py_ssize_t d, int stream)
+                                  double scale, Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
-#define PF_(k) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                               \
-                 if (residual) { RN_NAME(prefetch_next)(residual, d, (k), RN_W); } }
+#define PF_(k) if (ahead) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                    \
+                            if (residual) { RN_NAME(prefetch_next)(residual, d, (k), RN_W); } }
 #define B_(k) { RN_PUT(h + (k), residual ? RN_RESIDUAL_SUM(RN_GET, RN_NAME(vmult), k)      \
                                          : RN_RESIDUAL_BRANCH(RN_GET, RN_NAME(vmult), k)); }
     /* The hot cases get their own expansion: dropout alone, the plain add, and the scaled
@@ -46,12 +46,12 @@ static void RN_NAME(residual_add)(RN_T *h, const RN_T *residual, const RN_T *x,
 static void RN_NAME(residual_bwd)(RN_T *dx, RN_T *dresidual, double *dalpha_part,
                                   const RN_T *gh, const RN_T *dh, const RN_T *x,
                                   const RN_T *alpha, const uint8_t *keep, Py_ssize_t kpos,
-                                  double scale, Py_ssize_t d, int stream)
+                                  double scale, Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
-#define PF_(k) { RN_NAME(prefetch_next)(gh, d, (k), RN_W);                              \
-                 if (dh) { RN_NAME(prefetch_next)(dh, d, (k), RN_W); }                  \
-                 if (dalpha_part) { RN_NAME(prefetch_next)(x, d, (k), RN_W); } }
+#define PF_(k) if (ahead) { RN_NAME(prefetch_next)(gh, d, (k), RN_W);                   \
+                            if (dh) { RN_NAME(prefetch_next)(dh, d, (k), RN_W); }       \
+                            if (dalpha_part) { RN_NAME(prefetch_next)(x, d, (k), RN_W); } }
 #define NO_PF_(k)
 #define G_(k) RN_VEC g = RN_GET(gh + (k)); if (dh) { g += RN_GET(dh + (k)); }
 #define DRES_(k) { G_(k) RN_PUT(dresidual + (k), g); }

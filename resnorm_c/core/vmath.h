@@ -270,13 +270,13 @@ static void RN_NAME(sigmoid)(RN_T *s, RN_T *ds, const RN_T *g, Py_ssize_t d)
 #endif
 
 /* h_k = x_k + F_k * sigmoid(g_k), one pass; h may be x, F or g.  x, F and g are prefetched
- * one row ahead. */
+ * one row ahead when ahead is set (the caller's: a next row of all three exists). */
 static void RN_NAME(gated_add)(RN_T *h, const RN_T *x, const RN_T *F, const RN_T *g,
-                               Py_ssize_t d, int stream)
+                               Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
-#define PF_(k) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                                  \
-                 RN_NAME(prefetch_next)(F, d, (k), RN_W);                                  \
-                 RN_NAME(prefetch_next)(g, d, (k), RN_W); }
+#define PF_(k) if (ahead) { RN_NAME(prefetch_next)(x, d, (k), RN_W);                       \
+                            RN_NAME(prefetch_next)(F, d, (k), RN_W);                       \
+                            RN_NAME(prefetch_next)(g, d, (k), RN_W); }
 #define S_(k) { RN_T dsk; h[k] = x[k] + F[k] * RN_SIG_(g[k], &dsk); }
 #define V_(k) { RN_VEC dsk;                                                                \
                 RN_PUT(h + (k), RN_GET(x + (k))                                            \
@@ -292,13 +292,14 @@ static void RN_NAME(gated_add)(RN_T *h, const RN_T *x, const RN_T *F, const RN_T
  * not, and dg_part_k += dg_k, widened to double: the gradient of a per-channel gate (g the
  * same (D,) row for every row), summed over the rows.  Every output may be dh itself (each
  * element is read before it is written); none may be F or g.  dh, F and g are prefetched
- * one row ahead. */
+ * one row ahead when ahead is set (the caller's: a next row of all three exists). */
 static void RN_NAME(gated_bwd)(RN_T *dx, RN_T *dF, RN_T *dg, double *dg_part, const RN_T *dh,
-                               const RN_T *F, const RN_T *g, Py_ssize_t d, int stream)
+                               const RN_T *F, const RN_T *g, Py_ssize_t d, int stream,
+                               Py_ssize_t ahead)
 {
-#define PF_(k) { RN_NAME(prefetch_next)(dh, d, (k), RN_W);                                 \
-                 RN_NAME(prefetch_next)(F, d, (k), RN_W);                                  \
-                 RN_NAME(prefetch_next)(g, d, (k), RN_W); }
+#define PF_(k) if (ahead) { RN_NAME(prefetch_next)(dh, d, (k), RN_W);                      \
+                            RN_NAME(prefetch_next)(F, d, (k), RN_W);                       \
+                            RN_NAME(prefetch_next)(g, d, (k), RN_W); }
 #define S_(k) { RN_T dsk; const RN_T dhk = dh[k], fk = F[k], sk = RN_SIG_(g[k], &dsk);    \
                 dx[k] = dhk; dF[k] = dhk * sk;                                             \
                 if (dg_part) { dg_part[k] += fk * (dhk * dsk); }                           \
