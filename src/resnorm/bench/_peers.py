@@ -20,8 +20,10 @@ HOW = {
     "torch.compile": "torch.compile(fn, dynamic=False) of the torch function (Inductor, CPU), "
                      "warmed up; one process per thread count, timed on its own",
     "numba": "an @njit(fastmath={'reassoc', 'contract'}) row loop writing into preallocated "
-             "outputs; serial on one thread, parallel=True with prange and "
-             "numba.set_num_threads otherwise; compiled before timing",
+             "outputs (the norms' loops store their row statistics in every form: without "
+             "that store LLVM leaves the scaling loop scalar); serial on one thread, "
+             "parallel=True with prange and numba.set_num_threads otherwise; compiled "
+             "before timing",
     "onnxruntime": "a one-node model (LayerNormalization opset 17, RMSNormalization opset 23, "
                    "com.microsoft SkipLayerNormalization / SkipSimplifiedLayerNormalization), "
                    "io_binding into preallocated outputs, intra_op_num_threads = threads",
