@@ -69,6 +69,25 @@ def test_resnorm_and_every_installed_peer_match_the_reference(op):
         assert _check.error(case, parts(call())) < 1e-12, name
 
 
+@pytest.mark.skipif(not _peers.installed("numba"), reason="numba is an optional peer")
+@pytest.mark.parametrize("fused", [False, True])
+def test_numba_norm_loops_are_the_same_in_inference_and_training(fused):
+    # The inference form's loop must be the training form's (statistics stored to
+    # scratch): numba compiles a loop given None for rstd separately, and LLVM leaves
+    # that one's scaling loop scalar, a slower peer than a user would keep.
+    from resnorm.bench import _peers_numba as nb
+    x = np.linspace(-1.0, 1.0, 2 * 40, dtype=np.float32).reshape(2, 40)
+    res = x[::-1].copy() if fused else None
+    w = np.ones(40, np.float32)
+    for peer in (nb.rms_norm, lambda x, w, eps, **k: nb.layer_norm(x, w, w, eps, **k)):
+        peer(x, w, 1e-6, stats=True, res=res, prenorm=fused)(1, 1)()
+        loop = nb._compiled[("_norm", False)]
+        trained = set(loop.signatures)
+        y = peer(x, w, 1e-6, stats=False, res=res, prenorm=fused)(1, 1)()
+        assert set(loop.signatures) == trained
+        assert len(y) == (2 if fused else 1)
+
+
 def test_traffic_counts_at_least_one_read_and_one_write():
     for op in bench.OPS:
         case = bench.setup(op, (4, 16), "float32")
