@@ -86,10 +86,13 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
     } while (0)
 
 /* The chunked streamed pass: for each chunk [c0, c1) of columns (the chunks after the
- * first start where dx's vectors do), each row r of the group runs BODY(k) over the
- * chunk's vectors, with dyr, xr, dxr its row from column c0, wc = w + c0 (w NULL: NULL),
- * and the next group's span of the row prefetched; the stores are fenced once, at the end. */
-#define RN_CHUNKS(BODY)                                                                 \
+ * first start where dx's vectors do), each row r of the group runs ROW (the row's
+ * coefficients as local scalars: read from the caller's arrays inside the column loop,
+ * they were reloaded and broadcast on every vector, as stores to dx might change them),
+ * then BODY(k) over the chunk's vectors, with dyr, xr, dxr its row from column c0,
+ * wc = w + c0 (w NULL: NULL), and the next group's span of the row prefetched; the stores
+ * are fenced once, at the end. */
+#define RN_CHUNKS(ROW, BODY)                                                            \
     do {                                                                                \
         const Py_ssize_t head_ = RN_NAME(align_head)(dx, d);                            \
         for (Py_ssize_t c0 = 0, c1; c0 < d; c0 = c1) {                                  \
@@ -100,6 +103,7 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
             for (int r = 0; r < rows; r++) {                                            \
                 const RN_T *dyr = dy + r * d + c0, *xr = x + r * d + c0;                \
                 RN_T *dxr = dx + r * d + c0;                                            \
+                ROW                                                                     \
                 RN_ELEMENTWISE(c1 - c0, dxr, RN_STREAM_UNFENCED, RN_PF_ROW, BODY);      \
             }                                                                           \
         }                                                                               \
@@ -113,30 +117,31 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
         }                                                                               \
     } while (0)
 
-/* One row r's vector at k of the RMSNorm backward, written once for the column loop and
+/* One row's vector at k of the RMSNorm backward, written once for the column loop and
  * the chunked pass: stores dx = rstd * (g - xn * m) into DX (xn = X * rstd, g = DY * WV,
- * WV evaluated only when there is a weight) and declares T, the row's dweight term dy*xn.
- * Reads the caller's w, rs and mt. */
-#define RN_RMS_ROW(DX, DY, X, WV, r, k, T)                                              \
+ * WV evaluated only when there is a weight; RS, MT the row's rstd and m) and declares T,
+ * the row's dweight term dy*xn.  Reads the caller's w. */
+#define RN_RMS_ROW(DX, DY, X, WV, RS, MT, k, T)                                         \
     RN_VEC T;                                                                           \
     {                                                                                   \
-        RN_VEC xn_ = RN_GET((X) + (k)) * rs[r];                                         \
+        RN_VEC xn_ = RN_GET((X) + (k)) * (RS);                                          \
         RN_VEC dyv_ = RN_GET((DY) + (k)), g_ = dyv_;                                    \
         if (w) g_ *= (WV);                                                              \
-        RN_PUT((DX) + (k), rs[r] * (g_ - xn_ * mt[r]));                                 \
+        RN_PUT((DX) + (k), (RS) * (g_ - xn_ * (MT)));                                   \
         T = dyv_ * xn_;                                                                 \
     }
 
 /* The same for LayerNorm: dx = rstd * ((g - mean_g) - xhat * mean_gxhat), xhat =
- * ((X - hi) - lo) * rstd (the mean as hi + lo); declares TW = dy*xhat and TB = dy, the
- * row's dweight and dbias terms.  Reads the caller's w, mh, ml, rs, mg and mgx. */
-#define RN_LN_ROW(DX, DY, X, WV, r, k, TW, TB)                                          \
+ * ((X - hi) - lo) * rstd (the mean as hi + lo: MH, ML; RS, MG, MGX the row's rstd, mean_g
+ * and mean_gxhat); declares TW = dy*xhat and TB = dy, the row's dweight and dbias terms.
+ * Reads the caller's w. */
+#define RN_LN_ROW(DX, DY, X, WV, MH, ML, RS, MG, MGX, k, TW, TB)                        \
     RN_VEC TW, TB;                                                                      \
     {                                                                                   \
-        RN_VEC xhat_ = ((RN_GET((X) + (k)) - mh[r]) - ml[r]) * rs[r];                   \
+        RN_VEC xhat_ = ((RN_GET((X) + (k)) - (MH)) - (ML)) * (RS);                      \
         RN_VEC dyv_ = RN_GET((DY) + (k)), g_ = dyv_;                                    \
         if (w) g_ *= (WV);                                                              \
-        RN_PUT((DX) + (k), rs[r] * ((g_ - mg[r]) - xhat_ * mgx[r]));                    \
+        RN_PUT((DX) + (k), (RS) * ((g_ - (MG)) - xhat_ * (MGX)));                       \
         TW = dyv_ * xhat_;                                                              \
         TB = dyv_;                                                                      \
     }
@@ -150,7 +155,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
         RN_VEC tw = {0}, wv = {0};                                                      \
         if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            RN_RMS_ROW(dx + r * d, dy + r * d, x + r * d, wv, r, k, t_);                \
+            RN_RMS_ROW(dx + r * d, dy + r * d, x + r * d, wv, rs[r], mt[r], k, t_);     \
             tw = r ? tw + t_ : t_;                                                      \
         }                                                                               \
         RN_ADD_GROUP(dw_part, k, tw);                                                   \
@@ -165,13 +170,15 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
     const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + RN_W];
+#define ROW_ const RN_C rs_r = rs[r], mt_r = mt[r];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_RMS_ROW(dxr, dyr, xr, RN_GET(wc + (k)), r, k, t_);                           \
+        RN_RMS_ROW(dxr, dyr, xr, RN_GET(wc + (k)), rs_r, mt_r, k, t_);                  \
         RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, t_);                             \
     }
-    RN_CHUNKS(B_);
+    RN_CHUNKS(ROW_, B_);
 #undef B_
+#undef ROW_
 }
 
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
@@ -213,7 +220,8 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
         RN_VEC tw = {0}, tb = {0}, wv = {0};                                            \
         if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
-            RN_LN_ROW(dx + r * d, dy + r * d, x + r * d, wv, r, k, tw_, tb_);           \
+            RN_LN_ROW(dx + r * d, dy + r * d, x + r * d, wv, mh[r], ml[r], rs[r], mg[r], \
+                      mgx[r], k, tw_, tb_);                                             \
             tw = r ? tw + tw_ : tw_;                                                    \
             tb = r ? tb + tb_ : tb_;                                                    \
         }                                                                               \
@@ -231,14 +239,16 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
     Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + RN_W], tb[RN_CHUNK + RN_W];
+#define ROW_ const RN_C mh_r = mh[r], ml_r = ml[r], rs_r = rs[r], mg_r = mg[r], mgx_r = mgx[r];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_LN_ROW(dxr, dyr, xr, RN_GET(wc + (k)), r, k, tw_, tb_);                      \
+        RN_LN_ROW(dxr, dyr, xr, RN_GET(wc + (k)), mh_r, ml_r, rs_r, mg_r, mgx_r, k, tw_, tb_); \
         RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, tw_);                            \
         RN_CARRY(tb, db_part ? db_part + c0 : NULL, k, tb_);                            \
     }
-    RN_CHUNKS(B_);
+    RN_CHUNKS(ROW_, B_);
 #undef B_
+#undef ROW_
 }
 
 /* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
