@@ -119,10 +119,10 @@ static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
     const __m256i nan = _mm256_cmpgt_epi32(
         _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
-    /* every lane is below 2^16: the saturating pack is exact; it packs within 128-bit
-     * halves, and the permute puts the two halves' results together */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+    /* every lane is below 2^16: the saturating pack of the two 128-bit halves is exact
+     * (one 128-bit pack: a 256-bit one packs within halves and needs a lane permute) */
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                    _mm256_extracti128_si256(r, 1)));
 }
 #elif RN_HALF == RN_BF16
 /* bfloat16 in: a shift.  Out: rn_bf16_round_bits in vector code, lane selects for NaN. */
