@@ -1,9 +1,11 @@
 """Shared helpers of the resnorm test suite: seeded inputs, kernel/reference runners and
 tolerance checks scaled by the size of the terms (never by the result itself)."""
+import collections
 import json
 import os
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -27,6 +29,42 @@ LN_EPS = 1e-5
 
 def rtol_for(dtype):
     return RTOL[np.dtype(dtype)]
+
+
+# --------------------------------------------------------------------------- sampling
+
+# A test function with at least this many parametrized cases is a matrix (input table,
+# extreme values, references over shapes and options); --matrix-sample=N runs about 1/N of
+# each matrix's cases.
+MATRIX_CASES = 50
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--matrix-sample", type=int, default=1, metavar="N",
+        help=f"run about 1/N of the cases of every test function with at least "
+             f"{MATRIX_CASES} cases: its first case and those whose node id hashes to 0 "
+             f"modulo N, the same ones in every run (default 1: all).  For slow builds "
+             f"(sanitizers) after the whole suite has run on a normal one.")
+
+
+def pytest_collection_modifyitems(config, items):
+    n = config.getoption("matrix_sample")
+    if n < 1:
+        raise pytest.UsageError(f"--matrix-sample must be at least 1, got {n}")
+    if n == 1:
+        return
+    cases = collections.Counter(item.nodeid.split("[")[0] for item in items)
+    seen, keep, drop = set(), [], []
+    for item in items:
+        function = item.nodeid.split("[")[0]
+        first = function not in seen
+        seen.add(function)
+        sampled = first or zlib.crc32(item.nodeid.encode()) % n == 0
+        (keep if cases[function] < MATRIX_CASES or sampled else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture
