@@ -54,13 +54,12 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"--matrix-sample must be at least 1, got {n}")
     if n == 1:
         return
-    cases = collections.Counter(item.nodeid.split("[")[0] for item in items)
+    functions = [item.nodeid.split("[")[0] for item in items]
+    cases = collections.Counter(functions)
     seen, keep, drop = set(), [], []
-    for item in items:
-        function = item.nodeid.split("[")[0]
-        first = function not in seen
+    for item, function in zip(items, functions):
+        sampled = function not in seen or zlib.crc32(item.nodeid.encode()) % n == 0
         seen.add(function)
-        sampled = first or zlib.crc32(item.nodeid.encode()) % n == 0
         (keep if cases[function] < MATRIX_CASES or sampled else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
