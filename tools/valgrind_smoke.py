@@ -12,12 +12,16 @@ stores; rows taking the kernels' rare paths (beyond the double range, spanning p
 FLT_MAX, constant, NaN; for the fused ops, as h); and a few refused calls.  Checks nothing itself but that the outputs are
 what a plain call gives: valgrind memcheck does the checking.
 
-    python tools/valgrind_smoke.py              the whole workout
-    python tools/valgrind_smoke.py --one-team   for a second SIMD level: one thread team (2
-                                                threads) and the layouts once (the SIMD paths
-                                                are the same; the thread splits and layout
-                                                copies do not depend on the level)
+    python tools/valgrind_smoke.py                  the whole workout
+    python tools/valgrind_smoke.py --part=threads   all but the layouts on forced-parallel
+    python tools/valgrind_smoke.py --part=layouts   all but 1 and 3 threads on forced-parallel
+
+tools/valgrind.sh runs one part at each of two SIMD levels, in parallel: the thread splits
+and the layout copies do not depend on the level, so each is checked at one of them, and
+the two parts take about the same time under memcheck (the whole workout at one level took
+most of the stage's time while the other level's run sat finished).
 """
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -61,9 +65,14 @@ def takes(op, inp):
     return True
 
 
-def main(one_team=False):
-    # (forced parallel and streaming?, the thread counts to run, the input layouts too?)
-    settings = ((False, (None,), True), (True, (2,) if one_team else (1, 2, 3), not one_team))
+# --part: (forced parallel and streaming?, the thread counts to run, the input layouts too?)
+PARTS = {"all": ((False, (None,), True), (True, (1, 2, 3), True)),
+         "threads": ((False, (None,), True), (True, (1, 2, 3), False)),
+         "layouts": ((False, (None,), True), (True, (2,), True))}
+
+
+def main(part="all"):
+    settings = PARTS[part]
     rng = np.random.default_rng(61)
     cases, rare = [], []
     for dtype in (np.float32, np.float64):
@@ -109,9 +118,11 @@ def main(one_team=False):
                     op.fn(**{**op.kwargs(cases[0]), op.arrays[0]: np.ones((2, 2), np.int32)})
                 except TypeError:
                     calls += 1
-    print(f"valgrind_smoke: {calls} calls of {len(OPS)} functions at SIMD level "
+    print(f"valgrind_smoke ({part}): {calls} calls of {len(OPS)} functions at SIMD level "
           f"{resnorm.simd_level()}")
 
 
 if __name__ == "__main__":
-    main(one_team="--one-team" in sys.argv[1:])
+    parser = argparse.ArgumentParser(description="A workout of every kernel for memcheck.")
+    parser.add_argument("--part", choices=PARTS, default="all")
+    main(parser.parse_args().part)
