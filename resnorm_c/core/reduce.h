@@ -53,11 +53,23 @@ static inline RN_DVEC RN_NAME(add_exact_square)(RN_DVEC acc, RN_DVEC v)
 /* Adds a term of every element into the 32 lanes and folds them into `result`.
  * ADD(a, i): a plus the terms of elements i .. i+RN_DW-1 (a an RN_DVEC of lanes);
  * STERM(i): one term, as a double, computed exactly as its lane of ADD is.  PF(i):
- * prefetch for chunk i. */
+ * prefetch for chunk i.  The first chunk sets the lanes (+0 plus its terms) rather than
+ * adding to lanes zeroed before: the compiler zeroed the array of lanes in memory with a
+ * string store at every row, which stalled the stores of the lanes after the loop. */
 #define RN_REDUCE(d, PF, ADD, STERM, result)                                            \
     do {                                                                                \
-        RN_DVEC acc_[RN_NACC] = {{0}};                                                  \
+        const RN_DVEC zero_ = {0};                                                      \
+        RN_DVEC acc_[RN_NACC];                                                          \
         Py_ssize_t i_ = 0;                                                              \
+        if ((d) >= 32) {                                                                \
+            PF(0);                                                                      \
+            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
+                acc_[q_] = ADD(zero_, q_ * RN_DW);                                      \
+            i_ = 32;                                                                    \
+        } else {                                                                        \
+            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
+                acc_[q_] = zero_;                                                       \
+        }                                                                               \
         for (; i_ + 32 <= (d); i_ += 32) {                                              \
             PF(i_);                                                                     \
             for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
@@ -90,30 +102,36 @@ static inline RN_DVEC RN_NAME(add_exact_square)(RN_DVEC acc, RN_DVEC v)
  * elements) adds its terms unblocked.  results[0 .. K) receive the K sums. */
 #define RN_REDUCE_BLOCKED(K, d, PF, TERMS, STERMS, results)                             \
     do {                                                                                \
+        const RN_DVEC zero_ = {0};                                                      \
         RN_DVEC acc_[K][RN_NACC], w_[RN_NHALF];                                         \
         RN_VEC f_[K][32 / RN_W], t_[K];                                                 \
         double lanes_[32], s_[K];                                                       \
         Py_ssize_t i_ = 0;                                                              \
-        memset(acc_, 0, sizeof acc_);                                                   \
         while (i_ + 32 <= (d)) {                                                        \
-            /* from +0, as the double lanes: +0 + t is t but for t = -0, whose sign */ \
-            /* the lanes, starting at +0, would drop anyway */                         \
-            memset(f_, 0, sizeof f_);                                                   \
+            /* a block's sums start at its first terms (+0 + t would give t but         \
+             * for t = -0, whose sign the lanes, starting at +0, drop anyway) */        \
             for (int b_ = 0; b_ < RN_BLOCK && i_ + 32 <= (d); b_++, i_ += 32) {         \
                 PF(i_);                                                                 \
                 for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                \
                     TERMS(i_ + c_ * RN_W, t_);                                          \
                     for (int q_ = 0; q_ < (K); q_++)                                    \
-                        f_[q_][c_] += t_[q_];                                           \
+                        f_[q_][c_] = b_ ? f_[q_][c_] + t_[q_] : t_[q_];                 \
                 }                                                                       \
             }                                                                           \
+            /* the lanes start at +0, with the first block (i_ is past it) */           \
             for (int q_ = 0; q_ < (K); q_++)                                            \
                 for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                \
                     RN_NAME(widen_vec)(f_[q_][c_], w_);                                 \
-                    for (int h_ = 0; h_ < RN_NHALF; h_++)                               \
-                        acc_[q_][c_ * RN_NHALF + h_] += w_[h_];                         \
+                    for (int h_ = 0; h_ < RN_NHALF; h_++) {                             \
+                        RN_DVEC *a_ = &acc_[q_][c_ * RN_NHALF + h_];                    \
+                        *a_ = (i_ <= RN_BLOCK * 32 ? zero_ : *a_) + w_[h_];             \
+                    }                                                                   \
                 }                                                                       \
         }                                                                               \
+        if (i_ == 0)                                                                    \
+            for (int q_ = 0; q_ < (K); q_++)                                            \
+                for (int l_ = 0; l_ < RN_NACC; l_++)                                    \
+                    acc_[q_][l_] = zero_;                                               \
         for (int q_ = 0; q_ < (K); q_++) {                                              \
             if (i_ < (d)) {                                                             \
                 memcpy(lanes_, acc_[q_], sizeof lanes_);                                \
