@@ -133,7 +133,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                 rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
                                 i * d % 64, scale, d, False, hi - 1 - i)
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                                  hrow, wf, bf, d, eps, stream, buf)
+                                  hrow, wf, bf, d, eps, unfenced, buf)
             else:
                 if element is float:   # one branch per type: the primitive has no 16-bit form
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,

@@ -15,7 +15,7 @@
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
 from cython.parallel cimport prange, threadid
 
-from common cimport RN_GROUP, row_blocks, sum_partials, zero_partials
+from common cimport RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials, zero_partials
 from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
                           rms_forward_row)
 from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32
@@ -41,7 +41,8 @@ cdef inline Py_ssize_t backward_floats(Py_ssize_t d) noexcept nogil:
 
 cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rstd,
                                    const half *x, const float *w, const float *b, Py_ssize_t d,
-                                   double eps, bint stream, float *buf) noexcept nogil:
+                                   double eps, int stream, float *buf) noexcept nogil:
+    """One row; stream: rn_from_float32's (0, 1, or RN_STREAM_UNFENCED: the caller fences)."""
     rn_to_float32(buf, x, d)
     if layer:
         layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False, 0)   # (buf: one row)
@@ -56,15 +57,28 @@ cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, 
                                float *buf) noexcept nogil:
     """y := round(norm(float32(x)) with w, b), row by row: rms_forward (mean unused) or
     layer_forward of norm_kernels.pxd on the widened row.  y may be x."""
-    cdef Py_ssize_t i, per = forward_floats(d)
+    cdef Py_ssize_t t, per = forward_floats(d)
     if n_threads == 1:
-        for i in range(n):
-            mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                              x + i * d, w, b, d, eps, stream, buf)
+        mixed_forward_rows(layer, y, mean, rstd, x, w, b, 0, n, d, eps, stream, buf)
     else:
-        for i in prange(n, schedule="static", num_threads=n_threads):
-            mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                              x + i * d, w, b, d, eps, stream, buf + threadid() * per)
+        for t in prange(n_threads, schedule="static", num_threads=n_threads):
+            mixed_forward_rows(layer, y, mean, rstd, x, w, b, t * n // n_threads,
+                               (t + 1) * n // n_threads, d, eps, stream,
+                               buf + threadid() * per)
+
+
+cdef inline void mixed_forward_rows(bint layer, half *y, double *mean, double *rstd,
+                                    const half *x, const float *w, const float *b,
+                                    Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d, double eps,
+                                    bint stream, float *buf) noexcept nogil:
+    """Rows lo .. hi of mixed_forward on one thread, streamed rows fenced once after the
+    last (as norm_kernels.pxd's rms_forward_rows)."""
+    cdef Py_ssize_t i
+    for i in range(lo, hi):
+        mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i], x + i * d,
+                          w, b, d, eps, RN_STREAM_UNFENCED if stream else 0, buf)
+    if stream:
+        rn_sfence()
 
 
 # --------------------------------------------------------------------------- backward

@@ -18,7 +18,7 @@
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
 
-from common cimport RN_GROUP, row_blocks, sum_partials, zero_partials
+from common cimport RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials, zero_partials
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
                          rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
                          rn_ln_bwd_apply_rows)
@@ -30,7 +30,7 @@ from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_caref
 # --------------------------------------------------------------------------- RMSNorm
 
 cdef inline void rms_forward_row(element *y, double *rstd, const element *x, const element *w,
-                                 Py_ssize_t d, double eps, bint stream,
+                                 Py_ssize_t d, double eps, int stream,
                                  Py_ssize_t ahead) noexcept nogil:
     # one reduction: the sum of squares, accumulated in double
     rms_forward_row_from(y, rstd, x, w, d, eps, rn_sumsq(x, d, ahead), stream, ahead)
@@ -38,8 +38,9 @@ cdef inline void rms_forward_row(element *y, double *rstd, const element *x, con
 
 cdef inline void rms_forward_row_from(element *y, double *rstd, const element *x,
                                       const element *w, Py_ssize_t d, double eps, double sumsq,
-                                      bint stream, Py_ssize_t ahead) noexcept nogil:
-    """rms_forward_row given the row's sum of squares (rn_sumsq's bits)."""
+                                      int stream, Py_ssize_t ahead) noexcept nogil:
+    """rms_forward_row given the row's sum of squares (rn_sumsq's bits).  stream: the
+    primitives' (0, 1, or RN_STREAM_UNFENCED: the caller fences)."""
     if element is double and not isfinite(sumsq):
         # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
         rstd[0] = _rms_rstd_rescaled(x, d, eps)
@@ -53,13 +54,27 @@ cdef inline void rms_forward(element *y, double *rstd, const element *x, const e
                              bint stream) noexcept nogil:
     """y := x * rstd * w,  rstd = 1/sqrt(mean(x^2) + eps), per row (w NULL: 1).  y may be x.
     NumPy reference: resnorm.reference.rms_norm_forward."""
-    cdef Py_ssize_t i
+    cdef Py_ssize_t t
     if n_threads == 1:
-        for i in range(n):
-            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream, n - 1 - i)
+        rms_forward_rows(y, rstd, x, w, 0, n, n, d, eps, stream)
     else:
-        for i in prange(n, schedule="static", num_threads=n_threads):
-            rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, stream, n - 1 - i)
+        for t in prange(n_threads, schedule="static", num_threads=n_threads):
+            rms_forward_rows(y, rstd, x, w, t * n // n_threads, (t + 1) * n // n_threads, n, d,
+                             eps, stream)
+
+
+cdef inline void rms_forward_rows(element *y, double *rstd, const element *x, const element *w,
+                                  Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, Py_ssize_t d,
+                                  double eps, bint stream) noexcept nogil:
+    """Rows lo .. hi (of n) of rms_forward on one thread.  Streamed rows are fenced once,
+    after the last: a fence after each row waited for its lines to reach memory, and at
+    D = 256 the streamed call took twice the time of an unstreamed one."""
+    cdef Py_ssize_t i
+    for i in range(lo, hi):
+        rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps,
+                        RN_STREAM_UNFENCED if stream else 0, n - 1 - i)
+    if stream:
+        rn_sfence()
 
 
 cdef inline void rms_backward_group(element *dx, double *dw_part, double *m, const element *dy,
@@ -122,7 +137,7 @@ cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_pa
 
 cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const element *x,
                                    const element *w, const element *b, Py_ssize_t d,
-                                   double eps, bint stream, Py_ssize_t ahead) noexcept nogil:
+                                   double eps, int stream, Py_ssize_t ahead) noexcept nogil:
     # two reductions: the mean, then the mean squared deviation from it
     layer_forward_row_from(y, mean, rstd, x, w, b, d, eps, rn_sum(x, d, ahead), stream, ahead)
 
@@ -130,8 +145,9 @@ cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const
 cdef inline void layer_forward_row_from(element *y, double *mean, double *rstd,
                                         const element *x, const element *w, const element *b,
                                         Py_ssize_t d, double eps, double total,
-                                        bint stream, Py_ssize_t ahead) noexcept nogil:
-    """layer_forward_row given the row's sum (rn_sum's bits)."""
+                                        int stream, Py_ssize_t ahead) noexcept nogil:
+    """layer_forward_row given the row's sum (rn_sum's bits).  stream: as in
+    rms_forward_row_from."""
     mean[0] = total / d
     cdef double var = rn_sumsqdev(x, d, mean[0]) / d
     if _ln_stats_trusted(x, mean[0], var, d):
@@ -151,15 +167,26 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
     w and b may be NULL, independently.  y may be x.
     NumPy reference: resnorm.reference.layer_norm_forward.
     """
-    cdef Py_ssize_t i
+    cdef Py_ssize_t t
     if n_threads == 1:
-        for i in range(n):
-            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream,
-                              n - 1 - i)
+        layer_forward_rows(y, mean, rstd, x, w, b, 0, n, n, d, eps, stream)
     else:
-        for i in prange(n, schedule="static", num_threads=n_threads):
-            layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, stream,
-                              n - 1 - i)
+        for t in prange(n_threads, schedule="static", num_threads=n_threads):
+            layer_forward_rows(y, mean, rstd, x, w, b, t * n // n_threads,
+                               (t + 1) * n // n_threads, n, d, eps, stream)
+
+
+cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, const element *x,
+                                    const element *w, const element *b, Py_ssize_t lo,
+                                    Py_ssize_t hi, Py_ssize_t n, Py_ssize_t d, double eps,
+                                    bint stream) noexcept nogil:
+    """Rows lo .. hi (of n) of layer_forward on one thread, fenced as in rms_forward_rows."""
+    cdef Py_ssize_t i
+    for i in range(lo, hi):
+        layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
+                          RN_STREAM_UNFENCED if stream else 0, n - 1 - i)
+    if stream:
+        rn_sfence()
 
 
 cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_part,

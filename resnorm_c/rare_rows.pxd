@@ -114,9 +114,10 @@ cdef inline bint _row_is_constant(const element *x, Py_ssize_t d) noexcept nogil
 
 cdef inline void _ln_forward_careful(element *y, double *mean, double *rstd, const element *x,
                                      const element *w, const element *b, double var,
-                                     double eps, Py_ssize_t d, bint stream) noexcept nogil:
+                                     double eps, Py_ssize_t d, int stream) noexcept nogil:
     """One LayerNorm row that _ln_stats_trusted rejected (see the top of this file).
-    y may be x itself: x is read in full before y is written, then element by element."""
+    y may be x itself: x is read in full before y is written, then element by element.
+    stream: as rn_ln_apply's (the scalar path stores plainly)."""
     cdef int e = 0
     cdef double mu = 0.0, lo, hi, u, ru, v
     cdef Py_ssize_t k
