@@ -15,7 +15,8 @@
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
 from cython.parallel cimport prange, threadid
 
-from common cimport RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials, zero_partials
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials,
+                     zero_partials)
 from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
                           rms_forward_row)
 from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32

@@ -18,7 +18,8 @@
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
 
-from common cimport RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials, zero_partials
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials,
+                     zero_partials)
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
                          rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
                          rn_ln_bwd_apply_rows)
