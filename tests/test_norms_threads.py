@@ -116,6 +116,59 @@ def test_streamed_backward_gives_the_unstreamed_bits(rng, dtype, shape):
                                          f"offset {offset}, n_threads={nt})")
 
 
+# Streamed forward outputs at every placement: the partial vectors at a row's two ends are
+# streamed too, in 16-, 8- and 4-byte pieces (and a plain 2-byte piece for 16-bit rows off
+# a 4-byte boundary).  Every start from a 64-byte boundary, in elements; rows whose length
+# leaves partial vectors at both ends; the bytes around the output stay as they were.
+def _placed(buf, start, shape):
+    """shape's elements of buf from element `start` past its first 64-byte boundary."""
+    first = (-buf.ctypes.data % 64) // buf.itemsize
+    return buf[first + start:first + start + int(np.prod(shape))].reshape(shape)
+
+
+def _forward_outputs(x, r, w, b, start, sentinel):
+    out = {}
+    for name, call in [
+            ("rms", lambda y, h: resnorm.rms_norm(x, w, out=y)),
+            ("ln", lambda y, h: resnorm.layer_norm(x, w, b, out=y)),
+            ("add_rms", lambda y, h: resnorm.add_rms_norm(x, r, w, out=y, residual_out=h)),
+            ("add_ln", lambda y, h: resnorm.add_layer_norm(x, r, w, b, out=y,
+                                                           residual_out=h))]:
+        bufs = [np.full(x.size + 64, sentinel, x.dtype) for _ in range(2)]
+        y, h = (_placed(buf, start, x.shape) for buf in bufs)
+        call(y, h)
+        for buf, v in zip(bufs, (y, h)):
+            rest = np.ones(buf.size, bool)
+            rest[np.arange(v.size) + (v.ctypes.data - buf.ctypes.data) // buf.itemsize] = False
+            assert np.array_equal(buf[rest].view(np.uint8),
+                                  np.full(rest.sum(), sentinel, x.dtype).view(np.uint8)), (
+                f"{name}: bytes outside the output written (start {start})")
+        out[name + "_y"], out[name + "_h"] = y.copy(), h.copy()
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["float16", "bfloat16"])
+def test_streamed_forward_gives_the_unstreamed_bits_at_every_placement(rng, dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    sentinel = np.array(-7.5, dtype)
+    for shape in [(3, 37), (2, 70), (1, 5)]:
+        x, w, b, _ = make_inputs(rng, shape, dtype)
+        r = rng.standard_normal(shape).astype(dtype)
+        for start in range(64 // np.dtype(dtype).itemsize):
+            old = _parallel.STREAM_MIN_BYTES
+            try:
+                _parallel.STREAM_MIN_BYTES = 1 << 62
+                plain = _forward_outputs(x, r, w, b, start, sentinel)
+                _parallel.STREAM_MIN_BYTES = 0
+                assert _parallel.streams(1)
+                streamed = _forward_outputs(x, r, w, b, start, sentinel)
+            finally:
+                _parallel.STREAM_MIN_BYTES = old
+            for key, v in plain.items():
+                assert_bitwise_equal(streamed[key], v, f"{key} {shape} from element {start}")
+
+
 # --------------------------------------------------------------------------- SIMD levels
 
 _SIMD_SCRIPT = r"""

@@ -110,12 +110,19 @@ static inline RN_DVEC RN_NAME(add_exact_square)(RN_DVEC acc, RN_DVEC v)
         while (i_ + 32 <= (d)) {                                                        \
             /* a block's sums start at its first terms (+0 + t would give t but         \
              * for t = -0, whose sign the lanes, starting at +0, drop anyway) */        \
-            for (int b_ = 0; b_ < RN_BLOCK && i_ + 32 <= (d); b_++, i_ += 32) {         \
+            PF(i_);                                                                     \
+            for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                    \
+                TERMS(i_ + c_ * RN_W, t_);                                              \
+                for (int q_ = 0; q_ < (K); q_++)                                        \
+                    f_[q_][c_] = t_[q_];                                                \
+            }                                                                           \
+            i_ += 32;                                                                   \
+            for (int b_ = 1; b_ < RN_BLOCK && i_ + 32 <= (d); b_++, i_ += 32) {         \
                 PF(i_);                                                                 \
                 for (int c_ = 0; c_ < 32 / RN_W; c_++) {                                \
                     TERMS(i_ + c_ * RN_W, t_);                                          \
                     for (int q_ = 0; q_ < (K); q_++)                                    \
-                        f_[q_][c_] = b_ ? f_[q_][c_] + t_[q_] : t_[q_];                 \
+                        f_[q_][c_] += t_[q_];                                           \
                 }                                                                       \
             }                                                                           \
             /* the lanes start at +0, with the first block (i_ is past it) */           \

@@ -295,6 +295,21 @@ static inline void RN_NAME(vstream)(RN_T *p, RN_VEC v)
 }
 
 #endif /* RN_HALF */
+
+/* Lanes 0 .. n-1 of v into p[0 .. n) (0 < n < RN_W) with non-temporal stores, for the
+ * partial vectors at the ends of a streamed row (rn_stream_bytes; the portable level
+ * streams nothing). */
+static inline void RN_NAME(vstream_n)(RN_T *p, RN_VEC v, Py_ssize_t n)
+{
+#if RN_LEVEL >= 1
+    RN_T t[RN_W];
+    RN_NAME(vstore)(t, v);
+    rn_stream_bytes(p, t, (size_t)n * sizeof(RN_T));
+#else
+    RN_NAME(vstore_n)(p, v, n);
+#endif
+}
+
 #define RN_LD(p) RN_NAME(ld)(p)
 #define RN_ST(p, v) RN_NAME(st)((p), (v))
 
@@ -490,31 +505,33 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_C s
  * vectors are placed so that the stores into `out` are aligned: a partial vector first
  * (lanes up to the first vector boundary of out), whole vectors, a partial vector last.
  * A store that crosses a cache line costs as much as two, and NumPy's large arrays start
- * 16 bytes into a page.  Whole vectors are streamed when `stream` is set (when out is
- * element-aligned); PF(k) prefetches the next row's span of the vector at k.  Streamed
+ * 16 bytes into a page.  The row is streamed when `stream` is set (when out is
+ * element-aligned), its partial vectors too (vstream_n); PF(k) prefetches the next row's span of the vector at k.  Streamed
  * stores are followed by a store fence, unless stream is RN_STREAM_UNFENCED: a caller
  * that writes a row in many short slices fences once at the end (rn_sfence), because a
  * fence waits for the write-combining buffers to drain and would stall every slice.
  *
  * Each expansion of BODY sees its vector's kind as the constants n_ (lanes in use) and
- * s_ (RN_PART, RN_WHOLE or RN_STREAMED), so the compiler keeps one kind of load and store
+ * s_ (RN_WHOLE, RN_STREAMED, RN_PART or RN_PART_STREAMED), so the compiler keeps one kind of load and store
  * in each loop. */
 #ifndef RN_WHOLE
 #define RN_WHOLE 0
 #define RN_STREAMED 1
 #define RN_PART 2
+#define RN_PART_STREAMED 3
 #endif
 
 static inline __attribute__((always_inline)) RN_VEC RN_NAME(vget)(const RN_T *p, Py_ssize_t n,
                                                                    int s)
 {
-    return s == RN_PART ? RN_NAME(vload_n)(p, n) : RN_NAME(vload)(p);
+    return s == RN_PART || s == RN_PART_STREAMED ? RN_NAME(vload_n)(p, n) : RN_NAME(vload)(p);
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC v, Py_ssize_t n,
                                                                  int s)
 {
     if (s == RN_PART) RN_NAME(vstore_n)(p, v, n);
+    else if (s == RN_PART_STREAMED) RN_NAME(vstream_n)(p, v, n);
     else if (s == RN_STREAMED) RN_NAME(vstream)(p, v);
     else RN_NAME(vstore)(p, v);
 }
@@ -528,8 +545,9 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
         const Py_ssize_t d_ = (d);                                                      \
         Py_ssize_t k_ = RN_NAME(align_head)((out), d_);                                 \
         const int streamed_ = (stream) && (uintptr_t)(out) % sizeof(RN_T) == 0;         \
+        const int part_ = streamed_ ? RN_PART_STREAMED : RN_PART;                        \
         if (k_ > 0) {                                                                   \
-            const Py_ssize_t n_ = k_; const int s_ = RN_PART;                           \
+            const Py_ssize_t n_ = k_; const int s_ = part_;                             \
             (void)n_; (void)s_; BODY(0)                                                 \
         }                                                                               \
         if (streamed_) {                                                                \
@@ -544,7 +562,7 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
             }                                                                           \
         }                                                                               \
         if (k_ < d_) {                                                                  \
-            const Py_ssize_t n_ = d_ - k_; const int s_ = RN_PART;                      \
+            const Py_ssize_t n_ = d_ - k_; const int s_ = part_;                        \
             (void)n_; (void)s_; BODY(k_)                                                \
         }                                                                               \
         if (streamed_ && (stream) != RN_STREAM_UNFENCED) rn_sfence();                   \
