@@ -21,8 +21,8 @@ from libc.math cimport isfinite, sqrt
 from libc.stdint cimport uint8_t, uint64_t
 from libc.string cimport memset
 
-from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, rn_sfence, row_blocks, sum_partials,
-                    zero_partials)
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, first_row, rn_sfence, row_blocks,
+                    sum_partials, zero_partials)
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_group,
                            mixed_forward_row)
@@ -213,7 +213,8 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
         add_norm_forward_rows(y, h, mean, rstd, x, residual, w, b, alpha, wf, bf, eps, dp,
                               masks + t * nw,
                               buf + t * forward_floats(d) if buf != NULL else NULL,
-                              t * n // n_threads, (t + 1) * n // n_threads, d, stream)
+                              first_row(t, n, n_threads), first_row(t + 1, n, n_threads), d,
+                              stream)
 
 
 # --------------------------------------------------------------------------- backward

@@ -31,6 +31,12 @@ cdef inline const element *at(const element *p, Py_ssize_t k) noexcept nogil:
     return p + k
 
 
+cdef inline Py_ssize_t first_row(Py_ssize_t t, Py_ssize_t n, int n_threads) noexcept nogil:
+    """The first of thread t's rows when the kernels that split by thread give n rows to
+    n_threads threads in contiguous ranges: thread t takes first_row(t) .. first_row(t + 1)."""
+    return t * n // n_threads
+
+
 # ---- reductions over rows: fixed row blocks, one float64 partial row per block ----
 
 # At most MAX_ROW_BLOCKS blocks of at least MIN_BLOCK_ROWS rows each (fewer rows than that

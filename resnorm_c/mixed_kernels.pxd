@@ -15,8 +15,8 @@
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
 from cython.parallel cimport prange, threadid
 
-from common cimport (RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials,
-                     zero_partials)
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
+                     sum_partials, zero_partials)
 from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
                           rms_forward_row)
 from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32
@@ -63,8 +63,8 @@ cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, 
         mixed_forward_rows(layer, y, mean, rstd, x, w, b, 0, n, d, eps, stream, buf)
     else:
         for t in prange(n_threads, schedule="static", num_threads=n_threads):
-            mixed_forward_rows(layer, y, mean, rstd, x, w, b, t * n // n_threads,
-                               (t + 1) * n // n_threads, d, eps, stream,
+            mixed_forward_rows(layer, y, mean, rstd, x, w, b, first_row(t, n, n_threads),
+                               first_row(t + 1, n, n_threads), d, eps, stream,
                                buf + threadid() * per)
 
 

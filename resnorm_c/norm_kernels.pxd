@@ -18,8 +18,8 @@
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
 
-from common cimport (RN_GROUP, RN_STREAM_UNFENCED, rn_sfence, row_blocks, sum_partials,
-                     zero_partials)
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
+                     sum_partials, zero_partials)
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
                          rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
                          rn_ln_bwd_apply_rows)
@@ -60,8 +60,8 @@ cdef inline void rms_forward(element *y, double *rstd, const element *x, const e
         rms_forward_rows(y, rstd, x, w, 0, n, n, d, eps, stream)
     else:
         for t in prange(n_threads, schedule="static", num_threads=n_threads):
-            rms_forward_rows(y, rstd, x, w, t * n // n_threads, (t + 1) * n // n_threads, n, d,
-                             eps, stream)
+            rms_forward_rows(y, rstd, x, w, first_row(t, n, n_threads),
+                             first_row(t + 1, n, n_threads), n, d, eps, stream)
 
 
 cdef inline void rms_forward_rows(element *y, double *rstd, const element *x, const element *w,
@@ -173,8 +173,8 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
         layer_forward_rows(y, mean, rstd, x, w, b, 0, n, n, d, eps, stream)
     else:
         for t in prange(n_threads, schedule="static", num_threads=n_threads):
-            layer_forward_rows(y, mean, rstd, x, w, b, t * n // n_threads,
-                               (t + 1) * n // n_threads, n, d, eps, stream)
+            layer_forward_rows(y, mean, rstd, x, w, b, first_row(t, n, n_threads),
+                               first_row(t + 1, n, n_threads), n, d, eps, stream)
 
 
 cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, const element *x,
