@@ -2,6 +2,9 @@
 
 Environment switches:
   RESNORM_OPENMP=0   build without OpenMP (kernels then run on one thread)
+  RESNORM_OPT        the optimisation level (default -O3; the sanitizer and valgrind
+                     builds and the no-OpenMP build test use -O1: what they check does
+                     not depend on it, and they build in half the time)
   RESNORM_CFLAGS     extra compiler flags appended verbatim (e.g. "-march=native", or
                      "-fsanitize=address,undefined" for tools/sanitize.sh)
   RESNORM_LDFLAGS    extra linker flags appended verbatim
@@ -70,7 +73,8 @@ def _base_flags(kind):
     # on any x86-64. Wider vectors are reached through runtime dispatch (resnorm_c/core/
     # dispatch.c). -ffp-contract=off keeps a*b+c from becoming an FMA on some dispatch levels
     # only, so every level computes bitwise the same numbers.
-    return ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
+    opt = os.environ.get("RESNORM_OPT", "-O3")
+    return [opt, "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
 
 
 def _openmp_compiles(compiler, cflags, ldflags):

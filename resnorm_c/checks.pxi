@@ -307,8 +307,8 @@ cdef inline check_out(out, cnp.ndarray like, tuple names, tuple inputs, str name
     """out_array(out, shape_of(like), like.dtype, dict(zip(names, inputs)), name), decided in C
     for an ndarray that passes (the general code runs, and raises, for anything else)."""
     cdef Py_ssize_t k
-    cdef char *olo
-    cdef char *ohi
+    cdef char *olo = NULL   # (set when ok; NULL keeps GCC from warning it may not be)
+    cdef char *ohi = NULL
     cdef char *alo
     cdef char *ahi
     cdef bint ok = (type(out) is cnp.ndarray

@@ -25,13 +25,11 @@ start=$SECONDS
 # prefetch past the end of an array is reported too
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
 flags="$flags -DRN_CHECKED_PREFETCH"
-# -O1 (after setup.py's -O3, so it wins): the level AddressSanitizer's documentation asks
-# for.  Every load and store of the source is still instrumented (a higher level can only
-# remove some), and instrumenting the large generated C of the Cython modules at -O3 took
-# most of this stage's time.
-flags="$flags -O1"
-echo "sanitize: building with $flags into $work"
-RESNORM_CFLAGS="$flags" RESNORM_LDFLAGS="-fsanitize=address,undefined" \
+# -O1: the level AddressSanitizer's documentation asks for.  Every load and store of the
+# source is still instrumented (a higher level can only remove some), and instrumenting the
+# large generated C of the Cython modules at -O3 took most of this stage's time.
+echo "sanitize: building with -O1 $flags into $work"
+RESNORM_OPT=-O1 RESNORM_CFLAGS="$flags" RESNORM_LDFLAGS="-fsanitize=address,undefined" \
     "$root/tools/build_copy.sh" "$work/src-copy"
 echo "sanitize: built in $((SECONDS - start)) s"
 
