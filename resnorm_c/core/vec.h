@@ -505,15 +505,16 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_C s
  * vectors are placed so that the stores into `out` are aligned: a partial vector first
  * (lanes up to the first vector boundary of out), whole vectors, a partial vector last.
  * A store that crosses a cache line costs as much as two, and NumPy's large arrays start
- * 16 bytes into a page.  The row is streamed when `stream` is set (when out is
- * element-aligned), its partial vectors too (vstream_n); PF(k) prefetches the next row's span of the vector at k.  Streamed
- * stores are followed by a store fence, unless stream is RN_STREAM_UNFENCED: a caller
- * that writes a row in many short slices fences once at the end (rn_sfence), because a
- * fence waits for the write-combining buffers to drain and would stall every slice.
+ * 16 bytes into a page.  The whole row is streamed, partial vectors too, when `stream` is
+ * set (and out is element-aligned); PF(k) prefetches the next row's span of the vector at
+ * k.  Streamed stores are followed by a store fence, unless stream is RN_STREAM_UNFENCED:
+ * a caller that writes a row in many short slices fences once at the end (rn_sfence),
+ * because a fence waits for the write-combining buffers to drain and would stall every
+ * slice.
  *
- * Each expansion of BODY sees its vector's kind as the constants n_ (lanes in use) and
- * s_ (RN_WHOLE, RN_STREAMED, RN_PART or RN_PART_STREAMED), so the compiler keeps one kind of load and store
- * in each loop. */
+ * Each expansion of BODY sees its vector's kind as n_ (lanes in use) and s_ (RN_WHOLE,
+ * RN_STREAMED, RN_PART or RN_PART_STREAMED), constants in the loops over whole vectors, so
+ * the compiler keeps one kind of load and store in each loop. */
 #ifndef RN_WHOLE
 #define RN_WHOLE 0
 #define RN_STREAMED 1
@@ -524,7 +525,8 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_C s
 static inline __attribute__((always_inline)) RN_VEC RN_NAME(vget)(const RN_T *p, Py_ssize_t n,
                                                                    int s)
 {
-    return s == RN_PART || s == RN_PART_STREAMED ? RN_NAME(vload_n)(p, n) : RN_NAME(vload)(p);
+    return s == RN_PART || s == RN_PART_STREAMED ? RN_NAME(vload_n)(p, n)
+                                                 : RN_NAME(vload)(p);
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC v, Py_ssize_t n,
@@ -545,7 +547,7 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
         const Py_ssize_t d_ = (d);                                                      \
         Py_ssize_t k_ = RN_NAME(align_head)((out), d_);                                 \
         const int streamed_ = (stream) && (uintptr_t)(out) % sizeof(RN_T) == 0;         \
-        const int part_ = streamed_ ? RN_PART_STREAMED : RN_PART;                        \
+        const int part_ = streamed_ ? RN_PART_STREAMED : RN_PART;                       \
         if (k_ > 0) {                                                                   \
             const Py_ssize_t n_ = k_; const int s_ = part_;                             \
             (void)n_; (void)s_; BODY(0)                                                 \
