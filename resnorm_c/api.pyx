@@ -209,7 +209,7 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
         y = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_size(rows, k), n = size // d
     nt = team(nt, size)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef bint stream = streams_over(y, None, rows, None)
     cdef Scratch scratch = None
     cdef cnp.ndarray mean = None, rstd = None
     cdef double *pmean = NULL

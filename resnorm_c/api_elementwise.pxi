@@ -47,7 +47,7 @@ cdef object scaled_residual_call(x, F, alpha, out, n_threads, bint keep_cache):
         h = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
     nt = team(nt, size)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(h))
+    cdef bint stream = streams_over(h, None, rows_x, rows_f)
     cdef void *ph = cnp.PyArray_DATA(h)
     cdef void *px = cnp.PyArray_DATA(rows_x)
     cdef void *pf = cnp.PyArray_DATA(rows_f)
@@ -193,7 +193,7 @@ cdef object gated_residual_call(x, F, g, out, n_threads, bint keep_cache):
         h = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(xa)
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_length(rows_x), n = size // d
     nt = team(nt, size)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(h))
+    cdef bint stream = streams_over(h, None, rows_x, rows_f)
     cdef cnp.ndarray gate = None, s = None, ds = None, g64
     cdef void *ph = cnp.PyArray_DATA(h)
     cdef void *px = cnp.PyArray_DATA(rows_x)
@@ -369,7 +369,7 @@ cdef object apply_dropout(cnp.ndarray a, str name, rn_dropout site, out, int req
         y = <cnp.ndarray>out if kernel_layout(<cnp.ndarray>out) else new_like(a)
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows)
     cdef int nt = team(requested, size)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef bint stream = streams_over(y, None, rows, None)
     cdef Scratch scratch
     cdef void *py = cnp.PyArray_DATA(y)
     cdef void *px = cnp.PyArray_DATA(rows)

@@ -120,7 +120,7 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
         y = apart_from(y, w, b, xa)
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows_x), d = row_size(rows_x, k), n = size // d
     nt = team(nt, size)
-    cdef bint stream = streams(cnp.PyArray_NBYTES(y))
+    cdef bint stream = streams_over(y, h, rows_x, rows_r)
     cdef cnp.ndarray mean = None, rstd = None
     cdef Py_ssize_t stats_bytes = 0 if keep_cache else 2 * n * sizeof(double)
     cdef Py_ssize_t masks_bytes = max(1, nt) * add_norm_mask_words(d, &site) * 8

@@ -116,6 +116,33 @@ def test_limits_are_read_at_call_time():
     assert (_parallel.PARALLEL_MIN_ELEMENTS, _parallel.STREAM_MIN_BYTES) == saved
 
 
+def test_outputs_just_past_an_input_modulo_4_kib_are_stored_plainly():
+    """An output starting 1 to 127 bytes past an input (modulo 4 KiB) takes plain stores:
+    streamed, its stores kept the input's next loads waiting (4K aliasing).  At or before
+    the input, or further past it, it streams; the answer is the same either way."""
+    saved = _parallel.STREAM_MIN_BYTES
+    buf = np.zeros(3 * 4096, np.uint8)
+    base = -buf.ctypes.data % 4096
+    x = buf[base:base + 1024].view(np.float32)
+    rng = np.random.default_rng(2)
+    rows = rng.standard_normal((4, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    want = resnorm.rms_norm(rows, w)
+    space = np.zeros(rows.nbytes + 8192, np.uint8)
+    try:
+        _parallel.STREAM_MIN_BYTES = 0
+        for gap in (0, 4, 16, 64, 124, 128, 1024, 4092, 4096, 4096 + 16):
+            out = buf[base + gap:base + gap + 1024].view(np.float32)
+            assert _parallel.streams_over(out, x) == (not 0 < gap % 4096 < 128), gap
+            start = (rows.ctypes.data - space.ctypes.data + gap) % 4096
+            out = space[start:start + rows.nbytes].view(np.float32).reshape(rows.shape)
+            assert _same(resnorm.rms_norm(rows, w, out=out), want), gap
+        _parallel.STREAM_MIN_BYTES = 1 << 62
+        assert not _parallel.streams_over(out, x)
+    finally:
+        _parallel.STREAM_MIN_BYTES = saved
+
+
 def test_a_scalar_alpha_gives_each_call_its_own_value():
     """A scalar alpha's (D,) vector is kept for later calls with the same value, D and
     dtype.  A call never gets another value's vector: not -0.0's for 0.0 (h = -0 + alpha*x

@@ -9,11 +9,14 @@ the same for any value, only speed changes.
 import sys
 import types
 
-from ._api import launch_limits, set_launch_limits, stream_output, threads_for
+from ._api import (launch_limits, set_launch_limits, stream_output, stream_output_over,
+                   threads_for)
 
-__all__ = ["PARALLEL_MIN_ELEMENTS", "STREAM_MIN_BYTES", "streams", "threads_for"]
+__all__ = ["PARALLEL_MIN_ELEMENTS", "STREAM_MIN_BYTES", "streams", "streams_over",
+           "threads_for"]
 
 streams = stream_output
+streams_over = stream_output_over
 
 
 class _Limits(types.ModuleType):
