@@ -79,6 +79,19 @@ def test_without_weight_or_bias_identical_for_any_thread_count(rng, nt):
 _STREAM_SHAPES = [(4, 16), (5, 1536), (9, 520), (7, 1100), (13, 2064), (2, 4096)]
 
 
+def _plain_and_streamed(outputs, *args):
+    """outputs(*args) with every output stored plainly, then with every output streamed."""
+    old = _parallel.STREAM_MIN_BYTES
+    try:
+        _parallel.STREAM_MIN_BYTES = 1 << 62
+        plain = outputs(*args)
+        _parallel.STREAM_MIN_BYTES = 0
+        assert _parallel.streams(1)
+        return plain, outputs(*args)
+    finally:
+        _parallel.STREAM_MIN_BYTES = old
+
+
 def _backward_outputs(x, w, b, dy, n_threads, offset):
     out = {}
     dx_buf = np.empty(x.size + 1, x.dtype)
@@ -100,17 +113,10 @@ def test_streamed_backward_gives_the_unstreamed_bits(rng, dtype, shape):
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     for weight, bias in [(True, True), (False, True), (False, False)]:
         x, w, b, dy = make_inputs(rng, shape, dtype, weight=weight, bias=bias)
-        old = _parallel.STREAM_MIN_BYTES
         for offset in (0, 1):
             for nt in (1, 2):
-                try:
-                    _parallel.STREAM_MIN_BYTES = 1 << 62
-                    plain = _backward_outputs(x, w, b, dy, nt, offset)
-                    _parallel.STREAM_MIN_BYTES = 0
-                    assert _parallel.streams(1)
-                    streamed = _backward_outputs(x, w, b, dy, nt, offset)
-                finally:
-                    _parallel.STREAM_MIN_BYTES = old
+                plain, streamed = _plain_and_streamed(_backward_outputs, x, w, b, dy, nt,
+                                                      offset)
                 for key, v in plain.items():
                     assert_bitwise_equal(streamed[key], v, f"{key} (w={weight}, b={bias}, "
                                          f"offset {offset}, n_threads={nt})")
@@ -156,15 +162,8 @@ def test_streamed_forward_gives_the_unstreamed_bits_at_every_placement(rng, dtyp
         x, w, b, _ = make_inputs(rng, shape, dtype)
         r = rng.standard_normal(shape).astype(dtype)
         for start in range(64 // np.dtype(dtype).itemsize):
-            old = _parallel.STREAM_MIN_BYTES
-            try:
-                _parallel.STREAM_MIN_BYTES = 1 << 62
-                plain = _forward_outputs(x, r, w, b, start, sentinel)
-                _parallel.STREAM_MIN_BYTES = 0
-                assert _parallel.streams(1)
-                streamed = _forward_outputs(x, r, w, b, start, sentinel)
-            finally:
-                _parallel.STREAM_MIN_BYTES = old
+            plain, streamed = _plain_and_streamed(_forward_outputs, x, r, w, b, start,
+                                                  sentinel)
             for key, v in plain.items():
                 assert_bitwise_equal(streamed[key], v, f"{key} {shape} from element {start}")
 
