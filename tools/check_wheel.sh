@@ -3,6 +3,9 @@
 # front end, installed here with pip into a throwaway venv), installs the wheel into a
 # fresh venv and runs tools/wheel_smoke.py there, from outside the checkout, so that only
 # the installed package can be imported.  Takes a few minutes (one compile of the core).
+# The sdist is made from a copy of the checkout (tools/copy_checkout.sh), so no build
+# product of the checkout can slip into it, and the checkout is not written to (CI runs
+# this beside the test suite, whose install builds in the checkout).
 #
 #   tools/check_wheel.sh            dist/ is replaced by the new sdist and wheel (ignored by git)
 set -euo pipefail
@@ -16,7 +19,9 @@ start=$SECONDS
 "$work/build-venv/bin/pip" install --quiet build
 echo "check_wheel: building the sdist and the wheel (python -m build)"
 rm -rf "$root/dist"
-if ! "$work/build-venv/bin/python" -m build --outdir "$root/dist" "$root" > "$work/build.log" 2>&1; then
+"$root/tools/copy_checkout.sh" "$work/src-copy"
+if ! "$work/build-venv/bin/python" -m build --outdir "$root/dist" "$work/src-copy" \
+        > "$work/build.log" 2>&1; then
     tail -n 40 "$work/build.log" >&2
     echo "check_wheel: python -m build failed" >&2
     exit 1
