@@ -507,7 +507,11 @@ static inline RN_HVEC RN_NAME(hmult)(const uint8_t *keep, Py_ssize_t pos, RN_C s
  * A store that crosses a cache line costs as much as two, and NumPy's large arrays start
  * 16 bytes into a page.  The whole row is streamed, partial vectors too, when `stream` is
  * set (and out is element-aligned); PF(k) prefetches the next row's span of the vector at
- * k.  Streamed stores are followed by a store fence, unless stream is RN_STREAM_UNFENCED:
+ * k, partial vectors included: where the rows do not start on a cache line, the lines of
+ * a row's first and last partial vectors hold no whole vector, and with 64-byte vectors
+ * (avx512) they were never prefetched: a miss to memory on every row (the norms' backward
+ * at (65536, 256) float32, avx512, rows 16 bytes into a line: 1.4-1.6x the time).
+ * Streamed stores are followed by a store fence, unless stream is RN_STREAM_UNFENCED:
  * a caller that writes a row in many short slices fences once at the end (rn_sfence),
  * because a fence waits for the write-combining buffers to drain and would stall every
  * slice.
@@ -550,7 +554,7 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
         const int part_ = streamed_ ? RN_PART_STREAMED : RN_PART;                       \
         if (k_ > 0) {                                                                   \
             const Py_ssize_t n_ = k_; const int s_ = part_;                             \
-            (void)n_; (void)s_; BODY(0)                                                 \
+            (void)n_; (void)s_; PF(0); BODY(0)                                          \
         }                                                                               \
         if (streamed_) {                                                                \
             for (; k_ + RN_W <= d_; k_ += RN_W) {                                       \
@@ -565,7 +569,7 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
         }                                                                               \
         if (k_ < d_) {                                                                  \
             const Py_ssize_t n_ = d_ - k_; const int s_ = part_;                        \
-            (void)n_; (void)s_; BODY(k_)                                                \
+            (void)n_; (void)s_; PF(k_); BODY(k_)                                        \
         }                                                                               \
         if (streamed_ && (stream) != RN_STREAM_UNFENCED) rn_sfence();                   \
     } while (0)
