@@ -62,40 +62,43 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
  * phase (the column loop streams only such rows, or a single one). */
 #define RN_CHUNKED(stream, rows, d) ((stream) && (rows) > 1 && RN_NAME(rows_share_phase)(d))
 
-/* The n lanes from p of a chunk's carried sums (RN_C), as a vector, and back. */
-static inline __attribute__((always_inline)) RN_VEC RN_NAME(cget)(const RN_C *p, Py_ssize_t n)
+/* One vector slot of a chunk's carried sums (RN_C, vector-aligned), and back. */
+static inline __attribute__((always_inline)) RN_VEC RN_NAME(cget)(const RN_C *p)
 {
-    RN_VEC v = {0};
-    memcpy(&v, p, (size_t)n * sizeof(RN_C));
+    RN_VEC v;
+    memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC v, Py_ssize_t n)
+static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC v)
 {
-    memcpy(p, &v, (size_t)n * sizeof(RN_C));
+    memcpy(p, &v, sizeof v);
 }
 
 /* The group sum t of this row's terms and the earlier rows' (carried in c): t itself for
  * the first row, c + t after it (the column loop's order); stored back in c for the next
- * row, or, for the last row, widened into part (NULL: no sum wanted).  Column k of the
- * chunk is carried at c + cs_ + k, where the whole vectors' sums are vector-aligned: a
- * store that crosses a cache line, loaded again one row later, stalled this pass (the
- * RMSNorm backward at (65536, 256) float32, avx2, rows 16 bytes into a line: 1.2-1.5x). */
+ * row, or, for the last row, widened into part (NULL: no sum wanted; a partial vector
+ * adds its n_ lanes only).  Each vector of the chunk, partial ones too, is carried whole
+ * in its own aligned slot of c, the slot of column k + cs_ (cs_ puts the whole vectors
+ * on slot boundaries); the lanes past a partial vector's n_ are never added.  Carried by lanes instead (memcpy of n_ lanes for a partial vector, whole
+ * vectors at any alignment), a store that crossed a cache line or a vector built from
+ * narrower stores, loaded one row later, stalled this pass (the RMSNorm backward at
+ * (65536, 256) float32, avx2, rows 16 bytes into a line: 1.2-1.5x the time). */
 #define RN_CARRY(c, part, k, t)                                                         \
     do {                                                                                \
-        RN_VEC s_sum_ = r ? RN_NAME(cget)((c) + cs_ + (k), n_) + (t) : (t);             \
-        if (r + 1 < rows) RN_NAME(cput)((c) + cs_ + (k), s_sum_, n_);                   \
+        RN_C *slot_ = (c) + (((k) + cs_) & -RN_W);                                      \
+        RN_VEC s_sum_ = r ? RN_NAME(cget)(slot_) + (t) : (t);                           \
+        if (r + 1 < rows) RN_NAME(cput)(slot_, s_sum_);                                 \
         else if (part) RN_ADD_WIDENED((part) + (k), s_sum_);                            \
     } while (0)
 
 /* The chunked streamed pass: for each chunk [c0, c1) of columns (the chunks after the
- * first start where dx's vectors do; cs_ puts the first chunk's whole vectors on vector
- * boundaries of the carried sums), each row r of the group runs ROW (the row's
- * coefficients as local scalars: read from the caller's arrays inside the column loop,
- * they were reloaded and broadcast on every vector, as stores to dx might change them),
- * then BODY(k) over the chunk's vectors, with dyr, xr, dxr its row from column c0,
- * wc = w + c0 (w NULL: NULL), and the next group's span of the row prefetched; the stores
- * are fenced once, at the end. */
+ * first start where dx's vectors do; cs_: see RN_CARRY), each row r of the group runs ROW
+ * (the row's coefficients as local scalars: read from the caller's arrays inside the
+ * column loop, they were reloaded and broadcast on every vector, as stores to dx might
+ * change them), then BODY(k) over the chunk's vectors, with dyr, xr, dxr its row from
+ * column c0, wc = w + c0 (w NULL: NULL), and the next group's span of the row prefetched;
+ * the stores are fenced once, at the end. */
 #define RN_CHUNKS(ROW, BODY)                                                            \
     do {                                                                                \
         const Py_ssize_t head_ = RN_NAME(align_head)(dx, d);                            \
@@ -174,7 +177,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
-    RN_C tw[RN_CHUNK + RN_W] __attribute__((aligned(RN_VBYTES)));
+    RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
 #define ROW_ const RN_C rs_r = rs[r], mt_r = mt[r];
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -243,8 +246,8 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
     const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
     Py_ssize_t d, Py_ssize_t ahead)
 {
-    RN_C tw[RN_CHUNK + RN_W] __attribute__((aligned(RN_VBYTES)));
-    RN_C tb[RN_CHUNK + RN_W] __attribute__((aligned(RN_VBYTES)));
+    RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
+    RN_C tb[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
 #define ROW_ const RN_C mh_r = mh[r], ml_r = ml[r], rs_r = rs[r], mg_r = mg[r], mgx_r = mgx[r];
 #define B_(k)                                                                           \
     {                                                                                   \
