@@ -79,11 +79,12 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
  * the first row, c + t after it (the column loop's order); stored back in c for the next
  * row, or, for the last row, widened into part (NULL: no sum wanted; a partial vector
  * adds its n_ lanes only).  Each vector of the chunk, partial ones too, is carried whole
- * in its own aligned slot of c, the slot of column k + cs_ (cs_ puts the whole vectors
- * on slot boundaries); the lanes past a partial vector's n_ are never added.  Carried by lanes instead (memcpy of n_ lanes for a partial vector, whole
- * vectors at any alignment), a store that crossed a cache line or a vector built from
- * narrower stores, loaded one row later, stalled this pass (the RMSNorm backward at
- * (65536, 256) float32, avx2, rows 16 bytes into a line: 1.2-1.5x the time). */
+ * in its own aligned slot of RN_W lanes, slot (k + cs_) / RN_W (cs_ puts the whole
+ * vectors on slot boundaries); the lanes past a partial vector's n_ are never added.
+ * Carried lane by lane instead (memcpy of n_ lanes for a partial vector, whole vectors at
+ * any alignment), a store that crossed a cache line, or a vector loaded from narrower
+ * stores, stalled this pass one row later (the RMSNorm backward at (65536, 256) float32,
+ * avx2, rows 16 bytes into a line: 1.2-1.5x the time). */
 #define RN_CARRY(c, part, k, t)                                                         \
     do {                                                                                \
         RN_C *slot_ = (c) + (((k) + cs_) & -RN_W);                                      \
