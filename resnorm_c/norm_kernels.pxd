@@ -136,6 +136,9 @@ cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_pa
 
 # --------------------------------------------------------------------------- LayerNorm
 
+cdef enum:
+    PAIRED_ROW_BYTES = 2048   # layer_forward_rows takes rows up to this size two at a time
+
 cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const element *x,
                                    const element *w, const element *b, Py_ssize_t d,
                                    double eps, int stream, Py_ssize_t ahead) noexcept nogil:
@@ -149,11 +152,20 @@ cdef inline void layer_forward_row_from(element *y, double *mean, double *rstd,
                                         int stream, Py_ssize_t ahead) noexcept nogil:
     """layer_forward_row given the row's sum (rn_sum's bits).  stream: as in
     rms_forward_row_from."""
-    mean[0] = total / d
-    cdef double var = rn_sumsqdev(x, d, mean[0]) / d
-    if _ln_stats_trusted(x, mean[0], var, d):
+    cdef double m = total / d
+    layer_forward_row_stats(y, mean, rstd, x, w, b, d, eps, m, rn_sumsqdev(x, d, m) / d,
+                            stream, ahead)
+
+
+cdef inline void layer_forward_row_stats(element *y, double *mean, double *rstd,
+                                         const element *x, const element *w, const element *b,
+                                         Py_ssize_t d, double eps, double m, double var,
+                                         int stream, Py_ssize_t ahead) noexcept nogil:
+    """layer_forward_row given the row's mean m and variance var (the reductions' bits)."""
+    mean[0] = m
+    if _ln_stats_trusted(x, m, var, d):
         rstd[0] = 1.0 / sqrt(var + eps)
-        rn_ln_apply(y, x, w, b, mean[0], rstd[0], d, stream, ahead)
+        rn_ln_apply(y, x, w, b, m, rstd[0], d, stream, ahead)
     else:
         _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
 
@@ -181,11 +193,30 @@ cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, cons
                                     const element *w, const element *b, Py_ssize_t lo,
                                     Py_ssize_t hi, Py_ssize_t n, Py_ssize_t d, double eps,
                                     bint stream) noexcept nogil:
-    """Rows lo .. hi (of n) of layer_forward on one thread, fenced as in rms_forward_rows."""
-    cdef Py_ssize_t i
-    for i in range(lo, hi):
-        layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
-                          RN_STREAM_UNFENCED if stream else 0, n - 1 - i)
+    """Rows lo .. hi (of n) of layer_forward on one thread, fenced as in rms_forward_rows.
+
+    Short rows go two at a time, each pass over both rows before the next pass: a row's
+    passes wait on each other (the sum, then its mean for the deviations, then sqrt and
+    division for rstd), and the other row's pass fills that wait.  Each row is computed as
+    alone, so the bits are the same.  (65536, 256), one thread: 0.78 of the time one row
+    at a time in float32, 0.49 in float64; rows of 8 KiB read from memory took 1.1x, hence
+    only rows up to PAIRED_ROW_BYTES."""
+    cdef Py_ssize_t i = lo
+    cdef int s = RN_STREAM_UNFENCED if stream else 0
+    cdef double m0, m1, v0, v1
+    if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
+        while i + 1 < hi:
+            m0 = rn_sum(x + i * d, d, n - 1 - i) / d
+            m1 = rn_sum(x + (i + 1) * d, d, n - 2 - i) / d
+            v0 = rn_sumsqdev(x + i * d, d, m0) / d
+            v1 = rn_sumsqdev(x + (i + 1) * d, d, m1) / d
+            layer_forward_row_stats(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
+                                    m0, v0, s, n - 1 - i)
+            layer_forward_row_stats(y + (i + 1) * d, &mean[i + 1], &rstd[i + 1],
+                                    x + (i + 1) * d, w, b, d, eps, m1, v1, s, n - 2 - i)
+            i += 2
+    for i in range(i, hi):
+        layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, s, n - 1 - i)
     if stream:
         rn_sfence()
 
