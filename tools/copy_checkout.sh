@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies this checkout's tracked and untracked files (not ignored ones: no build products,
 # no generated C) to DEST, which it creates.  The checkout itself is only read, so a copy
-# can be built while the checkout is in use (CI builds two copies beside the test suite).
+# can be built while the checkout is in use (CI builds copies while a test suite runs).
 #
 #   tools/copy_checkout.sh DEST
 set -euo pipefail
