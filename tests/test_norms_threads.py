@@ -92,10 +92,15 @@ def _plain_and_streamed(outputs, *args):
         _parallel.STREAM_MIN_BYTES = old
 
 
+def _placed(buf, start, shape):
+    """shape's elements of buf from element `start` past its first 64-byte boundary."""
+    first = (-buf.ctypes.data % 64) // buf.itemsize
+    return buf[first + start:first + start + int(np.prod(shape))].reshape(shape)
+
+
 def _backward_outputs(x, w, b, dy, n_threads, offset):
     out = {}
-    dx_buf = np.empty(x.size + 1, x.dtype)
-    dx = dx_buf[offset:offset + x.size].reshape(x.shape)
+    dx = _placed(np.empty(x.size + 64, x.dtype), offset, x.shape)
     _, cache = resnorm.rms_norm_forward(x, w, n_threads=n_threads)
     out["rms_dx"], out["rms_dw"] = resnorm.rms_norm_backward(dy, cache, out=dx,
                                                              n_threads=n_threads)
@@ -113,7 +118,10 @@ def test_streamed_backward_gives_the_unstreamed_bits(rng, dtype, shape):
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     for weight, bias in [(True, True), (False, True), (False, False)]:
         x, w, b, dy = make_inputs(rng, shape, dtype, weight=weight, bias=bias)
-        for offset in (0, 1):
+        # dx on a 64-byte boundary, one element past it, and 16 bytes past it (NumPy's
+        # placement of large arrays): rows without partial vectors, and rows with one at
+        # each end
+        for offset in (0, 1, 16 // np.dtype(dtype).itemsize):
             for nt in (1, 2):
                 plain, streamed = _plain_and_streamed(_backward_outputs, x, w, b, dy, nt,
                                                       offset)
@@ -126,12 +134,6 @@ def test_streamed_backward_gives_the_unstreamed_bits(rng, dtype, shape):
 # streamed too, in 16-, 8- and 4-byte pieces (and a plain 2-byte piece for 16-bit rows off
 # a 4-byte boundary).  Every start from a 64-byte boundary, in elements; rows whose length
 # leaves partial vectors at both ends; the bytes around the output stay as they were.
-def _placed(buf, start, shape):
-    """shape's elements of buf from element `start` past its first 64-byte boundary."""
-    first = (-buf.ctypes.data % 64) // buf.itemsize
-    return buf[first + start:first + start + int(np.prod(shape))].reshape(shape)
-
-
 def _forward_outputs(x, r, w, b, start, sentinel):
     out = {}
     for name, call in [
