@@ -29,8 +29,7 @@ from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_grou
 from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
                          rn_residual_reduce, rn_residual_norm_apply, rn_residual_bwd,
                          rn_rms_apply)
-from norm_kernels cimport (PAIRED_ROW_BYTES, layer_backward_group, layer_forward_pair_from,
-                          layer_forward_row_from, rms_backward_group, rms_forward_pair_from,
+from norm_kernels cimport (layer_backward_group, layer_forward_row_from, rms_backward_group,
                           rms_forward_row_from)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
@@ -62,21 +61,6 @@ cdef inline void apply_row(element *y, element *h, const element *residual, cons
         if next_words != NULL:
             made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
-
-
-cdef inline double add_reduce(element *hrow, const element *residual, const element *x,
-                              const element *alpha, const uint8_t *keep, Py_ssize_t kpos,
-                              double scale, Py_ssize_t d, bint squares,
-                              Py_ssize_t ahead) noexcept nogil:
-    """rn_residual_add_reduce for float and double rows (the primitive has no 16-bit form;
-    the 16-bit kernels never call this: 0)."""
-    if element is float:
-        return rn_residual_add_reduce(hrow, residual, x, alpha, keep, kpos, scale, d, squares,
-                                      ahead)
-    elif element is double:
-        return rn_residual_add_reduce(hrow, residual, x, alpha, keep, kpos, scale, d, squares,
-                                      ahead)
-    return 0.0
 
 
 cdef inline bint stats_trusted(bint layer, const element *row, double mean, double var,
@@ -124,14 +108,13 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     the pass that takes the norm's first reduction (residual_add_reduce: RMSNorm's sum of
     squares, LayerNorm's sum), and the norm kernels finish the row from it: fewer
     operations per element, and the same bits, as residual_reduce and residual_add_reduce
-    reduce h exactly as sum, sumsq and sumsqdev do; short rows without dropout go two at a
-    time, as the norms' forward takes them.  (The 16-bit types keep the fused pass:
+    reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
     it normalises h before h is rounded to 16 bits; with float32 parameters, h is rounded
     and stored first, then normalised by the mixed kernel.)  Each row prefetches the next
     of this range (ahead = hi - 1 - i), none past it."""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
-    cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0, total2
+    cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
     cdef bint layer = mean != NULL
     # keep, keep_next: the bits of this row and of the next (from their first group)
     cdef uint64_t *keep = masks if dp != NULL else NULL
@@ -140,24 +123,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     cdef element *hrow
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
-    i = lo
-    if ((element is float or element is double) and dp == NULL and not stream
-            and d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES):
-        # short rows without dropout two at a time, as the norms' forward takes them
-        while i + 1 < hi:
-            hrow = h + i * d if h != NULL else y + i * d
-            total = add_reduce(hrow, residual + i * d, x + i * d, alpha, NULL, 0, scale, d,
-                               not layer, hi - 1 - i)
-            total2 = add_reduce(hrow + d, residual + (i + 1) * d, x + (i + 1) * d, alpha, NULL,
-                                0, scale, d, not layer, hi - 2 - i)
-            if layer:
-                layer_forward_pair_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
-                                        total, total2, False, hi - 1 - i)
-            else:
-                rms_forward_pair_from(y + i * d, &rstd[i], hrow, w, d, eps, total, total2, False,
-                                      hi - 1 - i)
-            i += 2
-    for i in range(i, hi):
+    for i in range(lo, hi):
         if buf != NULL or (not stream and (element is float or element is double)):
             # h stored first (into y for Post-Norm): by the pass that takes the norm's
             # first reduction, or (16-bit rows, float32 parameters) rounded, then
@@ -169,8 +135,14 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
                                   hrow, wf, bf, d, eps, unfenced, buf)
             else:
-                total = add_reduce(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                   i * d % 64, scale, d, not layer, hi - 1 - i)
+                if element is float:   # one branch per type: the primitive has no 16-bit form
+                    total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                                   <uint8_t *>keep, i * d % 64, scale, d,
+                                                   not layer, hi - 1 - i)
+                elif element is double:
+                    total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
+                                                   <uint8_t *>keep, i * d % 64, scale, d,
+                                                   not layer, hi - 1 - i)
                 if layer:
                     layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
                                            total, False, hi - 1 - i)

@@ -29,7 +29,7 @@ from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_caref
 
 
 cdef enum:
-    PAIRED_ROW_BYTES = 3072   # the forward passes take rows up to this size two at a time
+    PAIRED_ROW_BYTES = 2048   # the norms' forward takes rows up to this size two at a time
 
 # --------------------------------------------------------------------------- RMSNorm
 
@@ -51,16 +51,6 @@ cdef inline void rms_forward_row_from(element *y, double *rstd, const element *x
     else:
         rstd[0] = 1.0 / sqrt(sumsq / d + eps)
     rn_rms_apply(y, x, w, rstd[0], d, stream, ahead)
-
-
-cdef inline void rms_forward_pair_from(element *y, double *rstd, const element *x,
-                                       const element *w, Py_ssize_t d, double eps,
-                                       double sumsq0, double sumsq1, int stream,
-                                       Py_ssize_t ahead) noexcept nogil:
-    """rms_forward_row_from for two consecutive rows (x, y, rstd: the first's; ahead: the
-    rows after it), given each row's sum of squares (see rms_forward_rows)."""
-    rms_forward_row_from(y, rstd, x, w, d, eps, sumsq0, stream, ahead)
-    rms_forward_row_from(y + d, rstd + 1, x + d, w, d, eps, sumsq1, stream, ahead - 1)
 
 
 cdef inline void rms_forward(element *y, double *rstd, const element *x, const element *w,
@@ -86,16 +76,20 @@ cdef inline void rms_forward_rows(element *y, double *rstd, const element *x, co
 
     Short rows go two at a time, as in layer_forward_rows: both sums of squares, then each
     row's rstd and apply pass, so the other row's work fills the wait on a row's sqrt and
-    division; the same bits.  float32, one thread: (65536, 256) 0.78 of the time one row
-    at a time, (2048, 512) 0.85, (8, 768) 0.8; rows of 4 KiB read from memory took 1.1x."""
+    division; the same bits.  float32, one thread, against one row at a time: (65536, 256)
+    0.78 of the time back to back, 0.85 in the benchmark; rows of 3 KiB, (2048, 768), took
+    1.25x in the benchmark (which runs other libraries between calls), hence only rows up
+    to PAIRED_ROW_BYTES."""
     cdef Py_ssize_t i = lo
     cdef int s = RN_STREAM_UNFENCED if stream else 0
-    cdef double s0
+    cdef double s0, s1
     if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
         while i + 1 < hi:
             s0 = rn_sumsq(x + i * d, d, n - 1 - i)
-            rms_forward_pair_from(y + i * d, &rstd[i], x + i * d, w, d, eps, s0,
-                                  rn_sumsq(x + (i + 1) * d, d, n - 2 - i), s, n - 1 - i)
+            s1 = rn_sumsq(x + (i + 1) * d, d, n - 2 - i)
+            rms_forward_row_from(y + i * d, &rstd[i], x + i * d, w, d, eps, s0, s, n - 1 - i)
+            rms_forward_row_from(y + (i + 1) * d, &rstd[i + 1], x + (i + 1) * d, w, d, eps,
+                                 s1, s, n - 2 - i)
             i += 2
     for i in range(i, hi):
         rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, s, n - 1 - i)
@@ -192,22 +186,6 @@ cdef inline void layer_forward_row_stats(element *y, double *mean, double *rstd,
         _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
 
 
-cdef inline void layer_forward_pair_from(element *y, double *mean, double *rstd,
-                                         const element *x, const element *w,
-                                         const element *b, Py_ssize_t d, double eps,
-                                         double total0, double total1, int stream,
-                                         Py_ssize_t ahead) noexcept nogil:
-    """layer_forward_row_from for two consecutive rows (x, y, mean, rstd: the first's; ahead:
-    the rows after it), given each row's sum, each pass over both rows before the next
-    (see layer_forward_rows)."""
-    cdef double m0 = total0 / d, m1 = total1 / d
-    cdef double v0 = rn_sumsqdev(x, d, m0) / d
-    cdef double v1 = rn_sumsqdev(x + d, d, m1) / d
-    layer_forward_row_stats(y, mean, rstd, x, w, b, d, eps, m0, v0, stream, ahead)
-    layer_forward_row_stats(y + d, mean + 1, rstd + 1, x + d, w, b, d, eps, m1, v1, stream,
-                            ahead - 1)
-
-
 cdef inline void layer_forward(element *y, double *mean, double *rstd, const element *x,
                                const element *w, const element *b, Py_ssize_t n, Py_ssize_t d,
                                double eps, int n_threads, bint stream) noexcept nogil:
@@ -237,16 +215,21 @@ cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, cons
     passes wait on each other (the sum, then its mean for the deviations, then sqrt and
     division for rstd), and the other row's pass fills that wait.  Each row is computed as
     alone, so the bits are the same.  (65536, 256), one thread: 0.78 of the time one row
-    at a time in float32, 0.49 in float64; (16384, 768) float32 0.91; rows of 8 KiB read
-    from memory took 1.1x, hence only rows up to PAIRED_ROW_BYTES."""
+    at a time in float32, 0.49 in float64; rows of 8 KiB read from memory took 1.1x, hence
+    only rows up to PAIRED_ROW_BYTES."""
     cdef Py_ssize_t i = lo
     cdef int s = RN_STREAM_UNFENCED if stream else 0
-    cdef double t0
+    cdef double m0, m1, v0, v1
     if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
         while i + 1 < hi:
-            t0 = rn_sum(x + i * d, d, n - 1 - i)
-            layer_forward_pair_from(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, t0,
-                                    rn_sum(x + (i + 1) * d, d, n - 2 - i), s, n - 1 - i)
+            m0 = rn_sum(x + i * d, d, n - 1 - i) / d
+            m1 = rn_sum(x + (i + 1) * d, d, n - 2 - i) / d
+            v0 = rn_sumsqdev(x + i * d, d, m0) / d
+            v1 = rn_sumsqdev(x + (i + 1) * d, d, m1) / d
+            layer_forward_row_stats(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
+                                    m0, v0, s, n - 1 - i)
+            layer_forward_row_stats(y + (i + 1) * d, &mean[i + 1], &rstd[i + 1],
+                                    x + (i + 1) * d, w, b, d, eps, m1, v1, s, n - 2 - i)
             i += 2
     for i in range(i, hi):
         layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, s, n - 1 - i)
