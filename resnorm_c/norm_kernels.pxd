@@ -30,6 +30,22 @@ from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_caref
 
 cdef enum:
     PAIRED_ROW_BYTES = 2048   # the norms' forward takes rows up to this size two at a time
+    PREFETCHED_STREAMED_ROW_BYTES = 8192   # see forward_prefetch
+
+
+cdef inline Py_ssize_t forward_prefetch(bint stream, Py_ssize_t row_bytes) noexcept nogil:
+    """1 when the norms' forward passes prefetch each next row (the primitives' `ahead` is
+    then the rows after this one), 0 when they leave it to the CPU's own prefetchers:
+    streamed rows (outputs of 8 MiB and more, read from memory) shorter than
+    PREFETCHED_STREAMED_ROW_BYTES.  The benchmark, float32, outputs preallocated, medians
+    of 3 runs alternated with the build that always prefetched, one thread: rms_norm
+    (16384, 768) 0.58 of the time, (16384, 1024) 0.69 (and 0.59 at (32768, 512), where the
+    rows also went in pairs); layer_norm (16384, 768) 0.76, (32768, 512) 0.73,
+    (16384, 1024) and (65536, 256) 0.97; two threads: layer_norm (16384, 768) 0.76,
+    (32768, 512) 0.71.  Without it, rows of 8 KiB took 1.30x (layer_norm (8192, 2048)),
+    rows of 16 KiB 1.04-1.11x (rms_norm), unstreamed rows from cache 1.04-1.09x."""
+    return 0 if stream and row_bytes < PREFETCHED_STREAMED_ROW_BYTES else 1
+
 
 # --------------------------------------------------------------------------- RMSNorm
 
@@ -80,19 +96,20 @@ cdef inline void rms_forward_rows(element *y, double *rstd, const element *x, co
     0.78 of the time back to back, 0.85 in the benchmark; rows of 3 KiB, (2048, 768), took
     1.25x in the benchmark (which runs other libraries between calls), hence only rows up
     to PAIRED_ROW_BYTES."""
-    cdef Py_ssize_t i = lo
+    cdef Py_ssize_t i = lo, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int s = RN_STREAM_UNFENCED if stream else 0
     cdef double s0, s1
     if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
         while i + 1 < hi:
-            s0 = rn_sumsq(x + i * d, d, n - 1 - i)
-            s1 = rn_sumsq(x + (i + 1) * d, d, n - 2 - i)
-            rms_forward_row_from(y + i * d, &rstd[i], x + i * d, w, d, eps, s0, s, n - 1 - i)
+            s0 = rn_sumsq(x + i * d, d, pf * (n - 1 - i))
+            s1 = rn_sumsq(x + (i + 1) * d, d, pf * (n - 2 - i))
+            rms_forward_row_from(y + i * d, &rstd[i], x + i * d, w, d, eps, s0, s,
+                                 pf * (n - 1 - i))
             rms_forward_row_from(y + (i + 1) * d, &rstd[i + 1], x + (i + 1) * d, w, d, eps,
-                                 s1, s, n - 2 - i)
+                                 s1, s, pf * (n - 2 - i))
             i += 2
     for i in range(i, hi):
-        rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, s, n - 1 - i)
+        rms_forward_row(y + i * d, &rstd[i], x + i * d, w, d, eps, s, pf * (n - 1 - i))
     if stream:
         rn_sfence()
 
@@ -217,22 +234,23 @@ cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, cons
     alone, so the bits are the same.  (65536, 256), one thread: 0.78 of the time one row
     at a time in float32, 0.49 in float64; rows of 8 KiB read from memory took 1.1x, hence
     only rows up to PAIRED_ROW_BYTES."""
-    cdef Py_ssize_t i = lo
+    cdef Py_ssize_t i = lo, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int s = RN_STREAM_UNFENCED if stream else 0
     cdef double m0, m1, v0, v1
     if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
         while i + 1 < hi:
-            m0 = rn_sum(x + i * d, d, n - 1 - i) / d
-            m1 = rn_sum(x + (i + 1) * d, d, n - 2 - i) / d
+            m0 = rn_sum(x + i * d, d, pf * (n - 1 - i)) / d
+            m1 = rn_sum(x + (i + 1) * d, d, pf * (n - 2 - i)) / d
             v0 = rn_sumsqdev(x + i * d, d, m0) / d
             v1 = rn_sumsqdev(x + (i + 1) * d, d, m1) / d
             layer_forward_row_stats(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
-                                    m0, v0, s, n - 1 - i)
+                                    m0, v0, s, pf * (n - 1 - i))
             layer_forward_row_stats(y + (i + 1) * d, &mean[i + 1], &rstd[i + 1],
-                                    x + (i + 1) * d, w, b, d, eps, m1, v1, s, n - 2 - i)
+                                    x + (i + 1) * d, w, b, d, eps, m1, v1, s, pf * (n - 2 - i))
             i += 2
     for i in range(i, hi):
-        layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, s, n - 1 - i)
+        layer_forward_row(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps, s,
+                          pf * (n - 1 - i))
     if stream:
         rn_sfence()
 
