@@ -10,7 +10,8 @@
 # function of N only) writes its own partial row, and the partials are added in block order.
 #
 # Row helpers take `ahead`, the rows that follow theirs in the arrays (the primitives
-# prefetch the next row only when there is one; see resnorm_c/primitives.py).
+# prefetch the next row only when there is one; see resnorm_c/primitives.py); the forward
+# passes give 0 where they leave prefetching to the CPU (forward_prefetch).
 #
 # Names follow docs/rms_norm.md and docs/layer_norm.md: x (N, D) rows, w weight, b bias,
 # y output; rstd = 1/sqrt(ms + eps) per row, xn = x*rstd, xhat = (x - mean)*rstd,
