@@ -29,8 +29,8 @@ from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_grou
 from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
                          rn_residual_reduce, rn_residual_norm_apply, rn_residual_bwd,
                          rn_rms_apply)
-from norm_kernels cimport (layer_backward_group, layer_forward_row_from, rms_backward_group,
-                          rms_forward_row_from)
+from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_from,
+                          rms_backward_group, rms_forward_row_from)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -111,8 +111,10 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
     it normalises h before h is rounded to 16 bits; with float32 parameters, h is rounded
     and stored first, then normalised by the mixed kernel.)  Each row prefetches the next
-    of this range (ahead = hi - 1 - i), none past it."""
+    of this range (ahead = hi - 1 - i), none past it, but for the streamed rows that
+    forward_prefetch leaves to the CPU."""
     cdef Py_ssize_t i, nw = mask_words(d)
+    cdef Py_ssize_t pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
     cdef bint layer = mean != NULL
@@ -161,10 +163,10 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
         mu = 0.0
         if layer:
             mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                    i * d % 64, scale, d, False, 0.0, hi - 1 - i) / d
+                                    i * d % 64, scale, d, False, 0.0, pf * (hi - 1 - i)) / d
             mean[i] = mu
         var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                 i * d % 64, scale, d, True, mu, hi - 1 - i) / d
+                                 i * d % 64, scale, d, True, mu, pf * (hi - 1 - i)) / d
         if stats_trusted(layer, residual, mu, var, d):
             rstd[i] = 1.0 / sqrt(var + eps)
             apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,

@@ -11,7 +11,8 @@
 #
 # Row helpers take `ahead`, the rows that follow theirs in the arrays (the primitives
 # prefetch the next row only when there is one; see resnorm_c/primitives.py); the forward
-# passes give 0 where they leave prefetching to the CPU (forward_prefetch).
+# passes (and the fused add + norm forward's) give 0 where they leave prefetching to the
+# CPU (forward_prefetch).
 #
 # Names follow docs/rms_norm.md and docs/layer_norm.md: x (N, D) rows, w weight, b bias,
 # y output; rstd = 1/sqrt(ms + eps) per row, xn = x*rstd, xhat = (x - mean)*rstd,
@@ -35,16 +36,25 @@ cdef enum:
 
 
 cdef inline Py_ssize_t forward_prefetch(bint stream, Py_ssize_t row_bytes) noexcept nogil:
-    """1 when the norms' forward passes prefetch each next row (the primitives' `ahead` is
-    then the rows after this one), 0 when they leave it to the CPU's own prefetchers:
-    streamed rows (outputs of 8 MiB and more, read from memory) shorter than
+    """1 when the norms' forward passes, and the streamed reductions of the fused
+    add + norm forward (add_norm_kernels.pxd), prefetch each next row (the primitives'
+    `ahead` is then the rows after this one), 0 when they leave it to the CPU's own
+    prefetchers: streamed rows (outputs of 8 MiB and more, read from memory) shorter than
     PREFETCHED_STREAMED_ROW_BYTES.  The benchmark, float32, outputs preallocated, medians
     of 3 runs alternated with the build that always prefetched, one thread: rms_norm
     (16384, 768) 0.58 of the time, (16384, 1024) 0.69 (and 0.59 at (32768, 512), where the
     rows also went in pairs); layer_norm (16384, 768) 0.76, (32768, 512) 0.73,
     (16384, 1024) and (65536, 256) 0.97; two threads: layer_norm (16384, 768) 0.76,
     (32768, 512) 0.71.  Without it, rows of 8 KiB took 1.30x (layer_norm (8192, 2048)),
-    rows of 16 KiB 1.04-1.11x (rms_norm), unstreamed rows from cache 1.04-1.09x."""
+    rows of 16 KiB 1.04-1.11x (rms_norm), unstreamed rows from cache 1.04-1.09x.
+
+    The fused add + norm forward, medians of 6 runs, one thread: add_rms_norm
+    (16384, 768) 0.81, (32768, 512) 0.82, (16384, 1024) 0.85, (65536, 256) 0.86;
+    add_layer_norm 0.85-0.92 (1.01 at (16384, 1024)); add_rms_norm_post 0.73-0.96 (3 runs);
+    two threads 0.86-1.10, within the runs' spread.  The backward passes keep their
+    prefetch of the next group of rows: without it, their streamed rows under 8 KiB took
+    1.15-1.40x on one thread (rms_norm_backward and layer_norm_backward at (16384, 768),
+    (16384, 1024), (32768, 512))."""
     return 0 if stream and row_bytes < PREFETCHED_STREAMED_ROW_BYTES else 1
 
 
