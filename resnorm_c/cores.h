@@ -89,14 +89,17 @@ static double rn_own_seconds(void)
 
 static int rn_free_cores(void)
 {
-    int cores = rn_cores();
 #ifdef __linux__
     static long long last_ns = 0, last_busy = -1;
     static double last_own = 0.0;
     static int free_cores = 0;
     long long now = rn_now_ns();
+    /* between samples, the last count (at most the cores of the affinity then: a change of
+     * affinity counts from the next sample; rn_cores is a system call, too slow for every
+     * call of a few microseconds) */
     if (free_cores > 0 && now - last_ns < RN_FREE_PERIOD_NS)
-        return free_cores < cores ? free_cores : cores;
+        return free_cores;
+    int cores = rn_cores();
     long long busy = rn_busy_ticks();
     double own = rn_own_seconds();
     free_cores = cores;
@@ -111,7 +114,7 @@ static int rn_free_cores(void)
     last_own = own;
     return free_cores;
 #else
-    return cores;
+    return rn_cores();
 #endif
 }
 

@@ -30,7 +30,8 @@ cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:
     """The thread count of a call over n_elements, for n_threads as threads_of gives it:
     1 when the work is too small to pay for a parallel region; else for 0 (None) the OpenMP
     default, but no more threads than there are cores other processes leave free (cores.h);
-    for -1 every core; else n_threads, at most OVERSUBSCRIBE per core."""
+    for -1 every core; else n_threads, at most OVERSUBSCRIBE per core (a count up to
+    OVERSUBSCRIBE needs no look at the cores: rn_cores is a system call)."""
     cdef int cores, default
     if n_elements < parallel_min_elements:
         return 1
@@ -39,6 +40,8 @@ cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:
         if default <= 1:
             return 1
         return min(default, rn_free_cores())
+    if 1 <= n_threads <= OVERSUBSCRIBE:
+        return n_threads
     cores = rn_cores()
     if n_threads == -1:
         return cores
