@@ -27,10 +27,12 @@ from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_group,
                            mixed_forward_row)
 from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
-                         rn_residual_reduce, rn_residual_norm_apply, rn_residual_bwd,
-                         rn_rms_apply)
-from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_from,
-                          rms_backward_group, rms_forward_row_from)
+                         rn_residual_reduce, rn_residual_shifted_sums,
+                         rn_residual_add_shifted_sums, rn_residual_norm_apply,
+                         rn_residual_bwd, rn_rms_apply)
+from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_stats,
+                          ln_moments_from, rms_backward_group, rms_forward_row_from,
+                          shifted_moments)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -106,17 +108,18 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     one pass that recomputes h from the cached rows and writes y and h (apply_row).
     Otherwise, for float and double, h is formed once and stored (into y for Post-Norm) by
     the pass that takes the norm's first reduction (residual_add_reduce: RMSNorm's sum of
-    squares, LayerNorm's sum), and the norm kernels finish the row from it: fewer
-    operations per element, and the same bits, as residual_reduce and residual_add_reduce
-    reduce h exactly as sum, sumsq and sumsqdev do.  (The 16-bit types keep the fused pass:
-    it normalises h before h is rounded to 16 bits; with float32 parameters, h is rounded
-    and stored first, then normalised by the mixed kernel.)  Each row prefetches the next
-    of this range (ahead = hi - 1 - i), none past it, but for the streamed rows that
-    forward_prefetch leaves to the CPU."""
+    squares; residual_add_shifted_sums: LayerNorm's shifted sums), and the norm kernels
+    finish the row from it: fewer operations per element, and the same bits, as the
+    residual reductions reduce h exactly as the norms' reductions do.  (The 16-bit types
+    keep the fused pass: it normalises h before h is rounded to 16 bits; with float32
+    parameters, h is rounded and stored first, then normalised by the mixed kernel.)  Each
+    row prefetches the next of this range (ahead = hi - 1 - i), none past it, but for the
+    streamed rows that forward_prefetch leaves to the CPU."""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef Py_ssize_t pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
     cdef double scale = dp.scale if dp != NULL else 1.0, mu, var, total = 0.0
+    cdef double sums[3]
     cdef bint layer = mean != NULL
     # keep, keep_next: the bits of this row and of the next (from their first group)
     cdef uint64_t *keep = masks if dp != NULL else NULL
@@ -136,21 +139,29 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                                 i * d % 64, scale, d, False, hi - 1 - i)
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
                                   hrow, wf, bf, d, eps, unfenced, buf)
+            elif layer:
+                if element is float:   # one branch per type: the primitives have no 16-bit form
+                    rn_residual_add_shifted_sums(sums, hrow, residual + i * d, x + i * d, alpha,
+                                                 <uint8_t *>keep, i * d % 64, scale, d,
+                                                 hi - 1 - i)
+                elif element is double:
+                    rn_residual_add_shifted_sums(sums, hrow, residual + i * d, x + i * d, alpha,
+                                                 <uint8_t *>keep, i * d % 64, scale, d,
+                                                 hi - 1 - i)
+                ln_moments_from(&mu, &var, sums, hrow, d)
+                layer_forward_row_stats(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps, mu,
+                                        var, False, hi - 1 - i)
             else:
-                if element is float:   # one branch per type: the primitive has no 16-bit form
+                if element is float:
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
-                                                   not layer, hi - 1 - i)
+                                                   hi - 1 - i)
                 elif element is double:
                     total = rn_residual_add_reduce(hrow, residual + i * d, x + i * d, alpha,
                                                    <uint8_t *>keep, i * d % 64, scale, d,
-                                                   not layer, hi - 1 - i)
-                if layer:
-                    layer_forward_row_from(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps,
-                                           total, False, hi - 1 - i)
-                else:
-                    rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False,
-                                         hi - 1 - i)
+                                                   hi - 1 - i)
+                rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False,
+                                     hi - 1 - i)
             if dp != NULL and i + 1 < hi:
                 extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
                             (i + 1) * d + d)
@@ -158,15 +169,22 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
             keep = keep_next
             keep_next = swap
             continue
-        # the reductions: LayerNorm's mean, then the mean of (h - mean)^2 (mean 0:
-        # RMSNorm's mean of h^2)
+        # the reductions: LayerNorm's mean and variance as ln_moments takes them (in one
+        # pass about a shift, else two-pass); RMSNorm's mean of h^2
         mu = 0.0
         if layer:
-            mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                    i * d % 64, scale, d, False, 0.0, pf * (hi - 1 - i)) / d
+            rn_residual_shifted_sums(sums, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                     i * d % 64, scale, d, pf * (hi - 1 - i))
+            if not shifted_moments(&mu, &var, sums, d):
+                # (the first pass prefetched the next row)
+                mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                        i * d % 64, scale, d, False, 0.0, 0) / d
+                var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                         i * d % 64, scale, d, True, mu, 0) / d
             mean[i] = mu
-        var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                 i * d % 64, scale, d, True, mu, pf * (hi - 1 - i)) / d
+        else:
+            var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                                     i * d % 64, scale, d, True, 0.0, pf * (hi - 1 - i)) / d
         if stats_trusted(layer, residual, mu, var, d):
             rstd[i] = 1.0 / sqrt(var + eps)
             apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,
@@ -195,7 +213,8 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
                                   int n_threads, bint stream) noexcept nogil:
     """h := residual + alpha * dropout(x), then y := norm(h):
     RMSNorm (mean NULL):    y = h * rstd * w,                rstd = 1/sqrt(mean(h^2) + eps)
-    LayerNorm (mean given): y = (h - mean) * rstd * w + b,  rstd = 1/sqrt(var(h) + eps), two-pass.
+    LayerNorm (mean given): y = (h - mean) * rstd * w + b,  rstd = 1/sqrt(var(h) + eps),
+                            mean and var as layer_forward takes them (ln_moments).
 
     Pre-Norm when h is given (h is written: the new residual stream); Post-Norm when h is
     NULL (only y is written).  w, b, alpha may be NULL.  mean, rstd (n) receive the row

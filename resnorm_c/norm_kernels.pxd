@@ -22,9 +22,9 @@ from libc.math cimport isfinite, sqrt
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
-from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_rms_bwd_dot,
-                         rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply, rn_rms_bwd_apply_rows,
-                         rn_ln_bwd_apply_rows)
+from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_shifted_sums,
+                         rn_rms_bwd_dot, rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply,
+                         rn_rms_bwd_apply_rows, rn_ln_bwd_apply_rows)
 # the scalar paths for the few rows the fast paths cannot take (see rare_rows.pxd)
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
@@ -186,19 +186,49 @@ cdef inline void rms_backward(element *dx, element *dw, double *m, double *dw_pa
 cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const element *x,
                                    const element *w, const element *b, Py_ssize_t d,
                                    double eps, int stream, Py_ssize_t ahead) noexcept nogil:
-    # two reductions: the mean, then the mean squared deviation from it
-    layer_forward_row_from(y, mean, rstd, x, w, b, d, eps, rn_sum(x, d, ahead), stream, ahead)
+    # the row's mean and variance (one reduction pass, two where the shift is far), then
+    # the apply pass
+    cdef double m, var
+    ln_moments(&m, &var, x, d, ahead)
+    layer_forward_row_stats(y, mean, rstd, x, w, b, d, eps, m, var, stream, ahead)
 
 
-cdef inline void layer_forward_row_from(element *y, double *mean, double *rstd,
-                                        const element *x, const element *w, const element *b,
-                                        Py_ssize_t d, double eps, double total,
-                                        int stream, Py_ssize_t ahead) noexcept nogil:
-    """layer_forward_row given the row's sum (rn_sum's bits).  stream: as in
-    rms_forward_row_from."""
-    cdef double m = total / d
-    layer_forward_row_stats(y, mean, rstd, x, w, b, d, eps, m, rn_sumsqdev(x, d, m) / d,
-                            stream, ahead)
+cdef inline bint shifted_moments(double *mean, double *var, const double *sums,
+                                 Py_ssize_t d) noexcept nogil:
+    """mean and var of a row from its shifted sums (c, sum(x - c), sum((x - c)^2)):
+    mean = c + dm,  var = mean((x - c)^2) - dm^2,  dm = mean(x - c), when c lies within
+    half a standard deviation of the mean (dm^2 <= var / 4); else False, and the caller
+    takes the two-pass statistics (sum, then sumsqdev about the mean).
+
+    In one pass over the row, where the two-pass statistics read it twice: the LayerNorm
+    forward's second pass was compute that the memory traffic did not hide.  Why the
+    bound: with g the relative error bound of a sum of the 32 lanes (core/reduce.h), the
+    second sum carries at most g * (var + dm^2) and dm^2 at most 2 g |dm| sqrt(var + dm^2),
+    so var's rounding error is at most (1.25 + 1.12) g var with dm^2 <= var / 4: 2.4 times
+    the two-pass bound, g var.  A shift c far from the mean (the row's first 32 elements
+    unlike the rest) would scale it by dm^2 / var, hence the two-pass rows.  A row holding
+    inf or NaN fails the test too."""
+    cdef double dm = sums[1] / d
+    mean[0] = sums[0] + dm
+    var[0] = sums[2] / d - dm * dm
+    return 4.0 * (dm * dm) <= var[0]
+
+
+cdef inline void ln_moments(double *mean, double *var, const element *x, Py_ssize_t d,
+                            Py_ssize_t ahead) noexcept nogil:
+    """A LayerNorm row's mean and (biased) variance: in one pass about the shift c of
+    rn_shifted_sums (see shifted_moments), or two-pass where c is far from the mean."""
+    cdef double sums[3]
+    rn_shifted_sums(sums, x, d, ahead)
+    ln_moments_from(mean, var, sums, x, d)
+
+
+cdef inline void ln_moments_from(double *mean, double *var, const double *sums,
+                                 const element *x, Py_ssize_t d) noexcept nogil:
+    """ln_moments given the row's shifted sums (rn_shifted_sums' bits)."""
+    if not shifted_moments(mean, var, sums, d):
+        mean[0] = rn_sum(x, d, 0) / d
+        var[0] = rn_sumsqdev(x, d, mean[0]) / d
 
 
 cdef inline void layer_forward_row_stats(element *y, double *mean, double *rstd,
@@ -219,7 +249,7 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
                                double eps, int n_threads, bint stream) noexcept nogil:
     """y := (x - mean) * rstd * w + b,  mean = mean(x),  rstd = 1/sqrt(mean((x-mean)^2) + eps).
 
-    Two-pass statistics in double: the variance is the mean of squared deviations, never
+    Statistics in double about a shift near the row's mean (ln_moments), never
     E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
     w and b may be NULL, independently.  y may be x.
     NumPy reference: resnorm.reference.layer_norm_forward.
@@ -239,21 +269,20 @@ cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, cons
                                     bint stream) noexcept nogil:
     """Rows lo .. hi (of n) of layer_forward on one thread, fenced as in rms_forward_rows.
 
-    Short rows go two at a time, each pass over both rows before the next pass: a row's
-    passes wait on each other (the sum, then its mean for the deviations, then sqrt and
-    division for rstd), and the other row's pass fills that wait.  Each row is computed as
-    alone, so the bits are the same.  (65536, 256), one thread: 0.78 of the time one row
-    at a time in float32, 0.49 in float64; rows of 8 KiB read from memory took 1.1x, hence
-    only rows up to PAIRED_ROW_BYTES."""
+    Short rows go two at a time, both rows' reductions (ln_moments) before either apply
+    pass: a row's apply pass waits on its statistics (the sums' folds, division, sqrt), and
+    the other row's reduction fills that wait.  Each row is computed as alone, so the bits
+    are the same.  float32, one thread, against one row at a time: (65536, 256) and
+    (4096, 128) 0.87 of the time, (32768, 512) 0.93 (the two-pass statistics gained more:
+    0.78 at (65536, 256), 0.49 in float64); rows of 8 KiB read from memory took 1.1x,
+    hence only rows up to PAIRED_ROW_BYTES."""
     cdef Py_ssize_t i = lo, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int s = RN_STREAM_UNFENCED if stream else 0
     cdef double m0, m1, v0, v1
     if d * <Py_ssize_t>sizeof(element) <= PAIRED_ROW_BYTES:
         while i + 1 < hi:
-            m0 = rn_sum(x + i * d, d, pf * (n - 1 - i)) / d
-            m1 = rn_sum(x + (i + 1) * d, d, pf * (n - 2 - i)) / d
-            v0 = rn_sumsqdev(x + i * d, d, m0) / d
-            v1 = rn_sumsqdev(x + (i + 1) * d, d, m1) / d
+            ln_moments(&m0, &v0, x + i * d, d, pf * (n - 1 - i))
+            ln_moments(&m1, &v1, x + (i + 1) * d, d, pf * (n - 2 - i))
             layer_forward_row_stats(y + i * d, &mean[i], &rstd[i], x + i * d, w, b, d, eps,
                                     m0, v0, s, pf * (n - 1 - i))
             layer_forward_row_stats(y + (i + 1) * d, &mean[i + 1], &rstd[i + 1],

@@ -49,6 +49,9 @@ PRIMITIVES = [
               "reduce.h"),
     Primitive("sumsqdev", "double", "const T *x, Py_ssize_t d, double mean",
               "sum_i (x_i - mean)^2", "reduce.h"),
+    Primitive("shifted_sums", "void", "double *sums, const T *x, Py_ssize_t d, Py_ssize_t ahead",
+              "sums = (c, sum_i (x_i - c), sum_i (x_i - c)^2);  c = mean of the first "
+              "min(d, 32) x_i", "reduce.h"),
     Primitive("rms_bwd_dot", "double",
               "const T *dy, const T *x, const T *w, double rstd, Py_ssize_t d, Py_ssize_t ahead",
               "sum_i g_i xn_i;  g = dy*w, xn = x*rstd", "reduce.h"),
@@ -63,10 +66,21 @@ PRIMITIVES = [
               "Py_ssize_t ahead",
               "sum_i (h_i - shift)^(1 + squares);  h = residual + alpha*(x*m), not stored",
               "reduce.h"),
+    Primitive("residual_shifted_sums", "void",
+              "double *sums, const T *residual, const T *x, const T *alpha, "
+              "const uint8_t *keep, Py_ssize_t kpos, double scale, Py_ssize_t d, "
+              "Py_ssize_t ahead",
+              "shifted_sums of h = residual + alpha*(x*m), not stored", "reduce.h"),
+    Primitive("residual_add_shifted_sums", "void",
+              "double *sums, T *h, const T *residual, const T *x, const T *alpha, "
+              "const uint8_t *keep, Py_ssize_t kpos, double scale, Py_ssize_t d, "
+              "Py_ssize_t ahead",
+              "h_i = residual_i + alpha_i*(x_i*m_i), stored;  shifted_sums of h",
+              "reduce.h", halves=False),
     Primitive("residual_add_reduce", "double",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
-              "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, Py_ssize_t ahead",
-              "h_i = residual_i + alpha_i*(x_i*m_i), stored;  sum_i h_i^(1 + squares)",
+              "Py_ssize_t kpos, double scale, Py_ssize_t d, Py_ssize_t ahead",
+              "h_i = residual_i + alpha_i*(x_i*m_i), stored;  sum_i h_i^2",
               "reduce.h", halves=False),
     # ---- forward elementwise passes (apply.h)
     Primitive("rms_apply", "void",

@@ -403,7 +403,7 @@ def variances(offset, dtype, seed=0):
     x64 = x.astype(np.float64)
     one_pass_f64 = float(np.mean(x64 * x64) - np.mean(x64) ** 2)      # float32 data, double sums
     _, cache = resnorm.layer_norm_forward(x, eps=1e-5)
-    kernel = float(1 / cache.rstd[0] ** 2 - 1e-5)                     # two-pass, in double
+    kernel = float(1 / cache.rstd[0] ** 2 - 1e-5)                     # shifted, in double
     return exact, one_pass_f32, one_pass_f64, kernel
 
 
@@ -411,7 +411,7 @@ for offset, dtype in ((1e4, np.float32), (1e6, np.float32), (1e8, np.float64)):
     exact, f32, f64, kernel = variances(offset, dtype)
     print(f"{np.dtype(dtype).name} input {offset:g} + N(0,1): variance {exact:.6g}; one-pass "
           f"E[x^2] - E[x]^2 summed in float32: {f32:.6g}, in double: {f64:.6g}; "
-          f"kernel (two-pass, double): {kernel:.6g}")
+          f"kernel (shifted, double): {kernel:.6g}")
 '''
 
 

@@ -225,6 +225,82 @@ static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t d, double mean)
     return r;
 }
 
+/* a + b * 1 with one rounding: bitwise a + b, but on the multiply-add units where the
+ * level has them, beside the adders that the sums keep busy. */
+static inline RN_DVEC RN_NAME(add_on_fma)(RN_DVEC a, RN_DVEC b)
+{
+#if RN_LEVEL == 3
+    return (RN_DVEC)_mm512_fmadd_pd((__m512d)b, _mm512_set1_pd(1.0), (__m512d)a);
+#elif RN_LEVEL == 2
+    return (RN_DVEC)_mm256_fmadd_pd((__m256d)b, _mm256_set1_pd(1.0), (__m256d)a);
+#else
+    return a + b;
+#endif
+}
+
+/* The moments of a row about a shift c near its mean, in one pass (the LayerNorm forward's
+ * statistics: norm_kernels.pxd, ln_moments, says when they stand):
+ *   c = the mean of the row's first min(d, 32) elements, rounded to the compute type,
+ *   sums[0] = c,  sums[1] = sum_i (v_i - c),  sums[2] = sum_i (v_i - c)^2
+ * in RN_REDUCE's lanes.  LOAD(i): elements i .. i+RN_DW-1 as doubles; SLOAD(i): element i
+ * as a double; PF(i): prefetch for chunk i.  c is a fold of fixed lanes, so every level
+ * gives it the same bits, and rounded to the element's compute type, v - c is exact for
+ * float rows (two floats whose exponents differ by at most 28).  The subtractions and the
+ * first sum go to the multiply-add units (add_on_fma), beside the adds of the second. */
+#define RN_SHIFTED_SUMS(d, PF, LOAD, SLOAD, sums)                                       \
+    do {                                                                                \
+        const RN_DVEC zero_ = {0};                                                      \
+        RN_DVEC s1_[RN_NACC], s2_[RN_NACC];                                             \
+        double c_ = 0.0;                                                                \
+        Py_ssize_t i_ = 0;                                                              \
+        if ((d) >= 32) {                                                                \
+            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
+                s1_[q_] = zero_ + LOAD(q_ * RN_DW);                                     \
+            c_ = RN_NAME(fold_acc)(s1_) / 32;                                           \
+        } else {                                                                        \
+            for (Py_ssize_t j_ = 0; j_ < (d); j_++)                                     \
+                c_ += SLOAD(j_);                                                        \
+            c_ = (d) > 0 ? c_ / (d) : 0.0;                                              \
+        }                                                                               \
+        c_ = (double)(RN_C)c_;                                                          \
+        const RN_DVEC minus_c_ = zero_ - c_;                                            \
+        for (int q_ = 0; q_ < RN_NACC; q_++)                                            \
+            s1_[q_] = s2_[q_] = zero_;                                                  \
+        for (; i_ + 32 <= (d); i_ += 32) {                                              \
+            PF(i_);                                                                     \
+            for (int q_ = 0; q_ < RN_NACC; q_++) {                                      \
+                const RN_DVEC v_ = RN_NAME(add_on_fma)(LOAD(i_ + q_ * RN_DW), minus_c_); \
+                s1_[q_] = RN_NAME(add_on_fma)(s1_[q_], v_);                             \
+                s2_[q_] += v_ * v_;                                                     \
+            }                                                                           \
+        }                                                                               \
+        if (i_ < (d)) {                                                                 \
+            double l1_[32], l2_[32];                                                    \
+            memcpy(l1_, s1_, sizeof l1_);                                               \
+            memcpy(l2_, s2_, sizeof l2_);                                               \
+            for (Py_ssize_t j_ = 0; i_ + j_ < (d); j_++) {                              \
+                const double v_ = SLOAD(i_ + j_) - c_;                                  \
+                l1_[j_] += v_;                                                          \
+                l2_[j_] += v_ * v_;                                                     \
+            }                                                                           \
+            memcpy(s1_, l1_, sizeof l1_);                                               \
+            memcpy(s2_, l2_, sizeof l2_);                                               \
+        }                                                                               \
+        (sums)[0] = c_;                                                                 \
+        (sums)[1] = RN_NAME(fold_acc)(s1_);                                             \
+        (sums)[2] = RN_NAME(fold_acc)(s2_);                                             \
+    } while (0)
+
+/* sums = (c, sum_i (x_i - c), sum_i (x_i - c)^2) of RN_SHIFTED_SUMS */
+static void RN_NAME(shifted_sums)(double *sums, const RN_T *x, Py_ssize_t d, Py_ssize_t ahead)
+{
+#define L_(i) RN_NAME(dload)(x + (i))
+#define S_(i) ((double)RN_LD(x + (i)))
+    RN_SHIFTED_SUMS(d, RN_PF_X, L_, S_, sums);
+#undef L_
+#undef S_
+}
+
 /* RMSNorm backward reduction: sum_i g_i * xn_i with g = dy*w, xn = x*rstd (w NULL: 1). */
 static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
                                    Py_ssize_t d, Py_ssize_t ahead)
@@ -314,27 +390,48 @@ static double RN_NAME(residual_reduce)(const RN_T *residual, const RN_T *x, cons
 }
 
 
+/* RN_SHIFTED_SUMS of the residual sum h of residual_reduce, not stored: (c, sum (h - c),
+ * sum (h - c)^2), bitwise shifted_sums of the stored h (float, double).  x and residual
+ * are prefetched one row ahead. */
+static void RN_NAME(residual_shifted_sums)(double *sums, const RN_T *residual, const RN_T *x,
+                                           const RN_T *alpha, const uint8_t *keep,
+                                           Py_ssize_t kpos, double scale, Py_ssize_t d,
+                                           Py_ssize_t ahead)
+{
+    const RN_C sc = (RN_C)scale;
+#define PF_(i) RN_PF_PX(residual, i)
+#define L_(i) RN_NAME(widen)(RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i))
+#define S_(i) ((double)RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), i))
+    RN_SHIFTED_SUMS(d, PF_, L_, S_, sums);
+#undef PF_
+#undef L_
+#undef S_
+}
+
 #if !RN_HALF
 /* h_k = residual_k + alpha_k * (x_k * m_k) stored, formed exactly as residual_add forms it,
- * and reduced as it goes:
- *   sum_k h_k     (squares = 0: the LayerNorm mean pass)
- *   sum_k h_k^2   (squares = 1: RMSNorm's sum of squares)
- * Each vector of h is widened into the lanes RN_REDUCE gives its elements, so the result
- * is bitwise sum / sumsq of the stored h: the first pass of the fused forward when h stays
- * in cache for the norm's next pass (one pass fewer than residual_add, then sum / sumsq).
- * x and residual are prefetched one row ahead.  (float and double: the fused forward keeps
- * a 16-bit h unrounded until it is normalised.) */
+ * and reduced as it goes: sum_k h_k^2, RMSNorm's sum of squares.  Each vector of h is
+ * widened into the lanes RN_REDUCE gives its elements, so the result is bitwise sumsq of
+ * the stored h: the first pass of the fused RMSNorm forward when h stays in cache for the
+ * norm's next pass (one pass fewer than residual_add, then sumsq).  x and residual are
+ * prefetched one row ahead.  (float and double: the fused forward keeps a 16-bit h
+ * unrounded until it is normalised.) */
 static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const RN_T *x,
                                            const RN_T *alpha, const uint8_t *keep,
                                            Py_ssize_t kpos, double scale, Py_ssize_t d,
-                                           int squares, Py_ssize_t ahead)
+                                           Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
     RN_DVEC acc[RN_NACC] = {{0}}, wide[RN_NHALF];
     Py_ssize_t i = 0;
 #define H_(k) ({ RN_VEC v_ = RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), k);          \
                  RN_NAME(vstore)(h + (k), v_); v_; })
-#define PASS_(ADD)                                                                      \
+#if RN_TFLOAT
+#define SQ_(a, v) RN_NAME(add_exact_square)((a), (v))
+#else
+#define SQ_(a, v) ((a) + RN_NAME(square)(v))
+#endif
+#define PASS_                                                                           \
     for (; i + 32 <= d; i += 32) {                                                      \
         if (ahead) {                                                                    \
             RN_NAME(prefetch_next)(x, d, i, 32);                                        \
@@ -343,20 +440,13 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
         for (int c = 0; c < 32 / RN_W; c++) {                                           \
             RN_NAME(widen_vec)(H_(i + c * RN_W), wide);                                 \
             for (int q = 0; q < RN_NHALF; q++)                                          \
-                acc[c * RN_NHALF + q] = ADD(acc[c * RN_NHALF + q], wide[q]);            \
+                acc[c * RN_NHALF + q] = SQ_(acc[c * RN_NHALF + q], wide[q]);            \
         }                                                                               \
     }
-#define SUM_(a, v) ((a) + (v))
-#if RN_TFLOAT
-#define SQ_(a, v) RN_NAME(add_exact_square)((a), (v))
-#else
-#define SQ_(a, v) ((a) + RN_NAME(square)(v))
-#endif
-#define RUN_ { if (squares) { PASS_(SQ_) } else { PASS_(SUM_) } }
     /* The plain add (no alpha, no dropout) gets its own expansion: with the branches left
      * in, the compiler tests both at every vector. */
-    if (!alpha && !keep) { const RN_T *alpha = NULL; const uint8_t *keep = NULL; RUN_ }
-    else RUN_
+    if (!alpha && !keep) { const RN_T *alpha = NULL; const uint8_t *keep = NULL; PASS_ }
+    else PASS_
     if (i < d) {
         double lanes[32];
         memcpy(lanes, acc, sizeof lanes);
@@ -364,20 +454,58 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
             const Py_ssize_t k = i + j;
             const RN_C v = RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), k);
             RN_ST(h + k, v);
-            lanes[j] += squares ? (double)v * (double)v : (double)v;
+            lanes[j] += (double)v * (double)v;
         }
         memcpy(acc, lanes, sizeof lanes);
     }
 #undef H_
 #undef PASS_
-#undef RUN_
-#undef SUM_
 #undef SQ_
     return RN_NAME(fold_acc)(acc);
+}
+
+/* RN_SHIFTED_SUMS of h_k = residual_k + alpha_k * (x_k * m_k), stored as it goes (formed
+ * exactly as residual_add forms it): bitwise shifted_sums of the stored h, in the pass that
+ * stores it (the fused LayerNorm forward when h stays in cache for the norm's next pass).
+ * The first 32 elements of h are stored first and read back for c; every element of x and
+ * residual is read before h's element is written, so h may be either. */
+static void RN_NAME(residual_add_shifted_sums)(double *sums, RN_T *h, const RN_T *residual,
+                                               const RN_T *x, const RN_T *alpha,
+                                               const uint8_t *keep, Py_ssize_t kpos,
+                                               double scale, Py_ssize_t d, Py_ssize_t ahead)
+{
+    const RN_C sc = (RN_C)scale;
+    if (d >= 32)
+        for (int k = 0; k < 32 / RN_W; k++)
+            RN_NAME(vstore)(h + k * RN_W,
+                            RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), k * RN_W));
+    else
+        for (Py_ssize_t k = 0; k < d; k++)
+            RN_ST(h + k, RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), k));
+#define PF_(i) RN_PF_PX(residual, i)
+#define L_(i) ({ RN_HVEC v_;                                                            \
+                 if ((i) < 32) v_ = RN_NAME(hload)(h + (i));                            \
+                 else {                                                                 \
+                     v_ = RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i);           \
+                     memcpy(h + (i), &v_, sizeof v_);                                   \
+                 }                                                                      \
+                 RN_NAME(widen)(v_); })
+#define S_(i) ({ RN_C v_;                                                               \
+                 if ((i) < 32) v_ = RN_LD(h + (i));                                     \
+                 else {                                                                 \
+                     v_ = RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), i);                \
+                     RN_ST(h + (i), v_);                                                \
+                 }                                                                      \
+                 (double)v_; })
+    RN_SHIFTED_SUMS(d, PF_, L_, S_, sums);
+#undef PF_
+#undef L_
+#undef S_
 }
 #endif
 
 #undef RN_REDUCE
+#undef RN_SHIFTED_SUMS
 #undef RN_REDUCE_BLOCKED
 #undef RN_BLOCK
 #undef RN_PF_X

@@ -203,7 +203,8 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     """LayerNorm over the last axis, keeping what backward needs.
 
     ``y = (x - mean) * rstd * w + b``, ``rstd = 1 / sqrt(var + eps)`` per row, with the
-    biased variance (divide by D) computed two-pass in double.
+    biased variance (divide by D) computed in double about a shift near the row's mean
+    (two-pass for rows whose first 32 elements are unlike the rest).
 
     Parameters
     ----------
