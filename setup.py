@@ -29,7 +29,8 @@ import primitives  # noqa: E402  (the registry of the core's primitives)
 
 # The C core, compiled once, into resnorm._core (the other modules import its tables).
 CORE_SOURCES = [f"resnorm_c/core/{name}.c" for name in
-                ("level_sse2", "level_avx2", "level_avx512", "level_portable", "dispatch")]
+                ("level_sse2", "level_avx2", "level_avx512", "level_avx512bf16",
+                 "level_portable", "dispatch")]
 # The Cython modules: the call path of the public functions (with their kernels), and the
 # kernels of resnorm.nn.
 KERNEL_MODULES = ["api", "layers"]

@@ -29,7 +29,8 @@ def get_max_threads():
 
 
 def simd_level():
-    """The instruction-set level the core dispatched to ('avx512', 'avx2', 'sse2', 'portable')."""
+    """The instruction-set level the core dispatched to ('avx512bf16', 'avx512', 'avx2', 'sse2',
+    'portable')."""
     return rn_core_level_name().decode()
 
 

@@ -224,17 +224,19 @@ def _run_level(tmp_path, level):
 
 def test_every_simd_level_gives_identical_results(tmp_path):
     levels = {}
-    for cap in [None, "sse2", "avx2", "avx512", "bogus"]:
+    for cap in [None, "sse2", "avx2", "avx512", "avx512bf16", "bogus"]:
         levels[cap] = _run_level(tmp_path, cap)
     default_level = levels[None][0]
     assert default_level == resnorm.simd_level()
-    order = ["portable", "sse2", "avx2", "avx512"]
+    order = ["portable", "sse2", "avx2", "avx512", "avx512bf16"]
     if default_level != "portable":
         # RESNORM_CPU caps the level: it never goes above the cap nor above the default
         assert levels["sse2"][0] == "sse2"
         assert levels["avx2"][0] in ("sse2", "avx2")
         assert order.index(levels["avx2"][0]) <= order.index(default_level)
-        assert levels["avx512"][0] == default_level
+        assert order.index(levels["avx512"][0]) <= order.index("avx512")
+        assert order.index(levels["avx512"][0]) <= order.index(default_level)
+        assert levels["avx512bf16"][0] == default_level
     assert levels["bogus"][0] == default_level  # an unknown name caps nothing
     reported = {cap: lv for cap, (lv, _) in levels.items()}
     print("SIMD levels run:", reported)

@@ -46,7 +46,7 @@ def test_omp_num_threads_is_honoured():
 
 
 def test_simd_level_is_known():
-    assert resnorm.simd_level() in {"sse2", "avx2", "avx512", "portable"}
+    assert resnorm.simd_level() in {"sse2", "avx2", "avx512", "avx512bf16", "portable"}
 
 
 def test_build_flags_are_safe():

@@ -11,17 +11,19 @@
 #endif
 
 #if RN_X86
-extern const rn_ops rn_ops_sse2, rn_ops_avx2, rn_ops_avx512;
+extern const rn_ops rn_ops_sse2, rn_ops_avx2, rn_ops_avx512, rn_ops_avx512bf16;
 /* narrowest first; best_level() returns an index into these */
-static const rn_ops *const levels[] = {&rn_ops_sse2, &rn_ops_avx2, &rn_ops_avx512};
-static const char *const level_names[] = {"sse2", "avx2", "avx512"};
+static const rn_ops *const levels[] = {&rn_ops_sse2, &rn_ops_avx2, &rn_ops_avx512,
+                                       &rn_ops_avx512bf16};
+static const char *const level_names[] = {"sse2", "avx2", "avx512", "avx512bf16"};
 
 static int best_level(void)
 {
     __builtin_cpu_init();
     /* F16C: the float16 conversions of both levels (every AVX-512F CPU has it) */
     const int f16c = __builtin_cpu_supports("f16c");
-    if (__builtin_cpu_supports("avx512f") && f16c) return 2;
+    if (__builtin_cpu_supports("avx512f") && f16c)
+        return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return 1;
     return 0;
 }

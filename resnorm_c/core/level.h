@@ -1,11 +1,16 @@
 /* The whole core at one level: each level_<name>.c defines RN_LEVEL (3 avx512 | 2 avx2 |
- * 1 sse2 | 0 portable), RN_ISA (the name) and RN_VBYTES (native vector bytes), puts the
- * level's target attribute in force, and includes this file.  It instantiates every
+ * 1 sse2 | 0 portable), RN_ISA (the name) and RN_VBYTES (native vector bytes), and may
+ * define RN_BF16_CVT (1: the CPU's bfloat16 conversion, at RN_LEVEL 3), puts the level's
+ * target attribute in force, and includes this file.  It instantiates every
  * template and defines the level's table of primitives, rn_ops_<name>, filled by member
  * name (primitives.h). */
 
 #include "rn_base.h"
 #include "primitives.h"
+
+#ifndef RN_BF16_CVT
+#define RN_BF16_CVT 0
+#endif
 
 /* the untyped primitives */
 #include "philox.h"

@@ -90,9 +90,9 @@ static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
     const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return (RN_HVEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
 }
-static inline __m256i RN_NAME(to_words)(RN_VEC v)
+static inline __m256i RN_NAME(round_words)(__m512i u)
 {
-    const __m512i u = _mm512_castps_si512((__m512)v), top = _mm512_srli_epi32(u, 16);
+    const __m512i top = _mm512_srli_epi32(u, 16);
     const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(
         _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
@@ -100,6 +100,21 @@ static inline __m256i RN_NAME(to_words)(RN_VEC v)
         _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
+}
+static inline __m256i RN_NAME(to_words)(RN_VEC v)
+{
+    const __m512i u = _mm512_castps_si512((__m512)v);
+#if RN_BF16_CVT
+    /* vcvtneps2bf16 rounds to nearest even and quiets a NaN (top | 0x40) as round_words
+     * does, but takes a denormal float for zero: a vector holding one (exponent 0,
+     * fraction not) is rounded by round_words instead */
+    const __mmask16 denormal = _mm512_mask_test_epi32_mask(
+        _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
+        _mm512_set1_epi32(0x007fffff));
+    if (__builtin_expect(denormal == 0, 1))
+        return (__m256i)_mm512_cvtneps_pbh((__m512)v);
+#endif
+    return RN_NAME(round_words)(u);
 }
 static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
 {
