@@ -331,7 +331,8 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         # the rows after this group that the norm's passes may prefetch: none when h is
         # the scratch group gs (Post-Norm)
         ahead = hi - i - rows if h != NULL else 0
-        # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm)
+        # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm): a
+        # scratch group, whose next rows are not prefetched
         if buf != NULL:   # float32 parameters beside 16-bit rows
             if element is rn_bf16 or element is rn_f16:
                 mixed_backward_group(mean != NULL, gs, dw_part, db_part, mean_g, m,
@@ -339,10 +340,10 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                      rstd + i, rows, d, False, buf)
         elif mean == NULL:
             rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False,
-                               ahead)
+                               ahead, False)
         else:
             layer_backward_group(gs, dw_part, db_part, mean_g, m, dy + i * d, hp, w, mean + i,
-                                 rstd + i, rows, d, False, ahead)
+                                 rstd + i, rows, d, False, ahead, False)
         for r in range(i, i + rows):
             through_add(dx + r * d, dresidual + r * d, dalpha_part, gs + (r - i) * d,
                         at(dh, r * d), x + r * d if want_dalpha else NULL, alpha,

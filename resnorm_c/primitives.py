@@ -101,12 +101,13 @@ PRIMITIVES = [
     Primitive("rms_bwd_apply_rows", "void",
               "T *dx, double *dw_part, const T *dy, const T *x, const T *w, "
               "const double *rstd, const double *m, int rows, Py_ssize_t d, int stream, "
-              "Py_ssize_t ahead",
+              "Py_ssize_t ahead, int prefetch_dx",
               "dx = rstd * (g - xn * m),  dw_part += sum_rows dy*xn", "backward.h"),
     Primitive("ln_bwd_apply_rows", "void",
               "T *dx, double *dw_part, double *db_part, const T *dy, const T *x, const T *w, "
               "const double *mean, const double *rstd, const double *mean_g, "
-              "const double *mean_gxhat, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead",
+              "const double *mean_gxhat, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead, "
+              "int prefetch_dx",
               "dx = rstd * (g - mean_g - xhat * mean_gxhat),  dw_part += sum_rows dy*xhat,  "
               "db_part += sum_rows dy", "backward.h"),
     # ---- residual connections and dropout rows (residual_rows.h)

@@ -26,14 +26,22 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
 }
 
 /* Prefetch of the next group's rows at column k: what the next group's reduction passes
- * read.  The apply pass over a whole group is long enough to bring them in; the reduction
+ * read, and (prefetch_dx) the lines its apply pass will store to, unless it streams them.
+ * The apply pass over a whole group is long enough to bring them in; the reduction
  * passes alone (each also prefetching one row ahead) are too short to hide memory.  Only
- * rows that exist: ahead is the number of rows after this group in the array. */
+ * rows that exist: ahead is the number of rows after this group in the arrays. */
 #define RN_PF_GROUP(k)                                                                  \
-    for (int p_ = 0; p_ < rows && p_ < ahead; p_++) {                                   \
-        RN_NAME(prefetch_next)(dy + p_ * d, rows * d, (k), RN_W);                       \
-        RN_NAME(prefetch_next)(x + p_ * d, rows * d, (k), RN_W);                        \
-    }
+    do {                                                                                \
+        for (int p_ = 0; p_ < rows && p_ < ahead; p_++) {                               \
+            RN_NAME(prefetch_next)(dy + p_ * d, rows * d, (k), RN_W);                   \
+            RN_NAME(prefetch_next)(x + p_ * d, rows * d, (k), RN_W);                    \
+        }                                                                               \
+        if (s_ == RN_WHOLE || s_ == RN_PART)                                            \
+            for (int p_ = 0; p_ < pf_dx_; p_++)                                         \
+                RN_NAME(prefetch_next)(dx + p_ * d, rows * d, (k), RN_W);               \
+    } while (0)
+/* The rows of dx that RN_PF_GROUP prefetches, set once before the column loop. */
+#define RN_PF_DX_ROWS const int pf_dx_ = prefetch_dx ? (int)(ahead < rows ? ahead : rows) : 0
 
 /* part[k ..] += the group's column sums v widened, for a partial that may be NULL. */
 #define RN_ADD_GROUP(part, k, v)                                                        \
@@ -43,6 +51,7 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
  * s_ for BODY(k).  Its stores are aligned in the first row of dx, and in every row when
  * the rows share their phase (d * sizeof(T) a multiple of the vector width). */
 #define RN_COLUMNS(BODY)                                                                \
+    RN_PF_DX_ROWS;                                                                      \
     RN_ELEMENTWISE(d, dx, rows == 1 || RN_NAME(rows_share_phase)(d) ? stream : 0,         \
                    RN_PF_GROUP, BODY)
 
@@ -166,7 +175,8 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
 
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
     RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead)
+    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
+    int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -205,11 +215,13 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's reduction m[r] = mean(g * xn):
  *   dx = rstd * (g - xn * m),   dw_part += sum over the rows of dy * xn
- * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted). */
+ * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted).
+ * prefetch_dx: dx is an array whose rows go on past the group as dy's and x's do (not a
+ * scratch group), and its next rows are to be prefetched (norm_kernels.pxd decides). */
 static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *dy,
                                         const RN_T *x, const RN_T *w, const double *rstd,
                                         const double *m, int rows, Py_ssize_t d, int stream,
-                                        Py_ssize_t ahead)
+                                        Py_ssize_t ahead, int prefetch_dx)
 {
     RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
     for (int r = 0; r < rows; r++) {
@@ -222,19 +234,21 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *d
         return;
     }
     /* One inlined copy per case so the dead branches leave the loops. */
+#define RMS_BODY_(DW, W, R)                                                             \
+    RN_NAME(rms_bwd_rows_body)(dx, DW, dy, x, W, rs, mt, R, d, stream, ahead, prefetch_dx)
 #define CASES_(R)                                                                       \
-    if (w && dw_part)                                                                   \
-        RN_NAME(rms_bwd_rows_body)(dx, dw_part, dy, x, w, rs, mt, R, d, stream, ahead); \
-    else if (w) RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, w, rs, mt, R, d, stream, ahead); \
-    else RN_NAME(rms_bwd_rows_body)(dx, NULL, dy, x, NULL, rs, mt, R, d, stream, ahead)
+    if (w && dw_part) RMS_BODY_(dw_part, w, R);                                         \
+    else if (w) RMS_BODY_(NULL, w, R);                                                  \
+    else RMS_BODY_(NULL, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
+#undef RMS_BODY_
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
     RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
     const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
-    Py_ssize_t d, int stream, Py_ssize_t ahead)
+    Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -280,12 +294,14 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
  * each row's two reductions mean_g[r] = mean(g) and mean_gxhat[r] = mean(g * xhat):
  *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat),
  *   dw_part += sum over the rows of dy * xhat,   db_part += sum over the rows of dy
- * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL). */
+ * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; prefetch_dx as in
+ * rms_bwd_apply_rows). */
 static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_part,
                                        const RN_T *dy, const RN_T *x, const RN_T *w,
                                        const double *mean, const double *rstd,
                                        const double *mean_g, const double *mean_gxhat, int rows,
-                                       Py_ssize_t d, int stream, Py_ssize_t ahead)
+                                       Py_ssize_t d, int stream, Py_ssize_t ahead,
+                                       int prefetch_dx)
 {
     /* in the compute type: mean as hi + lo, rstd, mean_g, mean_gxhat */
     RN_C mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], mg[RN_GROUP], mgx[RN_GROUP];
@@ -303,7 +319,8 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
         return;
     }
 #define LN_BODY_(DW, DB, W, R)                                                          \
-    RN_NAME(ln_bwd_rows_body)(dx, DW, DB, dy, x, W, mh, ml, rs, mg, mgx, R, d, stream, ahead)
+    RN_NAME(ln_bwd_rows_body)(dx, DW, DB, dy, x, W, mh, ml, rs, mg, mgx, R, d, stream,  \
+                              ahead, prefetch_dx)
 #define CASES_(R)                                                                       \
     if (w && dw_part && db_part) LN_BODY_(dw_part, db_part, w, R);                      \
     else if (w && dw_part) LN_BODY_(dw_part, NULL, w, R);                               \
@@ -315,6 +332,7 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
 }
 
 #undef RN_PF_GROUP
+#undef RN_PF_DX_ROWS
 #undef RN_PF_ROW
 #undef RN_RMS_ROW
 #undef RN_LN_ROW
