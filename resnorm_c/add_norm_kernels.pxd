@@ -30,9 +30,9 @@ from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_
                          rn_residual_reduce, rn_residual_shifted_sums,
                          rn_residual_add_shifted_sums, rn_residual_norm_apply,
                          rn_residual_bwd, rn_rms_apply)
-from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_stats,
-                          ln_moments_from, rms_backward_group, rms_forward_row_from,
-                          shifted_moments)
+from norm_kernels cimport (backward_prefetch_dx, forward_prefetch, layer_backward_group,
+                          layer_forward_row_stats, ln_moments_from, rms_backward_group,
+                          rms_forward_row_from, shifted_moments)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -308,6 +308,13 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
     cdef uint64_t *swap
     cdef const element *hp
+    # Without dropout, alpha (and so dalpha), dx and dresidual are the same gradient, the
+    # one reaching h plus dh: the norm's apply pass writes both, dh added (float and double
+    # rows: the 16-bit ones round the norm's part before dh is added, through the add).
+    # One pass over the rows instead of three (the norm's into gs, then dresidual and dx).
+    cdef bint direct = (dp == NULL and alpha == NULL
+                        and (element is float or element is double))
+    cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
     zero_partials(dw_part, db_part, d)
     if dalpha_part != NULL:
         memset(dalpha_part, 0, d * sizeof(double))
@@ -331,6 +338,17 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         # the rows after this group that the norm's passes may prefetch: none when h is
         # the scratch group gs (Post-Norm)
         ahead = hi - i - rows if h != NULL else 0
+        if direct:
+            if mean == NULL:
+                rms_backward_group(dx + i * d, dresidual + i * d, dw_part, m, dy + i * d,
+                                   at(dh, i * d), hp, w, rstd + i, rows, d, stream, ahead,
+                                   pf_dx)
+            else:
+                layer_backward_group(dx + i * d, dresidual + i * d, dw_part, db_part, mean_g,
+                                     m, dy + i * d, at(dh, i * d), hp, w, mean + i, rstd + i,
+                                     rows, d, stream, ahead, pf_dx)
+            i += rows
+            continue
         # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm): a
         # scratch group, whose next rows are not prefetched
         if buf != NULL:   # float32 parameters beside 16-bit rows
@@ -339,11 +357,11 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                      dy + i * d, hp, wf, mean + i if mean != NULL else NULL,
                                      rstd + i, rows, d, False, buf)
         elif mean == NULL:
-            rms_backward_group(gs, dw_part, m, dy + i * d, hp, w, rstd + i, rows, d, False,
-                               ahead, False)
+            rms_backward_group(gs, NULL, dw_part, m, dy + i * d, NULL, hp, w, rstd + i, rows, d,
+                               False, ahead, False)
         else:
-            layer_backward_group(gs, dw_part, db_part, mean_g, m, dy + i * d, hp, w, mean + i,
-                                 rstd + i, rows, d, False, ahead, False)
+            layer_backward_group(gs, NULL, dw_part, db_part, mean_g, m, dy + i * d, NULL, hp, w,
+                                 mean + i, rstd + i, rows, d, False, ahead, False)
         for r in range(i, i + rows):
             through_add(dx + r * d, dresidual + r * d, dalpha_part, gs + (r - i) * d,
                         at(dh, r * d), x + r * d if want_dalpha else NULL, alpha,

@@ -98,10 +98,11 @@ cdef inline void mixed_backward_group(bint layer, half *dx, double *dw_part, dou
     rn_to_float32(gx, x, rows * d)
     if layer:
         # (buf holds one group: no rows after it)
-        layer_backward_group(gdy, dw_part, db_part, mean_g, m, gdy, gx, w, mean, rstd, rows,
-                             d, False, 0, False)
+        layer_backward_group(gdy, NULL, dw_part, db_part, mean_g, m, gdy, NULL, gx, w, mean,
+                             rstd, rows, d, False, 0, False)
     else:
-        rms_backward_group(gdy, dw_part, m, gdy, gx, w, rstd, rows, d, False, 0, False)
+        rms_backward_group(gdy, NULL, dw_part, m, gdy, NULL, gx, w, rstd, rows, d, False, 0,
+                           False)
     rn_from_float32(dx, gdy, rows * d, stream)
 
 

@@ -20,11 +20,11 @@
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
 
-from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
+from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_shifted_sums,
                          rn_rms_bwd_dot, rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply,
-                         rn_rms_bwd_apply_rows, rn_ln_bwd_apply_rows)
+                         rn_rms_bwd_apply_rows, rn_ln_bwd_apply_rows, rn_residual_bwd)
 # the scalar paths for the few rows the fast paths cannot take (see rare_rows.pxd)
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
@@ -62,12 +62,14 @@ cdef inline Py_ssize_t forward_prefetch(bint stream, Py_ssize_t row_bytes) noexc
 
 cdef inline bint backward_prefetch_dx(Py_ssize_t n, Py_ssize_t row_bytes) noexcept nogil:
     """Whether the norms' backward passes prefetch the next group's rows of dx (unless they
-    stream them), as they do its rows of dy and x: for rows up to PREFETCHED_DX_ROW_BYTES
-    in a dx of PREFETCHED_DX_MIN_BYTES or more.  A group's apply pass stores to RN_GROUP
-    rows at once, streams too short, at such widths, for the CPU's prefetchers to fetch
-    the lines of an output not in cache before the stores need them.  float32, one thread,
-    dx preallocated and evicted from the caches before each call (dy and x in the last
-    level), medians of 15 calls, two runs alternated with the build without:
+    stream them), as they do its rows of dy and x (so does the fused add + norm backward,
+    of dx and dresidual, where its norm pass writes both): for rows up to
+    PREFETCHED_DX_ROW_BYTES in a dx of PREFETCHED_DX_MIN_BYTES or more.  A group's apply
+    pass stores to RN_GROUP rows at once, streams too short, at such widths, for the CPU's
+    prefetchers to fetch the lines of an output not in cache before the stores need them.
+    float32, one thread, dx preallocated and evicted from the caches before each call (dy
+    and x in the last level), medians of 15 calls, two runs alternated with the build
+    without:
     rms_norm_backward (2048, 768) 0.90 of the time, (1536, 1024) 0.96, (512, 768)
     0.92-0.96; layer_norm_backward 0.88-0.90, 0.94-0.96, 0.85-0.90.  Where dx stayed in
     cache, the prefetches cost 1.02-1.06x up to (512, 768), and 1.03-1.05x at (384, 4096)
@@ -142,19 +144,22 @@ cdef inline void rms_forward_rows(element *y, double *rstd, const element *x, co
         rn_sfence()
 
 
-cdef inline void rms_backward_group(element *dx, double *dw_part, double *m, const element *dy,
-                                    const element *x, const element *w, const double *rstd,
-                                    Py_ssize_t rows, Py_ssize_t d, bint stream,
-                                    Py_ssize_t ahead, bint prefetch_dx) noexcept nogil:
+cdef inline void rms_backward_group(element *dx, element *dx2, double *dw_part, double *m,
+                                    const element *dy, const element *dh, const element *x,
+                                    const element *w, const double *rstd, Py_ssize_t rows,
+                                    Py_ssize_t d, bint stream, Py_ssize_t ahead,
+                                    bint prefetch_dx) noexcept nogil:
     """`rows` (<= RN_GROUP) consecutive rows of rms_backward, adding their dweight terms
     into dw_part (NULL: none): first each row's reduction m[r] = mean(g * xn), then one
-    elementwise pass over the group (core/backward.h).  dx may be dy or x.  ahead: the rows
-    after the group; prefetch_dx: dx's rows go on as dy's do, and its next group is
+    elementwise pass over the group (core/backward.h).  dx may be dy or x.  dh (NULL: none)
+    is added to dx, and dx2 (NULL: none) receives dx too: the fused backward's gradients of
+    a plain residual add (float and double rows only, core/backward.h says why).  ahead:
+    the rows after the group; prefetch_dx: dx's rows go on as dy's do, and its next group is
     prefetched (backward_prefetch_dx; False when dx is a scratch group)."""
     cdef Py_ssize_t r
     for r in range(rows):
         m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d, ahead + rows - 1 - r) / d
-    rn_rms_bwd_apply_rows(dx, dw_part, dy, x, w, rstd, m, <int>rows, d, stream, ahead,
+    rn_rms_bwd_apply_rows(dx, dx2, dw_part, dy, dh, x, w, rstd, m, <int>rows, d, stream, ahead,
                           prefetch_dx)
 
 
@@ -170,8 +175,8 @@ cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, con
     zero_partials(dw_part, NULL, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        rms_backward_group(dx + i * d, dw_part, m + i, dy + i * d, x + i * d, w, rstd + i, rows,
-                           d, stream, n - i - rows, pf_dx)
+        rms_backward_group(dx + i * d, NULL, dw_part, m + i, dy + i * d, NULL, x + i * d, w,
+                           rstd + i, rows, d, stream, n - i - rows, pf_dx)
         i += rows
 
 
@@ -315,15 +320,15 @@ cdef inline void layer_forward_rows(element *y, double *mean, double *rstd, cons
         rn_sfence()
 
 
-cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_part,
-                                      double *mean_g, double *mean_gxhat, const element *dy,
-                                      const element *x, const element *w, const double *mean,
-                                      const double *rstd, Py_ssize_t rows, Py_ssize_t d,
-                                      bint stream, Py_ssize_t ahead,
-                                      bint prefetch_dx) noexcept nogil:
+cdef inline void layer_backward_group(element *dx, element *dx2, double *dw_part,
+                                      double *db_part, double *mean_g, double *mean_gxhat,
+                                      const element *dy, const element *dh, const element *x,
+                                      const element *w, const double *mean, const double *rstd,
+                                      Py_ssize_t rows, Py_ssize_t d, bint stream,
+                                      Py_ssize_t ahead, bint prefetch_dx) noexcept nogil:
     """`rows` (<= RN_GROUP) consecutive rows of layer_backward, as in rms_backward_group,
     with two reductions per row; a row whose reductions overflowed takes the scalar path.
-    dx may be dy or x.  ahead, prefetch_dx: as in rms_backward_group."""
+    dx may be dy or x.  dx2, dh, ahead, prefetch_dx: as in rms_backward_group."""
     cdef Py_ssize_t r
     cdef bint trusted = True
     for r in range(rows):
@@ -335,17 +340,21 @@ cdef inline void layer_backward_group(element *dx, double *dw_part, double *db_p
         trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d,
                                               d)
     if trusted:
-        rn_ln_bwd_apply_rows(dx, dw_part, db_part, dy, x, w, mean, rstd, mean_g, mean_gxhat,
-                             <int>rows, d, stream, ahead, prefetch_dx)
+        rn_ln_bwd_apply_rows(dx, dx2, dw_part, db_part, dy, dh, x, w, mean, rstd, mean_g,
+                             mean_gxhat, <int>rows, d, stream, ahead, prefetch_dx)
         return
     for r in range(rows):
         if _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d, d):
             # x - mean overflowed the element type (rare_rows.pxd)
             _ln_backward_careful(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
                                  mean[r], rstd[r], d)
+            if dx2 != NULL:   # dh added (dx in place) and dx2 written, as the apply pass does
+                rn_residual_bwd(dx + r * d, dx2 + r * d, NULL, dx + r * d, at(dh, r * d), NULL,
+                                NULL, NULL, 0, 1.0, d, False, 0)
         else:
-            rn_ln_bwd_apply_rows(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
-                                 &mean[r], &rstd[r], &mean_g[r], &mean_gxhat[r], 1, d, stream,
+            rn_ln_bwd_apply_rows(dx + r * d, dx2 + r * d if dx2 != NULL else NULL, dw_part,
+                                 db_part, dy + r * d, at(dh, r * d), x + r * d, w, &mean[r],
+                                 &rstd[r], &mean_g[r], &mean_gxhat[r], 1, d, stream,
                                  ahead + rows - 1 - r, prefetch_dx)
 
 
@@ -361,9 +370,9 @@ cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_p
     zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        layer_backward_group(dx + i * d, dw_part, db_part, mean_g + i, mean_gxhat + i,
-                             dy + i * d, x + i * d, w, mean + i, rstd + i, rows, d, stream,
-                             n - i - rows, pf_dx)
+        layer_backward_group(dx + i * d, NULL, dw_part, db_part, mean_g + i, mean_gxhat + i,
+                             dy + i * d, NULL, x + i * d, w, mean + i, rstd + i, rows, d,
+                             stream, n - i - rows, pf_dx)
         i += rows
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import resnorm as rn
-from resnorm import reference
+from resnorm import _parallel, reference
 from _residual_testing import (THREADED_SHAPE, THREADS, assert_grad, numeric_grad, read_only,
                                strided)
 
@@ -315,6 +315,51 @@ def test_backward_outputs_at_any_offset_from_a_vector_boundary(dtype, kind, pren
                            dresidual_out=stream)
             assert got[1] is stream
             assert all(g0 is None or np.array_equal(g0, g1) for g0, g1 in zip(want, got))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind, prenorm, with_dh",
+                         [(k, p, d) for k, p in VARIANTS for d in (True, False) if p or not d])
+def test_backward_is_the_norm_backward_plus_dh_bitwise(dtype, kind, prenorm, with_dh):
+    """Without alpha or dropout, dx and dresidual are both the gradient reaching h (plus dh),
+    which the norm's apply pass writes at once: to the last bit our norm's backward at h,
+    then the add in the input dtype.  Streamed or not, out and dresidual_out at the same or
+    different offsets from a vector boundary, 1 and 2 threads, and a LayerNorm row whose
+    x - mean overflows the dtype (the scalar path, then the add)."""
+    shape = (131, 128)   # rows of whole vectors (the streamed groups go chunk by chunk)
+    x, r, w, b, _ = inputs(shape, dtype, seed=6)
+    rng = np.random.default_rng(7)
+    dy, dh = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    dh = dh if with_dh else None
+    if kind == "layer":
+        big = np.finfo(dtype).max / 2
+        x[9], r[9] = big, 0
+        x[9, 5] = -big
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = r + x
+        if kind == "rms":
+            _, norm_cache = rn.rms_norm_forward(h, w)
+            gh, *dparams = rn.rms_norm_backward(dy, norm_cache)
+        else:
+            _, norm_cache = rn.layer_norm_forward(h, w, b)
+            gh, *dparams = rn.layer_norm_backward(dy, norm_cache)
+        want = gh + dh if with_dh else gh
+        _, cache = forward(kind, prenorm, x, r, w, b if kind == "layer" else None)
+        saved = _parallel.STREAM_MIN_BYTES
+        try:
+            for stream_min in (1 << 62, 0):
+                _parallel.STREAM_MIN_BYTES = stream_min
+                for o1, o2 in [(0, 0), (0, 1), (3, 3)]:
+                    for nt in (1, 2):
+                        dx, dres, dw, db, _ = backward(
+                            kind, prenorm, dy, dh, cache, out=at_offset(shape, dtype, o1),
+                            dresidual_out=at_offset(shape, dtype, o2), n_threads=nt)
+                        assert np.array_equal(dx, want), (stream_min, o1, o2, nt)
+                        assert np.array_equal(dres, want)
+                        assert np.array_equal(dw, dparams[0])
+                        assert db is None or np.array_equal(db, dparams[1])
+        finally:
+            _parallel.STREAM_MIN_BYTES = saved
 
 
 def test_residual_out_in_training_form_and_strided_out_buffers():

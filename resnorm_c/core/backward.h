@@ -25,22 +25,26 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
     return (d * (Py_ssize_t)sizeof(RN_T)) % RN_VBYTES == 0;
 }
 
-/* Prefetch of the next group's rows at column k: what the next group's reduction passes
- * read, and (prefetch_dx) the lines its apply pass will store to, unless it streams them.
- * The apply pass over a whole group is long enough to bring them in; the reduction
- * passes alone (each also prefetching one row ahead) are too short to hide memory.  Only
- * rows that exist: ahead is the number of rows after this group in the arrays. */
+/* Prefetch of the next group's rows at column k: what the next group's passes read (dh
+ * too, when given), and (prefetch_dx) the lines its apply pass will store to, unless it
+ * streams them.  The apply pass over a whole group is long enough to bring them in; the
+ * reduction passes alone (each also prefetching one row ahead) are too short to hide
+ * memory.  Only rows that exist: ahead is the number of rows after this group in the
+ * arrays. */
 #define RN_PF_GROUP(k)                                                                  \
     do {                                                                                \
         for (int p_ = 0; p_ < rows && p_ < ahead; p_++) {                               \
             RN_NAME(prefetch_next)(dy + p_ * d, rows * d, (k), RN_W);                   \
             RN_NAME(prefetch_next)(x + p_ * d, rows * d, (k), RN_W);                    \
+            if (dh) RN_NAME(prefetch_next)(dh + p_ * d, rows * d, (k), RN_W);           \
         }                                                                               \
         if (s_ == RN_WHOLE || s_ == RN_PART)                                            \
-            for (int p_ = 0; p_ < pf_dx_; p_++)                                         \
+            for (int p_ = 0; p_ < pf_dx_; p_++) {                                       \
                 RN_NAME(prefetch_next)(dx + p_ * d, rows * d, (k), RN_W);               \
+                if (dx2) RN_NAME(prefetch_next)(dx2 + p_ * d, rows * d, (k), RN_W);     \
+            }                                                                           \
     } while (0)
-/* The rows of dx that RN_PF_GROUP prefetches, set once before the column loop. */
+/* The rows of dx (and dx2) that RN_PF_GROUP prefetches, set once before the column loop. */
 #define RN_PF_DX_ROWS const int pf_dx_ = prefetch_dx ? (int)(ahead < rows ? ahead : rows) : 0
 
 /* part[k ..] += the group's column sums v widened, for a partial that may be NULL. */
@@ -62,7 +66,15 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
  * 4 KiB, as NumPy places large arrays (at (128, 4096) float32, one thread, the RMSNorm
  * backward took 1.4x the time, the LayerNorm backward 1.25x). */
 #define RN_PUT_ROWS(o, k)                                                               \
-    for (int r = 0; r < rows; r++) RN_PUT(dx + r * d + (k), (o)[r])
+    do {                                                                                \
+        for (int r = 0; r < rows; r++) RN_PUT(dx + r * d + (k), (o)[r]);                \
+        if (dx2) for (int r = 0; r < rows; r++) RN_PUT(dx2 + r * d + (k), (o)[r]);      \
+    } while (0)
+
+/* O += dh at element offset OFF of the group: the gradient along the residual stream,
+ * which the fused backward adds (float and double only: see rms_bwd_apply_rows). */
+#define RN_PLUS_DH(O, OFF)                                                              \
+    do { if (!RN_HALF && dh) (O) += RN_GET(dh + (OFF)); } while (0)
 
 /* CASES(R) with R a constant for a whole group and for a single row (the kernels' two
  * common cases: the loop over the rows then unrolls, or vanishes), else the row count. */
@@ -116,8 +128,8 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
  * (the row's coefficients as local scalars: read from the caller's arrays inside the
  * column loop, they were reloaded and broadcast on every vector, as stores to dx might
  * change them), then BODY(k) over the chunk's vectors, with dyr, xr, dxr its row from
- * column c0, wc = w + c0 (w NULL: NULL), and the next group's span of the row prefetched;
- * the stores are fenced once, at the end. */
+ * column c0 (dx2r too, when dx2 is given), wc = w + c0 (w NULL: NULL), and the next
+ * group's span of the row prefetched; the stores are fenced once, at the end. */
 #define RN_CHUNKS(ROW, BODY)                                                            \
     do {                                                                                \
         const Py_ssize_t head_ = RN_NAME(align_head)(dx, d);                            \
@@ -129,7 +141,8 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
             (void)wc;                                                                   \
             for (int r = 0; r < rows; r++) {                                            \
                 const RN_T *dyr = dy + r * d + c0, *xr = x + r * d + c0;                \
-                RN_T *dxr = dx + r * d + c0;                                            \
+                RN_T *dxr = dx + r * d + c0, *dx2r = dx2 ? dx2 + r * d + c0 : NULL;     \
+                (void)dx2r;                                                             \
                 ROW                                                                     \
                 RN_ELEMENTWISE(c1 - c0, dxr, RN_STREAM_UNFENCED, RN_PF_ROW, BODY);      \
             }                                                                           \
@@ -141,6 +154,7 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
         if (r < ahead) {                                                                \
             RN_NAME(prefetch_next)(dyr, rows * d, (k), RN_W);                           \
             RN_NAME(prefetch_next)(xr, rows * d, (k), RN_W);                            \
+            if (dh) RN_NAME(prefetch_next)(dh + r * d + c0, rows * d, (k), RN_W);       \
         }                                                                               \
     } while (0)
 
@@ -174,9 +188,9 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
     }
 
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
-    RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
-    int prefetch_dx)
+    RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
+    Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -184,6 +198,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
         if (w) wv = RN_GET(w + (k));                                                    \
         for (int r = 0; r < rows; r++) {                                                \
             RN_RMS_ROW(o_, dy + r * d, x + r * d, wv, rs[r], mt[r], k, t_);             \
+            RN_PLUS_DH(o_, r * d + (k));                                                \
             o[r] = o_;                                                                  \
             tw = r ? tw + t_ : t_;                                                      \
         }                                                                               \
@@ -196,15 +211,17 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
 
 /* rms_bwd_rows_body for a streamed group, chunk by chunk (the same bits). */
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
-    RN_T *dx, double *dw_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
+    RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
 #define ROW_ const RN_C rs_r = rs[r], mt_r = mt[r];
 #define B_(k)                                                                           \
     {                                                                                   \
         RN_RMS_ROW(o_, dyr, xr, RN_GET(wc + (k)), rs_r, mt_r, k, t_);                   \
+        RN_PLUS_DH(o_, r * d + c0 + (k));                                               \
         RN_PUT(dxr + (k), o_);                                                          \
+        if (dx2) RN_PUT(dx2r + (k), o_);                                                \
         RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, t_);                             \
     }
     RN_CHUNKS(ROW_, B_);
@@ -214,41 +231,58 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
 
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's reduction m[r] = mean(g * xn):
- *   dx = rstd * (g - xn * m),   dw_part += sum over the rows of dy * xn
- * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted).
- * prefetch_dx: dx is an array whose rows go on past the group as dy's and x's do (not a
- * scratch group), and its next rows are to be prefetched (norm_kernels.pxd decides). */
-static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, double *dw_part, const RN_T *dy,
-                                        const RN_T *x, const RN_T *w, const double *rstd,
-                                        const double *m, int rows, Py_ssize_t d, int stream,
-                                        Py_ssize_t ahead, int prefetch_dx)
+ *   dx = rstd * (g - xn * m) + dh,   dw_part += sum over the rows of dy * xn
+ * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted; dh NULL: 0).
+ * dx2 (NULL: none) receives dx's values too: the fused add + norm backward writes the
+ * gradients of both inputs of a plain residual add, dh added, in this one pass.  dh is
+ * for float and double rows only (the 16-bit types ignore it): their dx is rounded before
+ * dh is added, as the unfused passes do, which this pass would not do.
+ * prefetch_dx: dx (and dx2) are arrays whose rows go on past the group as dy's and x's
+ * do (not a scratch group), and their next rows are to be prefetched (norm_kernels.pxd
+ * decides). */
+static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy,
+                                        const RN_T *dh, const RN_T *x, const RN_T *w,
+                                        const double *rstd, const double *m, int rows,
+                                        Py_ssize_t d, int stream, Py_ssize_t ahead,
+                                        int prefetch_dx)
 {
     RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
     for (int r = 0; r < rows; r++) {
         rs[r] = (RN_C)rstd[r];
         mt[r] = (RN_C)m[r];
     }
+    /* the stores to dx2 take dx's alignment: streamed only when it is theirs too */
+    if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;
     if (RN_CHUNKED(stream, rows, d)) {
-        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dw_part, dy, x, w, rs, mt, rows, d, ahead);
-        else RN_NAME(rms_bwd_rows_chunked)(dx, NULL, dy, x, NULL, rs, mt, rows, d, ahead);
+        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dx2, dw_part, dy, dh, x, w, rs, mt, rows, d,
+                                             ahead);
+        else RN_NAME(rms_bwd_rows_chunked)(dx, dx2, NULL, dy, dh, x, NULL, rs, mt, rows, d,
+                                           ahead);
         return;
     }
-    /* One inlined copy per case so the dead branches leave the loops. */
-#define RMS_BODY_(DW, W, R)                                                             \
-    RN_NAME(rms_bwd_rows_body)(dx, DW, dy, x, W, rs, mt, R, d, stream, ahead, prefetch_dx)
+    /* One inlined copy per case so the dead branches leave the loops: the fused backward's
+     * two (Pre-Norm with dh, Post-Norm without) and the norm's three; the fused backward's
+     * other forms keep their branches. */
+#define RMS_BODY_(DX2, DH, DW, W, R)                                                    \
+    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, dy, DH, x, W, rs, mt, R, d, stream, ahead,   \
+                               prefetch_dx)
 #define CASES_(R)                                                                       \
-    if (w && dw_part) RMS_BODY_(dw_part, w, R);                                         \
-    else if (w) RMS_BODY_(NULL, w, R);                                                  \
-    else RMS_BODY_(NULL, NULL, R)
+    if (dx2 && dh && w && dw_part) RMS_BODY_(dx2, dh, dw_part, w, R);                   \
+    else if (dx2 && w && dw_part) RMS_BODY_(dx2, NULL, dw_part, w, R);                  \
+    else if (dx2) RMS_BODY_(dx2, dh, dw_part, w, R);                                    \
+    else if (w && dw_part) RMS_BODY_(NULL, NULL, dw_part, w, R);                        \
+    else if (w) RMS_BODY_(NULL, NULL, NULL, w, R);                                      \
+    else RMS_BODY_(NULL, NULL, NULL, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 #undef RMS_BODY_
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
-    RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
-    Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
+    RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
+    const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
+    int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -257,6 +291,7 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
         for (int r = 0; r < rows; r++) {                                                \
             RN_LN_ROW(o_, dy + r * d, x + r * d, wv, mh[r], ml[r], rs[r], mg[r], mgx[r], \
                       k, tw_, tb_);                                                     \
+            RN_PLUS_DH(o_, r * d + (k));                                                \
             o[r] = o_;                                                                  \
             tw = r ? tw + tw_ : tw_;                                                    \
             tb = r ? tb + tb_ : tb_;                                                    \
@@ -271,9 +306,9 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
 
 /* ln_bwd_rows_body for a streamed group, chunk by chunk (the same bits). */
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
-    RN_T *dx, double *dw_part, double *db_part, const RN_T *dy, const RN_T *x, const RN_T *w,
-    const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows,
-    Py_ssize_t d, Py_ssize_t ahead)
+    RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
+    const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
     RN_C tb[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
@@ -281,7 +316,9 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 #define B_(k)                                                                           \
     {                                                                                   \
         RN_LN_ROW(o_, dyr, xr, RN_GET(wc + (k)), mh_r, ml_r, rs_r, mg_r, mgx_r, k, tw_, tb_); \
+        RN_PLUS_DH(o_, r * d + c0 + (k));                                               \
         RN_PUT(dxr + (k), o_);                                                          \
+        if (dx2) RN_PUT(dx2r + (k), o_);                                                \
         RN_CARRY(tw, dw_part ? dw_part + c0 : NULL, k, tw_);                            \
         RN_CARRY(tb, db_part ? db_part + c0 : NULL, k, tb_);                            \
     }
@@ -292,13 +329,13 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 
 /* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's two reductions mean_g[r] = mean(g) and mean_gxhat[r] = mean(g * xhat):
- *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat),
+ *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat) + dh,
  *   dw_part += sum over the rows of dy * xhat,   db_part += sum over the rows of dy
- * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; prefetch_dx as in
- * rms_bwd_apply_rows). */
-static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_part,
-                                       const RN_T *dy, const RN_T *x, const RN_T *w,
-                                       const double *mean, const double *rstd,
+ * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; dx2, dh and
+ * prefetch_dx as in rms_bwd_apply_rows). */
+static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, double *db_part,
+                                       const RN_T *dy, const RN_T *dh, const RN_T *x,
+                                       const RN_T *w, const double *mean, const double *rstd,
                                        const double *mean_g, const double *mean_gxhat, int rows,
                                        Py_ssize_t d, int stream, Py_ssize_t ahead,
                                        int prefetch_dx)
@@ -311,21 +348,25 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
         mg[r] = (RN_C)mean_g[r];
         mgx[r] = (RN_C)mean_gxhat[r];
     }
+    if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;   /* as in rms_bwd_apply_rows */
     if (RN_CHUNKED(stream, rows, d)) {
-        if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dw_part, db_part, dy, x, w, mh, ml, rs, mg, mgx,
-                                            rows, d, ahead);
-        else RN_NAME(ln_bwd_rows_chunked)(dx, NULL, db_part, dy, x, NULL, mh, ml, rs, mg, mgx,
-                                          rows, d, ahead);
+        if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dx2, dw_part, db_part, dy, dh, x, w, mh, ml,
+                                            rs, mg, mgx, rows, d, ahead);
+        else RN_NAME(ln_bwd_rows_chunked)(dx, dx2, NULL, db_part, dy, dh, x, NULL, mh, ml, rs,
+                                          mg, mgx, rows, d, ahead);
         return;
     }
-#define LN_BODY_(DW, DB, W, R)                                                          \
-    RN_NAME(ln_bwd_rows_body)(dx, DW, DB, dy, x, W, mh, ml, rs, mg, mgx, R, d, stream,  \
-                              ahead, prefetch_dx)
+#define LN_BODY_(DX2, DH, DW, DB, W, R)                                                 \
+    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, dy, DH, x, W, mh, ml, rs, mg, mgx, R, d,  \
+                              stream, ahead, prefetch_dx)
 #define CASES_(R)                                                                       \
-    if (w && dw_part && db_part) LN_BODY_(dw_part, db_part, w, R);                      \
-    else if (w && dw_part) LN_BODY_(dw_part, NULL, w, R);                               \
-    else if (w) LN_BODY_(NULL, db_part, w, R);                                          \
-    else LN_BODY_(NULL, db_part, NULL, R)
+    if (dx2 && dh && w && dw_part && db_part) LN_BODY_(dx2, dh, dw_part, db_part, w, R); \
+    else if (dx2 && w && dw_part && db_part) LN_BODY_(dx2, NULL, dw_part, db_part, w, R); \
+    else if (dx2) LN_BODY_(dx2, dh, dw_part, db_part, w, R);                            \
+    else if (w && dw_part && db_part) LN_BODY_(NULL, NULL, dw_part, db_part, w, R);     \
+    else if (w && dw_part) LN_BODY_(NULL, NULL, dw_part, NULL, w, R);                   \
+    else if (w) LN_BODY_(NULL, NULL, NULL, db_part, w, R);                              \
+    else LN_BODY_(NULL, NULL, NULL, db_part, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 #undef LN_BODY_
@@ -344,3 +385,4 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, double *dw_part, double *db_par
 #undef RN_ADD_GROUP
 #undef RN_COLUMNS
 #undef RN_PUT_ROWS
+#undef RN_PLUS_DH
