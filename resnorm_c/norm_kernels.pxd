@@ -153,9 +153,10 @@ cdef inline void rms_backward_group(element *dx, element *dx2, double *dw_part, 
     into dw_part (NULL: none): first each row's reduction m[r] = mean(g * xn), then one
     elementwise pass over the group (core/backward.h).  dx may be dy or x.  dh (NULL: none)
     is added to dx, and dx2 (NULL: none) receives dx too: the fused backward's gradients of
-    a plain residual add (float and double rows only, core/backward.h says why).  ahead:
-    the rows after the group; prefetch_dx: dx's rows go on as dy's do, and its next group is
-    prefetched (backward_prefetch_dx; False when dx is a scratch group)."""
+    a plain residual add (float and double rows only, core/backward.h says why); dx2 may be
+    x (the fused Post-Norm backward recomputes h there).  ahead: the rows after the group;
+    prefetch_dx: dx's rows go on as dy's do, and its next group is prefetched
+    (backward_prefetch_dx; False when dx is a scratch group)."""
     cdef Py_ssize_t r
     for r in range(rows):
         m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d, ahead + rows - 1 - r) / d

@@ -229,14 +229,38 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
 #undef ROW_
 }
 
+#define RMS_BODY_(DX2, DH, DW, W, R)                                                    \
+    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, dy, DH, x, W, rs, mt, R, d, stream, ahead,   \
+                               prefetch_dx)
+
+#if !RN_HALF
+/* The column loop of rms_bwd_apply_rows with dx2 given (the fused backward; float and
+ * double rows only), one inlined copy for each of its two common cases (Pre-Norm with dh,
+ * Post-Norm without), the other forms with their branches.  A function of its own:
+ * expanded beside the norm's cases, in one function, they left the compiler short of
+ * registers in those (the LayerNorm one reloaded its row constants from the stack). */
+static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_both)(
+    RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
+    Py_ssize_t ahead, int prefetch_dx)
+{
+#define CASES_(R)                                                                       \
+    if (dh && w && dw_part) RMS_BODY_(dx2, dh, dw_part, w, R);                          \
+    else if (w && dw_part) RMS_BODY_(dx2, NULL, dw_part, w, R);                         \
+    else RMS_BODY_(dx2, dh, dw_part, w, R)
+    RN_BY_ROWS(CASES_);
+#undef CASES_
+}
+#endif
+
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's reduction m[r] = mean(g * xn):
  *   dx = rstd * (g - xn * m) + dh,   dw_part += sum over the rows of dy * xn
  * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted; dh NULL: 0).
  * dx2 (NULL: none) receives dx's values too: the fused add + norm backward writes the
- * gradients of both inputs of a plain residual add, dh added, in this one pass.  dh is
- * for float and double rows only (the 16-bit types ignore it): their dx is rounded before
- * dh is added, as the unfused passes do, which this pass would not do.
+ * gradients of both inputs of a plain residual add, dh added, in this one pass.  dx2 and
+ * dh are for float and double rows only (NULL for the 16-bit types, whose unfused passes
+ * round dx before dh is added, which this pass would not do).
  * prefetch_dx: dx (and dx2) are arrays whose rows go on past the group as dy's and x's
  * do (not a scratch group), and their next rows are to be prefetched (norm_kernels.pxd
  * decides). */
@@ -260,22 +284,20 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, co
                                            ahead);
         return;
     }
-    /* One inlined copy per case so the dead branches leave the loops: the fused backward's
-     * two (Pre-Norm with dh, Post-Norm without) and the norm's three; the fused backward's
-     * other forms keep their branches. */
-#define RMS_BODY_(DX2, DH, DW, W, R)                                                    \
-    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, dy, DH, x, W, rs, mt, R, d, stream, ahead,   \
-                               prefetch_dx)
+#if !RN_HALF
+    if (dx2) {
+        RN_NAME(rms_bwd_rows_both)(dx, dx2, dw_part, dy, dh, x, w, rs, mt, rows, d, stream,
+                                   ahead, prefetch_dx);
+        return;
+    }
+#endif
+    /* One inlined copy per case so the dead branches leave the loops. */
 #define CASES_(R)                                                                       \
-    if (dx2 && dh && w && dw_part) RMS_BODY_(dx2, dh, dw_part, w, R);                   \
-    else if (dx2 && w && dw_part) RMS_BODY_(dx2, NULL, dw_part, w, R);                  \
-    else if (dx2) RMS_BODY_(dx2, dh, dw_part, w, R);                                    \
-    else if (w && dw_part) RMS_BODY_(NULL, NULL, dw_part, w, R);                        \
+    if (w && dw_part) RMS_BODY_(NULL, NULL, dw_part, w, R);                             \
     else if (w) RMS_BODY_(NULL, NULL, NULL, w, R);                                      \
     else RMS_BODY_(NULL, NULL, NULL, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
-#undef RMS_BODY_
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
@@ -327,6 +349,27 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 #undef ROW_
 }
 
+#define LN_BODY_(DX2, DH, DW, DB, W, R)                                                 \
+    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, dy, DH, x, W, mh, ml, rs, mg, mgx, R, d,  \
+                              stream, ahead, prefetch_dx)
+
+#if !RN_HALF
+/* The column loop of ln_bwd_apply_rows with dx2 given, as rms_bwd_rows_both. */
+static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_both)(
+    RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
+    const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
+    int prefetch_dx)
+{
+#define CASES_(R)                                                                       \
+    if (dh && w && dw_part && db_part) LN_BODY_(dx2, dh, dw_part, db_part, w, R);       \
+    else if (w && dw_part && db_part) LN_BODY_(dx2, NULL, dw_part, db_part, w, R);      \
+    else LN_BODY_(dx2, dh, dw_part, db_part, w, R)
+    RN_BY_ROWS(CASES_);
+#undef CASES_
+}
+#endif
+
 /* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's two reductions mean_g[r] = mean(g) and mean_gxhat[r] = mean(g * xhat):
  *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat) + dh,
@@ -356,20 +399,20 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, dou
                                           mg, mgx, rows, d, ahead);
         return;
     }
-#define LN_BODY_(DX2, DH, DW, DB, W, R)                                                 \
-    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, dy, DH, x, W, mh, ml, rs, mg, mgx, R, d,  \
-                              stream, ahead, prefetch_dx)
+#if !RN_HALF
+    if (dx2) {
+        RN_NAME(ln_bwd_rows_both)(dx, dx2, dw_part, db_part, dy, dh, x, w, mh, ml, rs, mg, mgx,
+                                  rows, d, stream, ahead, prefetch_dx);
+        return;
+    }
+#endif
 #define CASES_(R)                                                                       \
-    if (dx2 && dh && w && dw_part && db_part) LN_BODY_(dx2, dh, dw_part, db_part, w, R); \
-    else if (dx2 && w && dw_part && db_part) LN_BODY_(dx2, NULL, dw_part, db_part, w, R); \
-    else if (dx2) LN_BODY_(dx2, dh, dw_part, db_part, w, R);                            \
-    else if (w && dw_part && db_part) LN_BODY_(NULL, NULL, dw_part, db_part, w, R);     \
+    if (w && dw_part && db_part) LN_BODY_(NULL, NULL, dw_part, db_part, w, R);          \
     else if (w && dw_part) LN_BODY_(NULL, NULL, dw_part, NULL, w, R);                   \
     else if (w) LN_BODY_(NULL, NULL, NULL, db_part, w, R);                              \
     else LN_BODY_(NULL, NULL, NULL, db_part, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
-#undef LN_BODY_
 }
 
 #undef RN_PF_GROUP
@@ -386,3 +429,5 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, dou
 #undef RN_COLUMNS
 #undef RN_PUT_ROWS
 #undef RN_PLUS_DH
+#undef RMS_BODY_
+#undef LN_BODY_
