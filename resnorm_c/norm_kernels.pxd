@@ -69,11 +69,11 @@ cdef inline bint backward_prefetch_dx(Py_ssize_t n, Py_ssize_t row_bytes) noexce
     prefetchers to fetch the lines of an output not in cache before the stores need them.
     float32, one thread, dx preallocated and evicted from the caches before each call (dy
     and x in the last level), medians of 15 calls, two runs alternated with the build
-    without:
-    rms_norm_backward (2048, 768) 0.90 of the time, (1536, 1024) 0.96, (512, 768)
-    0.92-0.96; layer_norm_backward 0.88-0.90, 0.94-0.96, 0.85-0.90.  Where dx stayed in
-    cache, the prefetches cost 1.02-1.06x up to (512, 768), and 1.03-1.05x at (384, 4096)
-    for 0.91-0.94 evicted; at (768, 2048) 0.97-1.02 evicted, 1.01-1.05 cached."""
+    without: rms_norm_backward (2048, 768) 0.90 of the time, (1536, 1024) 0.96,
+    (512, 768) 0.92-0.96; layer_norm_backward 0.88-0.90, 0.94-0.96, 0.85-0.90.  Where dx
+    stayed in cache, the prefetches cost 1.02-1.06x up to (512, 768), and 1.03-1.05x at
+    (384, 4096) for 0.91-0.94 evicted; at (768, 2048) 0.97-1.02 evicted, 1.01-1.05
+    cached."""
     return row_bytes <= PREFETCHED_DX_ROW_BYTES and n * row_bytes >= PREFETCHED_DX_MIN_BYTES
 
 
