@@ -31,8 +31,8 @@ from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_
                          rn_residual_add_shifted_sums, rn_residual_norm_apply,
                          rn_residual_bwd, rn_rms_apply)
 from norm_kernels cimport (backward_prefetch_dx, forward_prefetch, layer_backward_group,
-                          layer_forward_row_stats, ln_moments_from, rms_backward_group,
-                          rms_forward_row_from, shifted_moments)
+                          layer_forward_row_stats, ln_moments_from, one_group,
+                          rms_backward_group, rms_forward_row_from, shifted_moments)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -276,6 +276,7 @@ cdef inline Py_ssize_t add_norm_backward_scratch(Py_ssize_t d, const rn_dropout 
 
 
 cdef inline void add_norm_backward_block(element *dx, element *dresidual, double *partials,
+                                         void *dw, void *db,
                                          bint want_dw, bint want_db, bint want_dalpha,
                                          const element *dy, const element *dh,
                                          const element *h, const element *x,
@@ -286,9 +287,11 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
                                          Py_ssize_t blk, Py_ssize_t nb, Py_ssize_t n,
                                          Py_ssize_t d, bint stream) noexcept nogil:
     """Row block blk (of nb) of add_norm_backward, adding into its partial rows of the
-    wanted sums (partials: as add_norm_backward's).  mine: this thread's scratch, a group of
-    rows for the gradient reaching h (in Post-Norm first h itself), then the keep bits of
-    this row and of the next.  Without dropout the norm's passes take groups of RN_GROUP
+    wanted sums (partials: as add_norm_backward's), or, with the totals dw and db given (a
+    call whose rows are one group: see add_norm_backward), writing those sums there; their
+    partial rows are then scratch for the norm's scalar path.  mine: this thread's scratch,
+    a group of rows for the gradient reaching h (in Post-Norm first h itself), then the keep
+    bits of this row and of the next.  Without dropout the norm's passes take groups of RN_GROUP
     rows, as the norms' backward kernels do (the dweight and dbias terms are then widened
     once per group); with it, one row at a time, its keep bits made while the row before
     goes through the add."""
@@ -322,7 +325,17 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     cdef bint direct = (dp == NULL and alpha == NULL and (h != NULL or not stream)
                         and (element is float or element is double))
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
-    zero_partials(dw_part, db_part, d)
+    # the totals, of the parameters' type (float32 beside 16-bit rows: buf given)
+    cdef element *dw_t = NULL
+    cdef element *db_t = NULL
+    cdef float *dwf_t = NULL
+    cdef float *dbf_t = NULL
+    if buf != NULL:
+        dwf_t, dbf_t = <float *>dw, <float *>db
+    else:
+        dw_t, db_t = <element *>dw, <element *>db
+    if dw == NULL and db == NULL:
+        zero_partials(dw_part, db_part, d)
     if dalpha_part != NULL:
         memset(dalpha_part, 0, d * sizeof(double))
     if dp != NULL:
@@ -349,28 +362,29 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         ahead = hi - i - rows if h != NULL or hp != gs else 0
         if direct:
             if mean == NULL:
-                rms_backward_group(dx + i * d, dresidual + i * d, dw_part, m, dy + i * d,
+                rms_backward_group(dx + i * d, dresidual + i * d, dw_t, dw_part, m, dy + i * d,
                                    at(dh, i * d), hp, w, rstd + i, rows, d, stream, ahead,
                                    pf_dx)
             else:
-                layer_backward_group(dx + i * d, dresidual + i * d, dw_part, db_part, mean_g,
-                                     m, dy + i * d, at(dh, i * d), hp, w, mean + i, rstd + i,
-                                     rows, d, stream, ahead, pf_dx)
+                layer_backward_group(dx + i * d, dresidual + i * d, dw_t, db_t, dw_part,
+                                     db_part, mean_g, m, dy + i * d, at(dh, i * d), hp, w,
+                                     mean + i, rstd + i, rows, d, stream, ahead, pf_dx)
             i += rows
             continue
         # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm): a
         # scratch group, whose next rows are not prefetched
         if buf != NULL:   # float32 parameters beside 16-bit rows
             if element is rn_bf16 or element is rn_f16:
-                mixed_backward_group(mean != NULL, gs, dw_part, db_part, mean_g, m,
-                                     dy + i * d, hp, wf, mean + i if mean != NULL else NULL,
-                                     rstd + i, rows, d, False, buf)
+                mixed_backward_group(mean != NULL, gs, dwf_t, dbf_t, dw_part, db_part, mean_g,
+                                     m, dy + i * d, hp, wf,
+                                     mean + i if mean != NULL else NULL, rstd + i, rows, d,
+                                     False, buf)
         elif mean == NULL:
-            rms_backward_group(gs, NULL, dw_part, m, dy + i * d, NULL, hp, w, rstd + i, rows, d,
-                               False, ahead, False)
+            rms_backward_group(gs, NULL, dw_t, dw_part, m, dy + i * d, NULL, hp, w, rstd + i,
+                               rows, d, False, ahead, False)
         else:
-            layer_backward_group(gs, NULL, dw_part, db_part, mean_g, m, dy + i * d, NULL, hp, w,
-                                 mean + i, rstd + i, rows, d, False, ahead, False)
+            layer_backward_group(gs, NULL, dw_t, db_t, dw_part, db_part, mean_g, m, dy + i * d,
+                                 NULL, hp, w, mean + i, rstd + i, rows, d, False, ahead, False)
         for r in range(i, i + rows):
             through_add(dx + r * d, dresidual + r * d, dalpha_part, gs + (r - i) * d,
                         at(dh, r * d), x + r * d if want_dalpha else NULL, alpha,
@@ -411,16 +425,25 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, vo
     cdef const rn_dropout *dp = active(dropout)
     cdef Py_ssize_t nb = row_blocks(n), blk, per_thread = add_norm_backward_scratch(d, dropout)
     cdef bint want_dw = dw != NULL, want_db = db != NULL, want_dalpha = dalpha != NULL
+    if one_group(n, stream) and (dp == NULL or n == 1):
+        # the rows are one group (with dropout, the block's groups are single rows): dw and
+        # db come out of it; dalpha's partial row is still added and narrowed
+        add_norm_backward_block(dx, dresidual, partials, dw, db, want_dw, want_db,
+                                want_dalpha, dy, dh, h, x, residual, w, alpha, wf, mean, rstd,
+                                dp, scratch, buf, 0, 1, n, d, stream)
+        if want_dalpha:
+            sum_partials(dalpha, partials + 2 * d, 1, d, 1)
+        return
     if n_threads == 1:
         for blk in range(nb):
-            add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
-                                    dh, h, x, residual, w, alpha, wf, mean, rstd, dp, scratch,
-                                    buf, blk, nb, n, d, stream)
+            add_norm_backward_block(dx, dresidual, partials, NULL, NULL, want_dw, want_db,
+                                    want_dalpha, dy, dh, h, x, residual, w, alpha, wf, mean,
+                                    rstd, dp, scratch, buf, blk, nb, n, d, stream)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
-            add_norm_backward_block(dx, dresidual, partials, want_dw, want_db, want_dalpha, dy,
-                                    dh, h, x, residual, w, alpha, wf, mean, rstd, dp,
-                                    scratch + threadid() * per_thread,
+            add_norm_backward_block(dx, dresidual, partials, NULL, NULL, want_dw, want_db,
+                                    want_dalpha, dy, dh, h, x, residual, w, alpha, wf, mean,
+                                    rstd, dp, scratch + threadid() * per_thread,
                                     buf + threadid() * backward_floats(d) if buf != NULL
                                     else NULL,
                                     blk, nb, n, d, stream)

@@ -17,8 +17,8 @@ from cython.parallel cimport prange, threadid
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
-from norm_kernels cimport (layer_backward_group, layer_forward_row, rms_backward_group,
-                          rms_forward_row)
+from norm_kernels cimport (layer_backward_group, layer_forward_row, one_group,
+                          rms_backward_group, rms_forward_row)
 from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32
 
 
@@ -84,24 +84,25 @@ cdef inline void mixed_forward_rows(bint layer, half *y, double *mean, double *r
 
 # --------------------------------------------------------------------------- backward
 
-cdef inline void mixed_backward_group(bint layer, half *dx, double *dw_part, double *db_part,
-                                      double *mean_g, double *m, const half *dy,
-                                      const half *x, const float *w, const double *mean,
-                                      const double *rstd, Py_ssize_t rows, Py_ssize_t d,
-                                      bint stream, float *buf) noexcept nogil:
+cdef inline void mixed_backward_group(bint layer, half *dx, float *dw, float *db,
+                                      double *dw_part, double *db_part, double *mean_g,
+                                      double *m, const half *dy, const half *x, const float *w,
+                                      const double *mean, const double *rstd, Py_ssize_t rows,
+                                      Py_ssize_t d, bint stream, float *buf) noexcept nogil:
     """One group of up to RN_GROUP rows: widened into buf (dy rows, then x rows), the
     float32 backward group of norm_kernels.pxd with dx written over the widened dy, then dx
-    rounded.  mean_g (LayerNorm only), m: the group's row reductions."""
+    rounded.  mean_g (LayerNorm only), m: the group's row reductions.  dw, db: the totals,
+    for a group that is all the rows (as in norm_kernels.pxd's groups; NULL: none)."""
     cdef float *gdy = buf
     cdef float *gx = buf + <Py_ssize_t>RN_GROUP * d
     rn_to_float32(gdy, dy, rows * d)
     rn_to_float32(gx, x, rows * d)
     if layer:
         # (buf holds one group: no rows after it)
-        layer_backward_group(gdy, NULL, dw_part, db_part, mean_g, m, gdy, NULL, gx, w, mean,
-                             rstd, rows, d, False, 0, False)
+        layer_backward_group(gdy, NULL, dw, db, dw_part, db_part, mean_g, m, gdy, NULL, gx, w,
+                             mean, rstd, rows, d, False, 0, False)
     else:
-        rms_backward_group(gdy, NULL, dw_part, m, gdy, NULL, gx, w, rstd, rows, d, False, 0,
+        rms_backward_group(gdy, NULL, dw, dw_part, m, gdy, NULL, gx, w, rstd, rows, d, False, 0,
                            False)
     rn_from_float32(dx, gdy, rows * d, stream)
 
@@ -117,9 +118,9 @@ cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, dou
     zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
-        mixed_backward_group(layer, dx + i * d, dw_part, db_part, red + i, red + n + i,
-                             dy + i * d, x + i * d, w, mean + i if layer else NULL, rstd + i,
-                             rows, d, stream, buf)
+        mixed_backward_group(layer, dx + i * d, NULL, NULL, dw_part, db_part, red + i,
+                             red + n + i, dy + i * d, x + i * d, w,
+                             mean + i if layer else NULL, rstd + i, rows, d, stream, buf)
         i += rows
 
 
@@ -134,6 +135,11 @@ cdef inline void mixed_backward(bint layer, half *dx, float *dw, float *db, doub
     cdef Py_ssize_t nb = row_blocks(n), blk, per = backward_floats(d)
     cdef double *wpart
     cdef double *bpart
+    if one_group(n, stream):
+        mixed_backward_group(layer, dx, dw, db, dw_part if dw != NULL else NULL,
+                             db_part if db != NULL else NULL, red, red + n, dy, x, w,
+                             mean if layer else NULL, rstd, n, d, False, buf)
+        return
     if n_threads == 1:
         for blk in range(nb):
             mixed_backward_block(layer, dx, dw_part + blk * d if dw != NULL else NULL,

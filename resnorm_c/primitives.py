@@ -99,18 +99,19 @@ PRIMITIVES = [
               "apply.h"),
     # ---- backward elementwise passes over up to RN_GROUP rows (backward.h)
     Primitive("rms_bwd_apply_rows", "void",
-              "T *dx, T *dx2, double *dw_part, const T *dy, const T *dh, const T *x, "
+              "T *dx, T *dx2, T *dw, double *dw_part, const T *dy, const T *dh, const T *x, "
               "const T *w, const double *rstd, const double *m, int rows, Py_ssize_t d, "
               "int stream, Py_ssize_t ahead, int prefetch_dx",
-              "dx = rstd * (g - xn * m) + dh,  dx2 = dx,  dw_part += sum_rows dy*xn",
-              "backward.h"),
+              "dx = rstd * (g - xn * m) + dh,  dx2 = dx,  dw_part += sum_rows dy*xn "
+              "(or dw = that sum)", "backward.h"),
     Primitive("ln_bwd_apply_rows", "void",
-              "T *dx, T *dx2, double *dw_part, double *db_part, const T *dy, const T *dh, "
-              "const T *x, const T *w, const double *mean, const double *rstd, "
+              "T *dx, T *dx2, T *dw, T *db, double *dw_part, double *db_part, const T *dy, "
+              "const T *dh, const T *x, const T *w, const double *mean, const double *rstd, "
               "const double *mean_g, const double *mean_gxhat, int rows, Py_ssize_t d, "
               "int stream, Py_ssize_t ahead, int prefetch_dx",
               "dx = rstd * (g - mean_g - xhat * mean_gxhat) + dh,  dx2 = dx,  "
-              "dw_part += sum_rows dy*xhat,  db_part += sum_rows dy", "backward.h"),
+              "dw_part += sum_rows dy*xhat,  db_part += sum_rows dy (or dw, db = those sums)",
+              "backward.h"),
     # ---- residual connections and dropout rows (residual_rows.h)
     Primitive("residual_add", "void",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "

@@ -71,6 +71,59 @@ def test_without_weight_or_bias_identical_for_any_thread_count(rng, nt):
             assert_bitwise_equal(rb[key], ra[key], f"{key} n_threads={nt}")
 
 
+# A backward call of 1 to 4 rows (unstreamed) is one group, which writes dweight and dbias
+# itself, rounded once, where larger calls add their groups into float64 partial rows and
+# narrow the total.  Rows appended with dy = 0 add only zeros to the same sums, so the
+# few rows alone and inside a call of 8, 12 or 70 rows must give the same bits.  Columns
+# where dy is 0 in every row have sums of zeros (-0 terms where xhat < 0, which both ways
+# must turn into +0), and columns with inf or NaN keep them.
+def _sums_over_rows(kind, x, r, w, b, dy, p, nt):
+    if kind == "rms":
+        _, c = resnorm.rms_norm_forward(x, w, n_threads=nt)
+        return resnorm.rms_norm_backward(dy, c, n_threads=nt)[1:]
+    if kind == "ln":
+        _, c = resnorm.layer_norm_forward(x, w, b, n_threads=nt)
+        return resnorm.layer_norm_backward(dy, c, n_threads=nt)[1:]
+    if kind == "add_rms":
+        _, c = resnorm.add_rms_norm_forward(x, r, w, p=p, seed=3, n_threads=nt)
+        return resnorm.add_rms_norm_backward(dy, dy, c, n_threads=nt)[2:3]
+    if kind == "add_ln_post":
+        _, c = resnorm.add_layer_norm_post_forward(x, r, w, b, p=p, seed=3, n_threads=nt)
+        return resnorm.add_layer_norm_post_backward(dy, c, n_threads=nt)[2:4]
+    _, c = resnorm.add_layer_norm_forward(x, r, w, b, p=p, seed=3, n_threads=nt)
+    return resnorm.add_layer_norm_backward(dy, None, c, n_threads=nt)[2:4]
+
+
+@pytest.mark.parametrize("dtype", DTYPES + ["float16", "bfloat16", "bfloat16+float32"])
+@pytest.mark.parametrize("kind", ["rms", "ln", "add_rms", "add_ln", "add_ln_post"])
+def test_few_rows_sum_over_rows_with_the_bits_of_a_larger_call(rng, dtype, kind):
+    params = dtype
+    if isinstance(dtype, str):
+        dtype = np.float16 if dtype == "float16" else pytest.importorskip("ml_dtypes").bfloat16
+        params = np.float32 if params.endswith("float32") else dtype
+    d = 1037
+    for n in (1, 2, 3, 4):
+        # dropout makes the fused backward's groups single rows: one row is one group
+        for p in ([0.0, 0.25] if n == 1 and kind.startswith("add") else [0.0]):
+            x, r, dy = (rng.standard_normal((n + 66, d)).astype(dtype) for _ in range(3))
+            w, b = (rng.standard_normal(d).astype(params) for _ in range(2))
+            dy[n:] = 0
+            dy[:n, :40] = 0
+            dy[:n, 40] = np.inf
+            dy[:n, 41] = np.nan
+            for nt in (1, 2):
+                with np.errstate(invalid="ignore"):
+                    few = _sums_over_rows(kind, x[:n], r[:n], w, b, dy[:n], p, nt)
+                    assert all(np.all(np.isfinite(v[42:])) for v in few)
+                    # sums of zeros are +0, as from a partial row that starts at +0
+                    assert not any(np.signbit(v[:40]).any() for v in few)
+                    for m in (8, 12, 70):
+                        more = _sums_over_rows(kind, x[:m], r[:m], w, b, dy[:m], p, nt)
+                        for i, (a, v) in enumerate(zip(few, more)):
+                            assert_bitwise_equal(a, v, f"sum {i} of {n} rows vs {m} "
+                                                       f"(p={p}, n_threads={nt})")
+
+
 # Streamed outputs: a backward group of rows whose stores are streamed goes through its
 # columns in chunks, row by row (core/backward.h), where unstreamed groups take all rows
 # column by column; both must give the same bits.  D multiple of every vector width (the

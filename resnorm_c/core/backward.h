@@ -47,9 +47,26 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
 /* The rows of dx (and dx2) that RN_PF_GROUP prefetches, set once before the column loop. */
 #define RN_PF_DX_ROWS const int pf_dx_ = prefetch_dx ? (int)(ahead < rows ? ahead : rows) : 0
 
-/* part[k ..] += the group's column sums v widened, for a partial that may be NULL. */
-#define RN_ADD_GROUP(part, k, v)                                                        \
-    do { if (part) RN_ADD_WIDENED((part) + (k), (v)); } while (0)
+/* out[0 .. n) := the lanes of v, a column's sums over all the rows of a call that is one
+ * group (the kernels' small calls), rounded once to the element type: v + 0, which has
+ * the bits the float64 partial row would give (zeroed, v widened and added, narrowed: a
+ * -0 sum becomes +0 there too), without zeroing that row and narrowing it afterwards
+ * (norm_kernels.pxd, one_group).  Plain stores: out is a small parameter gradient. */
+static inline __attribute__((always_inline)) void RN_NAME(put_total)(RN_T *out, RN_VEC v,
+                                                                      Py_ssize_t n, int s)
+{
+    const RN_VEC zero = {0};
+    const int plain = s == RN_PART || s == RN_PART_STREAMED ? RN_PART : RN_WHOLE;
+    RN_NAME(vput)(out, v + zero, n, plain);
+}
+
+/* The group's column sums v at k: the totals (total given), or added widened to the
+ * partial part; either may be NULL. */
+#define RN_SUM_GROUP(total, part, k, v)                                                 \
+    do {                                                                                \
+        if (total) RN_NAME(put_total)((total) + (k), (v), n_, s_);                      \
+        else if (part) RN_ADD_WIDENED((part) + (k), (v));                               \
+    } while (0)
 
 /* The column loop of the multi-row passes: RN_ELEMENTWISE's placement and constants n_,
  * s_ for BODY(k).  Its stores are aligned in the first row of dx, and in every row when
@@ -188,9 +205,9 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
     }
 
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
-    RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy, const RN_T *dh, const RN_T *x,
-    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
-    Py_ssize_t ahead, int prefetch_dx)
+    RN_T *dx, RN_T *dx2, RN_T *dw, double *dw_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d,
+    int stream, Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -203,7 +220,7 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
             tw = r ? tw + t_ : t_;                                                      \
         }                                                                               \
         RN_PUT_ROWS(o, k);                                                              \
-        RN_ADD_GROUP(dw_part, k, tw);                                                   \
+        RN_SUM_GROUP(dw, dw_part, k, tw);                                               \
     }
     RN_COLUMNS(B_);
 #undef B_
@@ -229,9 +246,9 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
 #undef ROW_
 }
 
-#define RMS_BODY_(DX2, DH, DW, W, R)                                                    \
-    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, dy, DH, x, W, rs, mt, R, d, stream, ahead,   \
-                               prefetch_dx)
+#define RMS_BODY_(DX2, DH, DW, DW_PART, W, R)                                           \
+    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, DW_PART, dy, DH, x, W, rs, mt, R, d, stream,  \
+                               ahead, prefetch_dx)
 
 #if !RN_HALF
 /* The column loop of rms_bwd_apply_rows with dx2 given (the fused backward; float and
@@ -245,18 +262,41 @@ static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_both)(
     Py_ssize_t ahead, int prefetch_dx)
 {
 #define CASES_(R)                                                                       \
-    if (dh && w && dw_part) RMS_BODY_(dx2, dh, dw_part, w, R);                          \
-    else if (w && dw_part) RMS_BODY_(dx2, NULL, dw_part, w, R);                         \
-    else RMS_BODY_(dx2, dh, dw_part, w, R)
+    if (dh && w && dw_part) RMS_BODY_(dx2, dh, NULL, dw_part, w, R);                    \
+    else if (w && dw_part) RMS_BODY_(dx2, NULL, NULL, dw_part, w, R);                   \
+    else RMS_BODY_(dx2, dh, NULL, dw_part, w, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 }
 #endif
 
+/* The column loop of rms_bwd_apply_rows with the totals dw given (the call's rows are
+ * this one group: a small call, always with a weight), one inlined copy for each of the
+ * norm's backward and the fused one's two (dh given with dx2 only, as the kernels call
+ * it); as rms_bwd_rows_both, the fused copies only where the fused pass exists. */
+static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_total)(
+    RN_T *dx, RN_T *dx2, RN_T *dw, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
+    Py_ssize_t ahead, int prefetch_dx)
+{
+#if RN_HALF
+#define CASES_(R) RMS_BODY_(NULL, NULL, dw, NULL, w, R)
+#else
+#define CASES_(R)                                                                       \
+    if (!dx2) RMS_BODY_(NULL, NULL, dw, NULL, w, R);                                    \
+    else if (dh) RMS_BODY_(dx2, dh, dw, NULL, w, R);                                    \
+    else RMS_BODY_(dx2, NULL, dw, NULL, w, R)
+#endif
+    RN_BY_ROWS(CASES_);
+#undef CASES_
+}
+
 /* RMSNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's reduction m[r] = mean(g * xn):
  *   dx = rstd * (g - xn * m) + dh,   dw_part += sum over the rows of dy * xn
  * (xn = x * rstd, g = dy * w; dw_part NULL when no weight gradient is wanted; dh NULL: 0).
+ * dw (NULL: none) takes the place of dw_part when the group is all the rows of the call:
+ * dw = that sum, rounded once (see put_total).
  * dx2 (NULL: none) receives dx's values too: the fused add + norm backward writes the
  * gradients of both inputs of a plain residual add, dh added, in this one pass.  dx2 and
  * dh are for float and double rows only (NULL for the 16-bit types, whose unfused passes
@@ -264,10 +304,10 @@ static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_both)(
  * prefetch_dx: dx (and dx2) are arrays whose rows go on past the group as dy's and x's
  * do (not a scratch group), and their next rows are to be prefetched (norm_kernels.pxd
  * decides). */
-static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy,
-                                        const RN_T *dh, const RN_T *x, const RN_T *w,
-                                        const double *rstd, const double *m, int rows,
-                                        Py_ssize_t d, int stream, Py_ssize_t ahead,
+static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, double *dw_part,
+                                        const RN_T *dy, const RN_T *dh, const RN_T *x,
+                                        const RN_T *w, const double *rstd, const double *m,
+                                        int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
                                         int prefetch_dx)
 {
     RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
@@ -277,6 +317,11 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, co
     }
     /* the stores to dx2 take dx's alignment: streamed only when it is theirs too */
     if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;
+    if (dw) {
+        RN_NAME(rms_bwd_rows_total)(dx, dx2, dw, dy, dh, x, w, rs, mt, rows, d, stream, ahead,
+                                    prefetch_dx);
+        return;
+    }
     if (RN_CHUNKED(stream, rows, d)) {
         if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dx2, dw_part, dy, dh, x, w, rs, mt, rows, d,
                                              ahead);
@@ -293,18 +338,18 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, co
 #endif
     /* One inlined copy per case so the dead branches leave the loops. */
 #define CASES_(R)                                                                       \
-    if (w && dw_part) RMS_BODY_(NULL, NULL, dw_part, w, R);                             \
-    else if (w) RMS_BODY_(NULL, NULL, NULL, w, R);                                      \
-    else RMS_BODY_(NULL, NULL, NULL, NULL, R)
+    if (w && dw_part) RMS_BODY_(NULL, NULL, NULL, dw_part, w, R);                       \
+    else if (w) RMS_BODY_(NULL, NULL, NULL, NULL, w, R);                                \
+    else RMS_BODY_(NULL, NULL, NULL, NULL, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 }
 
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
-    RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
-    const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
-    const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
-    int prefetch_dx)
+    RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db, double *dw_part, double *db_part, const RN_T *dy,
+    const RN_T *dh, const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml,
+    const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream,
+    Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
@@ -319,8 +364,8 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
             tb = r ? tb + tb_ : tb_;                                                    \
         }                                                                               \
         RN_PUT_ROWS(o, k);                                                              \
-        RN_ADD_GROUP(dw_part, k, tw);                                                   \
-        RN_ADD_GROUP(db_part, k, tb);                                                   \
+        RN_SUM_GROUP(dw, dw_part, k, tw);                                               \
+        RN_SUM_GROUP(db, db_part, k, tb);                                               \
     }
     RN_COLUMNS(B_);
 #undef B_
@@ -349,9 +394,9 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 #undef ROW_
 }
 
-#define LN_BODY_(DX2, DH, DW, DB, W, R)                                                 \
-    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, dy, DH, x, W, mh, ml, rs, mg, mgx, R, d,  \
-                              stream, ahead, prefetch_dx)
+#define LN_BODY_(DX2, DH, DW, DB, DW_PART, DB_PART, W, R)                               \
+    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, DW_PART, DB_PART, dy, DH, x, W, mh, ml, rs, \
+                              mg, mgx, R, d, stream, ahead, prefetch_dx)
 
 #if !RN_HALF
 /* The column loop of ln_bwd_apply_rows with dx2 given, as rms_bwd_rows_both. */
@@ -362,21 +407,46 @@ static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_both)(
     int prefetch_dx)
 {
 #define CASES_(R)                                                                       \
-    if (dh && w && dw_part && db_part) LN_BODY_(dx2, dh, dw_part, db_part, w, R);       \
-    else if (w && dw_part && db_part) LN_BODY_(dx2, NULL, dw_part, db_part, w, R);      \
-    else LN_BODY_(dx2, dh, dw_part, db_part, w, R)
+    if (dh && w && dw_part && db_part)                                                  \
+        LN_BODY_(dx2, dh, NULL, NULL, dw_part, db_part, w, R);                          \
+    else if (w && dw_part && db_part)                                                   \
+        LN_BODY_(dx2, NULL, NULL, NULL, dw_part, db_part, w, R);                        \
+    else LN_BODY_(dx2, dh, NULL, NULL, dw_part, db_part, w, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 }
 #endif
 
+/* The column loop of ln_bwd_apply_rows with the totals dw or db given, as
+ * rms_bwd_rows_total, and one copy for the other forms (no weight, or a sum not wanted). */
+static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_total)(
+    RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg,
+    const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
+{
+#if RN_HALF
+#define CASES_(R)                                                                       \
+    if (w && dw && db) LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R);                  \
+    else LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R)
+#else
+#define CASES_(R)                                                                       \
+    if (!w || !dw || !db) LN_BODY_(dx2, dh, dw, db, NULL, NULL, w, R);                  \
+    else if (!dx2) LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R);                      \
+    else if (dh) LN_BODY_(dx2, dh, dw, db, NULL, NULL, w, R);                           \
+    else LN_BODY_(dx2, NULL, dw, db, NULL, NULL, w, R)
+#endif
+    RN_BY_ROWS(CASES_);
+#undef CASES_
+}
+
 /* LayerNorm backward, elementwise part, for `rows` (<= RN_GROUP) consecutive rows, given
  * each row's two reductions mean_g[r] = mean(g) and mean_gxhat[r] = mean(g * xhat):
  *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat) + dh,
  *   dw_part += sum over the rows of dy * xhat,   db_part += sum over the rows of dy
- * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; dx2, dh and
- * prefetch_dx as in rms_bwd_apply_rows). */
-static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, double *db_part,
+ * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; dx2, dh, the totals dw
+ * and db, and prefetch_dx as in rms_bwd_apply_rows). */
+static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
+                                       double *dw_part, double *db_part,
                                        const RN_T *dy, const RN_T *dh, const RN_T *x,
                                        const RN_T *w, const double *mean, const double *rstd,
                                        const double *mean_g, const double *mean_gxhat, int rows,
@@ -392,6 +462,11 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, dou
         mgx[r] = (RN_C)mean_gxhat[r];
     }
     if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;   /* as in rms_bwd_apply_rows */
+    if (dw || db) {
+        RN_NAME(ln_bwd_rows_total)(dx, dx2, dw, db, dy, dh, x, w, mh, ml, rs, mg, mgx, rows, d,
+                                   stream, ahead, prefetch_dx);
+        return;
+    }
     if (RN_CHUNKED(stream, rows, d)) {
         if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dx2, dw_part, db_part, dy, dh, x, w, mh, ml,
                                             rs, mg, mgx, rows, d, ahead);
@@ -407,10 +482,10 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, dou
     }
 #endif
 #define CASES_(R)                                                                       \
-    if (w && dw_part && db_part) LN_BODY_(NULL, NULL, dw_part, db_part, w, R);          \
-    else if (w && dw_part) LN_BODY_(NULL, NULL, dw_part, NULL, w, R);                   \
-    else if (w) LN_BODY_(NULL, NULL, NULL, db_part, w, R);                              \
-    else LN_BODY_(NULL, NULL, NULL, db_part, NULL, R)
+    if (w && dw_part && db_part) LN_BODY_(NULL, NULL, NULL, NULL, dw_part, db_part, w, R); \
+    else if (w && dw_part) LN_BODY_(NULL, NULL, NULL, NULL, dw_part, NULL, w, R);       \
+    else if (w) LN_BODY_(NULL, NULL, NULL, NULL, NULL, db_part, w, R);                  \
+    else LN_BODY_(NULL, NULL, NULL, NULL, NULL, db_part, NULL, R)
     RN_BY_ROWS(CASES_);
 #undef CASES_
 }
@@ -425,7 +500,7 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, double *dw_part, dou
 #undef RN_CHUNKED
 #undef RN_CHUNK
 #undef RN_BY_ROWS
-#undef RN_ADD_GROUP
+#undef RN_SUM_GROUP
 #undef RN_COLUMNS
 #undef RN_PUT_ROWS
 #undef RN_PLUS_DH
