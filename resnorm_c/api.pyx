@@ -41,8 +41,8 @@ from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from mixed_kernels cimport backward_floats, forward_floats, mixed_backward, mixed_forward
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
-from primitives cimport (element, rn_bf16, rn_f16, rn_from_float32, rn_import_core, rn_narrow,
-                         rn_philox_uniforms, rn_to_float32)
+from primitives cimport (element, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
+                         rn_narrow, rn_philox_uniforms, rn_to_float32)
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward,
                                gated_channel_backward, gated_forward, scaled_backward,
                                scaled_forward, sigmoid)
@@ -462,26 +462,35 @@ def to_float32(float[::1] out, x):
             rn_to_float32(&out[0], <const rn_f16 *>px, n)
 
 
-def from_float32(out, const float[::1] x, bint stream=False):
-    """out[k] := x[k] rounded to out's element dtype (round to nearest even), for a
-    contiguous 1-d out: the core's conversion at the dispatched level, with non-temporal
-    stores when stream is true (for tests)."""
+cdef inline void round_into(element *out, const real *x, Py_ssize_t n,
+                            bint stream) noexcept nogil:
+    if real is float:
+        rn_from_float32(out, x, n, stream)
+    else:
+        rn_narrow(out, x, n)
+
+
+def rounded(out, const real[::1] x, bint stream=False):
+    """out[k] := x[k] rounded once to out's element dtype (round to nearest even), for a
+    contiguous 1-d out, at the dispatched level (for tests): float32 x through the core's
+    conversion (non-temporal stores when stream is true), float64 x through its narrowing
+    of the sums over rows (dweight, dbias; stream not used)."""
     cdef cnp.ndarray oa = float_array(out, "out", True)
-    cdef Py_ssize_t n = cnp.PyArray_SIZE(oa)
+    cdef Py_ssize_t n = x.shape[0]
     if (cnp.PyArray_NDIM(oa) != 1 or not kernel_layout(oa) or not cnp.PyArray_ISWRITEABLE(oa)
-            or x.shape[0] != n):
+            or cnp.PyArray_SIZE(oa) != n):
         raise ValueError("out must be a writeable contiguous vector of x's length")
     cdef void *po = cnp.PyArray_DATA(oa)
     cdef Kind ek = kind_of(oa)
     with nogil:
         if ek == KIND_F32:
-            rn_from_float32(<float *>po, &x[0], n, stream)
+            round_into(<float *>po, &x[0], n, stream)
         elif ek == KIND_F64:
-            rn_from_float32(<double *>po, &x[0], n, stream)
+            round_into(<double *>po, &x[0], n, stream)
         elif ek == KIND_BF16:
-            rn_from_float32(<rn_bf16 *>po, &x[0], n, stream)
+            round_into(<rn_bf16 *>po, &x[0], n, stream)
         else:
-            rn_from_float32(<rn_f16 *>po, &x[0], n, stream)
+            round_into(<rn_f16 *>po, &x[0], n, stream)
 
 
 def philox_uniforms(uint32_t[::1] u, uint64_t seed, uint64_t start):

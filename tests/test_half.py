@@ -61,12 +61,12 @@ def test_float16_conversions_every_pattern():
     assert np.array_equal(out.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
     assert np.isnan(out[nan]).all()
     back = np.empty(h.size, np.float16)
-    _api.from_float32(back, out)   # round trip: exact, NaN stays NaN
+    _api.rounded(back, out)   # round trip: exact, NaN stays NaN
     assert np.array_equal(back.view(np.uint16)[~nan], bits[~nan])
     assert np.isnan(back[nan]).all()
     for offset in (0, 1, 7):       # non-temporal stores: the same bits, any alignment
         streamed = np.empty(h.size + offset, np.float16)[offset:]
-        _api.from_float32(streamed, out[:streamed.size], stream=True)
+        _api.rounded(streamed, out[:streamed.size], stream=True)
         assert np.array_equal(streamed.view(np.uint16), back[:streamed.size].view(np.uint16))
 
 
@@ -88,12 +88,61 @@ def test_round_to_nearest_even_as_numpy_and_ml_dtypes(name):
     dt = half(name)
     f = special_floats()
     got = np.empty(f.size, dt)
-    _api.from_float32(got, f)
+    _api.rounded(got, f)
     with np.errstate(over="ignore", invalid="ignore"):
         want = f.astype(dt)   # NumPy's / ml_dtypes' own conversion
     nan = np.isnan(f)
     assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
     assert np.isnan(got[nan].astype(np.float32)).all()
+
+
+def rounded_once(d, dt):
+    """The 16-bit patterns of the doubles d rounded to nearest even in dt, found exactly:
+    of the two values of dt around |d| (past the largest finite one, the next power of two,
+    which rounds to inf), the nearer, the one with the even pattern on a tie (a double
+    minus a neighbour within a factor of two is exact)."""
+    pats = np.arange(1 << 15, dtype=np.uint16)
+    with np.errstate(invalid="ignore"):   # (the NaN patterns)
+        vals = pats.view(dt).astype(np.float64)
+    pats, vals = pats[np.isfinite(vals)], vals[np.isfinite(vals)]
+    ulp = vals[-1] - vals[-2]
+    vals = np.append(vals, vals[-1] + ulp)   # the pattern after the largest finite: inf
+    a = np.abs(d)
+    i = np.minimum(np.searchsorted(vals, a, side="right") - 1, pats.size - 1)
+    up = vals[i + 1] - a
+    with np.errstate(invalid="ignore"):
+        up = (up < a - vals[i]) | ((up == a - vals[i]) & (pats[i] % 2 == 1)) | np.isinf(a)
+    return (pats[i] + up).astype(np.uint16) | np.where(np.signbit(d), 0x8000, 0).astype(np.uint16)
+
+
+def special_doubles(dt):
+    """Every tie between two neighbouring values of dt (and the largest finite one and
+    inf), one double unit on either side of each, the values themselves, random doubles
+    from below the subnormals to past the largest finite value, zeros and infinities."""
+    rng = np.random.default_rng(5)
+    with np.errstate(invalid="ignore"):
+        vals = np.arange(1 << 15, dtype=np.uint16).view(dt).astype(np.float64)
+    vals = vals[np.isfinite(vals)]
+    ties = np.append((vals[:-1] + vals[1:]) / 2, vals[-1] + (vals[-1] - vals[-2]) / 2)
+    near = [ties, np.nextafter(ties, 0), np.nextafter(ties, np.inf), vals]
+    rand = rng.uniform(1, 2, 100_000) * 2.0 ** rng.integers(-160, 140, 100_000)
+    d = np.concatenate(near + [rand, [0.0, np.inf, 1e300]])
+    return np.concatenate([d, -d])
+
+
+@pytest.mark.parametrize("name", HALVES)
+def test_rounding_from_float64_is_correct(name):
+    # the sums over rows (dweight, dbias) are float64, rounded once to a 16-bit dtype: in
+    # vectors through float rounded to odd (and one by one past the last whole vector)
+    dt = half(name)
+    d = special_doubles(dt)
+    for size in (d.size, d.size - 5):
+        got = np.empty(size, dt)
+        _api.rounded(got, d[:size])
+        assert np.array_equal(got.view(np.uint16), rounded_once(d[:size], dt))
+    got = np.empty(3, dt)
+    _api.rounded(got, np.array([np.nan, -np.nan, 1.0]))
+    assert np.isnan(got[:2].astype(np.float32)).all() and got[2] == 1
 
 
 @pytest.mark.skipif(bf16 is None, reason="needs ml_dtypes")
@@ -641,10 +690,14 @@ f = rng.integers(0, 1 << 32, 100_003, dtype=np.uint64).astype(np.uint32).view(np
 for name in names:
     dt = np.dtype(np.float16) if name == "float16" else np.dtype(ml_dtypes.bfloat16)
     h = np.empty(f.size, dt)
-    _api.from_float32(h, f)
+    _api.rounded(h, f)
     back = np.empty(1 << 16, np.float32)
     _api.to_float32(back, np.arange(1 << 16, dtype=np.uint16).view(dt))
     out[name + "_from"], out[name + "_to"] = h.view(np.uint16), back.view(np.uint32)
+    d = rng.uniform(1, 2, 100_003) * 2.0 ** rng.integers(-160, 140, 100_003)
+    h = np.empty(d.size, dt)
+    _api.rounded(h, d)
+    out[name + "_from64"] = h.view(np.uint16)
     for shape in [(3, 7), (5, 33), (40, 97), (300, 1031)]:
         x, r, dy = (rng.standard_normal(shape).astype(dt) for _ in range(3))
         w = (1 + 0.5 * rng.standard_normal(shape[1])).astype(dt)
