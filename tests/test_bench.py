@@ -18,6 +18,7 @@ from resnorm import bench
 from resnorm.bench import _check, _peers, _peers_torch, _run
 from resnorm.bench._cases import fixed, parts
 from resnorm.bench._copy import CopyReference
+from resnorm.bench._results import fastest, peer_result
 from resnorm.bench._run import Budget, scaling_threads
 from resnorm.bench._timing import (BURST_SECONDS, burst_calls, per_call_seconds,
                                    repeats_for, time_budgeted)
@@ -302,8 +303,26 @@ def test_torch_compile_runs_in_its_own_process_per_thread_count():
         if shutil.which("g++") or shutil.which("c++"):   # Inductor compiles C++
             assert result["status"] == "ok" and result["us"] > 0, result
             assert result["error"] < _check.TOLERANCE["float32"]
+            # resnorm's two forms timed in the same rounds, to be compared with
+            assert sorted(result["resnorm_us"]) == ["allocating", "preallocated"]
+            assert all(us > 0 for us in result["resnorm_us"].values())
         else:
             assert result["status"] == "unsupported" and result["note"], result
+
+
+def test_vs_best_compares_times_from_the_same_rounds():
+    # numba shares resnorm's rounds (resnorm: 20 us there); torch.compile had rounds of
+    # its own, where resnorm took 4 us: its 8 us is the faster time but the slower ratio
+    peers = {"numba": peer_result("ok", us=10.0),
+             "torch.compile": peer_result("ok", us=8.0,
+                                          resnorm_us={"preallocated": 4.0, "allocating": 5.0}),
+             "numpy": peer_result("wrong", error=1.0)}
+    assert fastest(peers, "preallocated", 20.0) == ("numba", 0.5)
+    peers["numba"]["us"] = 50.0
+    assert fastest(peers, "preallocated", 20.0) == ("torch.compile", 2.0)
+    assert fastest(peers, "allocating", 20.0) == ("torch.compile", 1.6)
+    assert fastest(peers, "preallocated", None) == ("torch.compile", None)
+    assert fastest({"numpy": peers["numpy"]}, "preallocated", 20.0) == (None, None)
 
 
 def test_scaling_and_latency_sections():

@@ -16,7 +16,7 @@ from statistics import median
 
 from . import _cases
 from ._cases import BACKWARD, FORWARD
-from ._results import one_per_cell
+from ._results import form_name, one_per_cell
 
 DTYPE = "float32"
 THREADS = [1, 2]
@@ -90,7 +90,7 @@ def _bandwidth(rows):
         limit = X_COPY[size][family]
         goals.append(Goal(f"{family} >= {limit} x copy ({size})", op, shape, threads,
                           r.x_copy, limit, ">=",
-                          "preallocated" if r.preallocated else "allocating"))
+                          form_name(r.preallocated)))
     return goals
 
 

@@ -18,7 +18,8 @@ HOW = {
     "torch": "torch.nn.functional / autograd on CPU tensors sharing the arrays, "
              "torch.set_num_threads(threads)",
     "torch.compile": "torch.compile(fn, dynamic=False) of the torch function (Inductor, CPU), "
-                     "warmed up; one process per thread count, timed on its own",
+                     "warmed up; one process per thread count, timed there in rounds with "
+                     "resnorm, whose times from those rounds it is compared with",
     "numba": "an @njit(fastmath={'reassoc', 'contract'}) row loop writing into preallocated "
              "outputs (the norms' loops store their row statistics in every form: without "
              "that store LLVM leaves the scaling loop scalar); serial on one thread, "

@@ -9,8 +9,10 @@ and the arrays it is called on (and, for a backward op, the gradients of its out
 * torch.compile: torch.compile(fn, dynamic=False), compiled and warmed up before timing.
   Inductor fixes its OpenMP team size when it compiles, so each thread count runs in its
   own process (python -m resnorm.bench._peers_torch, fed the cases as JSON on stdin),
-  which times the compiled function alone and prints one JSON line per case.  Those
-  times are from the same timing code but not from the same rounds as the other peers.
+  which times the compiled function in rounds with resnorm's two forms (on as many
+  threads) and prints one JSON line per case.  The row compares torch.compile with
+  resnorm's times from those rounds, as it compares every other peer with resnorm's from
+  the rounds they share: the same machine state for both sides of each ratio.
 
 Outputs are tensors in resnorm's order; torch is imported only when a peer is made.
 """
@@ -20,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
 
 from . import _cases, _check
-from ._results import OK, UNSUPPORTED, WRONG, note_of, peer_result
+from ._results import OK, UNSUPPORTED, WRONG, form_name, note_of, peer_result
 from ._timing import time_budgeted
 
 
@@ -69,9 +72,10 @@ def eager(spec):
 
 # --------------------------------------------------------------------------- torch.compile
 
-def measure_compiled(case, torch, seconds, lo, hi):
-    """torch.compile of the case's TorchSpec: checked, then timed on its own.  Returns the
-    peer result {"status", "us", "error", "note"}."""
+def measure_compiled(case, torch, threads, seconds, lo, hi):
+    """torch.compile of the case's TorchSpec: checked, then timed in rounds with resnorm's
+    two forms on `threads` threads.  Returns the peer result (peer_result), with resnorm's
+    times from those rounds."""
     try:
         call = _call(torch, case.torch, torch.compile(case.torch.fn, dynamic=False))
         err = _check.error(case, _cases.parts(call()))
@@ -79,8 +83,12 @@ def measure_compiled(case, torch, seconds, lo, hi):
         return peer_result(UNSUPPORTED, note=note_of(e))
     if not _check.is_right(case.dtype, err):
         return peer_result(WRONG, error=err)
-    (t,), _ = time_budgeted([call], seconds, lo, hi)
-    return peer_result(OK, us=t * 1e6, error=err)
+    forms = case.variants()
+    times, _ = time_budgeted([call] + [partial(fn, threads) for _, fn in forms], seconds, lo,
+                             hi)
+    return peer_result(OK, us=times[0] * 1e6, error=err,
+                       resnorm_us={form_name(pre): t * 1e6
+                                   for (pre, _), t in zip(forms, times[1:])})
 
 
 def _child():
@@ -91,7 +99,7 @@ def _child():
     torch.set_num_threads(job["threads"])
     for op, shape, dtype in job["cases"]:
         case = _cases.setup(op, shape, dtype, torch)
-        result = measure_compiled(case, torch, *job["budget"])
+        result = measure_compiled(case, torch, job["threads"], *job["budget"])
         print(json.dumps({"op": op, "shape": shape, "dtype": dtype, **result}), flush=True)
 
 

@@ -9,10 +9,16 @@ PEERS = ["numpy", "torch", "torch.compile", "numba", "onnxruntime"]
 OK, WRONG, UNSUPPORTED = "ok", "wrong", "unsupported"
 
 
-def peer_result(status, us=None, error=None, note=""):
+def peer_result(status, us=None, error=None, note="", resnorm_us=None):
     """One peer's entry of a row: status OK (checked, then timed: us), WRONG (its output
-    failed the check: error, not timed) or UNSUPPORTED (it could not run this case: note)."""
-    return {"status": status, "us": us, "error": error, "note": note}
+    failed the check: error, not timed) or UNSUPPORTED (it could not run this case: note).
+    resnorm_us: for a peer timed in rounds of its own (torch.compile, in its process),
+    resnorm's times in those rounds, {"preallocated": us, "allocating": us}; the peer is
+    compared with those."""
+    result = {"status": status, "us": us, "error": error, "note": note}
+    if resnorm_us is not None:
+        result["resnorm_us"] = resnorm_us
+    return result
 
 
 def note_of(err):
@@ -21,20 +27,34 @@ def note_of(err):
     return f"{type(err).__name__}: {text[0][:160] if text else ''}"
 
 
-def fastest(peers):
-    """(name, us) of the fastest peer that was timed, or (None, None)."""
-    timed = [(p["us"], name) for name, p in peers.items() if p["status"] == OK]
+def form_name(preallocated):
+    """The name of resnorm's output form: "preallocated" (given outputs) or "allocating"."""
+    return "preallocated" if preallocated else "allocating"
+
+
+def fastest(peers, form, resnorm_us):
+    """(name, vs best) of the peer fastest against resnorm's `form` ("preallocated" or
+    "allocating"), timed at resnorm_us in the same rounds as the peers: vs best is the
+    peer's time over resnorm's in that peer's rounds.  (None, None) if no peer was timed;
+    without resnorm's time (its output was wrong), the peer fastest by time alone and
+    None."""
+    timed = {name: p for name, p in peers.items() if p["status"] == OK}
     if not timed:
         return None, None
-    us, name = min(timed)
-    return name, us
+    if resnorm_us is None:
+        return min(timed, key=lambda name: timed[name]["us"]), None
+    ratio = {name: p["us"] / (p.get("resnorm_us") or {}).get(form, resnorm_us)
+             for name, p in timed.items()}
+    best = min(ratio, key=ratio.get)
+    return best, ratio[best]
 
 
 @dataclass
 class Row:
     """One op, shape, dtype, thread count and output form, with its peers from the same
-    interleaved rounds (torch.compile: from its own process).  Times are medians in
-    microseconds; None where the output was wrong and so not timed."""
+    interleaved rounds (torch.compile: from rounds of its own process, with resnorm's
+    forms).  Times are medians in microseconds; None where the output was wrong and so not
+    timed."""
     op: str
     kind: str               # forward, backward or fused (add + norm forward)
     shape: tuple

@@ -26,7 +26,7 @@ from ._cases import parts
 from ._copy import CopyReference
 from ._machine import load_average, machine_info
 from ._results import (OK, PEERS, UNSUPPORTED, WRONG, LatencyRow, Results, Row, ScalingRow,
-                       fastest, note_of, peer_result)
+                       fastest, form_name, note_of, peer_result)
 from ._timing import per_call_seconds, time_budgeted
 
 FULL_SHAPES = [(1, 4096), (8, 768), (2048, 768), (128, 4096), (2048, 4096), (8192, 4096),
@@ -154,20 +154,18 @@ def measure_case(case, threads, budget, copies, peers, compiled=None):
     if compiled is not None:
         results["torch.compile"] = compiled
     results = {name: results[name] for name in PEERS if name in results}
-    best, best_us = fastest(results)
     copy_gbps = copy_bytes / t_copy / 1e9
     rows = []
     for pre, _, err in forms:
         t = t_resnorm.get(pre)
         gbps = None if t is None else case.traffic / t / 1e9
+        best, vs_best = fastest(results, form_name(pre), None if t is None else t * 1e6)
         rows.append(Row(
             op=case.op, kind=case.kind, shape=tuple(shape), dtype=dtype.name, threads=threads,
             preallocated=pre, resnorm_us=None if t is None else t * 1e6, resnorm_error=err,
             traffic_bytes=case.traffic, gbps=gbps, copy_us=t_copy * 1e6, copy_gbps=copy_gbps,
             copy_threads=used, x_copy=None if gbps is None else gbps / copy_gbps,
-            peers=results, best_peer=best,
-            vs_best=None if t is None or best_us is None else best_us / (t * 1e6),
-            repeats=repeats))
+            peers=results, best_peer=best, vs_best=vs_best, repeats=repeats))
     return rows
 
 
