@@ -15,7 +15,7 @@ import pytest
 
 import resnorm
 from resnorm import bench
-from resnorm.bench import _check, _peers, _peers_torch, _run
+from resnorm.bench import _check, _peers, _peers_torch, _report, _run
 from resnorm.bench._cases import fixed, parts
 from resnorm.bench._copy import CopyReference
 from resnorm.bench._results import fastest, peer_result
@@ -323,6 +323,9 @@ def test_vs_best_compares_times_from_the_same_rounds():
     assert fastest(peers, "allocating", 20.0) == ("torch.compile", 1.6)
     assert fastest(peers, "preallocated", None) == ("torch.compile", None)
     assert fastest({"numpy": peers["numpy"]}, "preallocated", 20.0) == (None, None)
+    # the table shows the pair each ratio comes from
+    assert _report._peer_cell(peers["torch.compile"], True, "allocating") == "**8.00** vs 5.00"
+    assert _report._peer_cell(peers["numba"], False, "allocating") == "50.0"
 
 
 def test_scaling_and_latency_sections():

@@ -7,7 +7,7 @@ from .._parallel import PARALLEL_MIN_ELEMENTS
 from . import _check, _peers
 from ._machine import OPENBLAS_VARS
 from ._timing import BURST_SECONDS
-from ._results import OK, PEERS, UNSUPPORTED, WRONG, one_per_cell
+from ._results import OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell
 
 LATENCY_VARIANTS = ["preallocated", "allocating"]
 
@@ -32,15 +32,19 @@ def _table(header, lines):
     return "\n".join(out) + "\n"
 
 
-def _peer_cell(p, best):
-    """A peer's time (bold when it is the fastest), 'wrong', 'n/a' or '-' (no such peer)."""
+def _peer_cell(p, best, form):
+    """A peer's time (bold when it is the fastest against resnorm), 'wrong', 'n/a' or '-'
+    (no such peer); for a peer timed in rounds of its own, resnorm's time of `form` from
+    those rounds after it ("163.0 vs 120.2"), the pair its ratio comes from."""
     if p is None:
         return "-"
     if p["status"] == WRONG:
         return "wrong"
     if p["status"] != OK:
         return "n/a"
-    return f"**{_us(p['us'])}**" if best else _us(p["us"])
+    cell = f"**{_us(p['us'])}**" if best else _us(p["us"])
+    own = (p.get("resnorm_us") or {}).get(form)
+    return cell if own is None else f"{cell} vs {_us(own)}"
 
 
 def _columns(rows):
@@ -61,7 +65,8 @@ def markdown_table(rows):
             [r.op, _shape(r.shape), r.dtype, r.threads, "yes" if r.preallocated else "no",
              resnorm, "-" if r.gbps is None else f"{r.gbps:.1f}",
              "-" if r.x_copy is None else f"{r.x_copy:.2f}"]
-            + [_peer_cell(r.peers.get(p), p == r.best_peer) for p in peers]
+            + [_peer_cell(r.peers.get(p), p == r.best_peer, form_name(r.preallocated))
+               for p in peers]
             + [r.best_peer or "-", _ratio(r.vs_best)])
     return _table(header, lines)
 
