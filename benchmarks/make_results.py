@@ -35,8 +35,9 @@ METHOD = """\
   time budget ({seconds} s per case, at least {lo}, at most {hi}): big shapes get few
   rounds.  torch.compile runs in its own process per thread count (Inductor fixes its
   team size when it compiles), timed there the same way in rounds with resnorm's two
-  forms; its `vs best` is its time over resnorm's from those rounds (every ratio in a row
-  compares times from the same rounds; the resnorm columns show the main rounds').
+  forms; its cells show its time and, after "vs", resnorm's from those rounds, and its
+  `vs best` is their ratio (every ratio in a row compares times from the same rounds; the
+  resnorm columns show the main rounds').
 * GB/s counts the op's minimum traffic: every input read once, every output written once
   (parameter gradients and float64 row statistics included).  `x copy` = that GB/s divided
   by the GB/s of `np.copyto` moving the same number of bytes (reading half, writing half)
