@@ -276,8 +276,8 @@ cdef inline Py_ssize_t add_norm_backward_scratch(Py_ssize_t d, const rn_dropout 
 
 
 cdef inline void add_norm_backward_block(element *dx, element *dresidual, double *partials,
-                                         void *dw, void *db,
-                                         bint want_dw, bint want_db, bint want_dalpha,
+                                         void *dw, void *db, bint want_dw, bint want_db,
+                                         bint want_dalpha,
                                          const element *dy, const element *dh,
                                          const element *h, const element *x,
                                          const element *residual, const element *w,
@@ -291,10 +291,10 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     call whose rows are one group: see add_norm_backward), writing those sums there; their
     partial rows are then scratch for the norm's scalar path.  mine: this thread's scratch,
     a group of rows for the gradient reaching h (in Post-Norm first h itself), then the keep
-    bits of this row and of the next.  Without dropout the norm's passes take groups of RN_GROUP
-    rows, as the norms' backward kernels do (the dweight and dbias terms are then widened
-    once per group); with it, one row at a time, its keep bits made while the row before
-    goes through the add."""
+    bits of this row and of the next.  Without dropout the norm's passes take groups of
+    RN_GROUP rows, as the norms' backward kernels do (the dweight and dbias terms are then
+    widened once per group); with it, one row at a time, its keep bits made while the row
+    before goes through the add."""
     cdef double *dw_part = partials + blk * d if want_dw else NULL
     cdef double *db_part = partials + (nb + blk) * d if want_db else NULL
     cdef double *dalpha_part = partials + (2 * nb + blk) * d if want_dalpha else NULL

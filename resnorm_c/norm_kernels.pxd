@@ -87,9 +87,9 @@ cdef inline bint one_group(Py_ssize_t n, bint stream) noexcept nogil:
     rows few.  The benchmark's small-call latency, float32, outputs preallocated, medians of
     5 runs alternated with the build without: at (1, 4096) rms_norm_backward 0.66 of the
     time (2.72 -> 1.79 us), layer_norm_backward 0.49 (4.27 -> 2.10 us),
-    add_rms_norm_backward 0.72, add_layer_norm_backward 0.55; bfloat16 rows, whose
-    narrowing from float64 goes lane by lane, 0.28 and 0.20 (timed directly: 7.65 -> 2.12,
-    14.24 -> 2.85 us), at (4, 1024) 0.58 and 0.46."""
+    add_rms_norm_backward 0.72, add_layer_norm_backward 0.55; bfloat16 rows (whose
+    narrowing from float64 then went lane by lane: partials.h) 0.28 and 0.20 (timed
+    directly: 7.65 -> 2.12, 14.24 -> 2.85 us), at (4, 1024) 0.58 and 0.46."""
     return 0 < n <= RN_GROUP and not stream
 
 

@@ -9,7 +9,9 @@
  * quarter.  The group sum adds at most three roundings of the input precision to each
  * group's contribution; the groups are fixed (RN_GROUP rows from the start of a row block,
  * and row blocks depend on N only), so the result is still bitwise identical for any
- * thread count.  Rows are streamed only when they share their alignment.
+ * thread count.  A call whose rows are all one group writes its sums as the totals
+ * instead, with the same bits (put_total).  Rows are streamed only when they share their
+ * alignment.
  *
  * A streamed group does not interleave its rows' stores column by column: RN_GROUP streams
  * of non-temporal stores at once drain slowly on some CPUs (on an AMD EPYC, the norms'
@@ -424,6 +426,7 @@ static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_total)(
     const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg,
     const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
+/* (a copy under `if (w && dw && db)` knows them given: their tests leave its loop) */
 #if RN_HALF
 #define CASES_(R)                                                                       \
     if (w && dw && db) LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R);                  \
