@@ -16,7 +16,7 @@ from statistics import median
 
 from . import _cases
 from ._cases import BACKWARD, FORWARD
-from ._results import form_name, one_per_cell
+from ._results import ALLOCATING, PREALLOCATED, form_name, one_per_cell, own_form
 
 DTYPE = "float32"
 THREADS = [1, 2]
@@ -100,7 +100,7 @@ def _small_calls(latency):
         by_op.setdefault((r.op, tuple(r.shape)), {})[r.variant] = r
     goals = []
     for (op, shape), v in by_op.items():
-        pre = v.get("preallocated") or v.get("allocating")
+        pre = own_form(v)
         if pre is None:
             continue
         family = "forward" if _cases.kind(op) == FORWARD else "backward and fused"
@@ -111,8 +111,8 @@ def _small_calls(latency):
         if numba is not None and numba.us is not None and pre.us is not None:
             goals.append(Goal("faster than the numba loop (numba / resnorm > 1)", op, shape,
                               None, numba.us / pre.us, 1.0, ">", f"numba {numba.us:.2f} us"))
-        alloc = v.get("allocating")
-        if "preallocated" in v and alloc is not None and None not in (alloc.us, pre.us):
+        alloc = v.get(ALLOCATING)
+        if PREALLOCATED in v and alloc is not None and None not in (alloc.us, pre.us):
             goals.append(Goal(f"allocating adds <= {ALLOCATING_EXTRA_US} us", op, shape, None,
                               alloc.us - pre.us, ALLOCATING_EXTRA_US, "<="))
     return goals

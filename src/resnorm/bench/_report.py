@@ -7,9 +7,8 @@ from .._parallel import PARALLEL_MIN_ELEMENTS
 from . import _check, _peers
 from ._machine import OPENBLAS_VARS
 from ._timing import BURST_SECONDS
-from ._results import OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell
-
-LATENCY_VARIANTS = ["preallocated", "allocating"]
+from ._results import (FORMS, OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell, own_form,
+                       resnorm_in_rounds)
 
 
 def _us(t):
@@ -43,7 +42,7 @@ def _peer_cell(p, best, form):
     if p["status"] != OK:
         return "n/a"
     cell = f"**{_us(p['us'])}**" if best else _us(p["us"])
-    own = (p.get("resnorm_us") or {}).get(form)
+    own = resnorm_in_rounds(p, form)
     return cell if own is None else f"{cell} vs {_us(own)}"
 
 
@@ -187,15 +186,15 @@ def latency_table(latency):
     groups = {}
     for r in latency:
         groups.setdefault((r.op, tuple(r.shape), r.dtype), {})[r.variant] = r
-    header = (["op", "shape", "dtype"] + [f"{v} us" for v in LATENCY_VARIANTS]
+    header = (["op", "shape", "dtype"] + [f"{v} us" for v in FORMS]
               + [f"{p} us" for p in peers] + ["fastest peer", "vs best"])
     lines = []
     for (op, s, dt), by_v in groups.items():
         timed = [(by_v[p].us, p) for p in peers if p in by_v and by_v[p].status == OK]
         best_us, best = min(timed) if timed else (None, None)
-        own = by_v.get("preallocated") or by_v.get("allocating")
+        own = own_form(by_v)
         vs = None if best_us is None or own is None or own.us is None else best_us / own.us
-        lines.append([op, _shape(s), dt] + [_latency_cell(by_v.get(v)) for v in LATENCY_VARIANTS]
+        lines.append([op, _shape(s), dt] + [_latency_cell(by_v.get(v)) for v in FORMS]
                      + [_latency_cell(by_v.get(p)) for p in peers] + [best or "-", _ratio(vs)])
     return _table(header, lines)
 

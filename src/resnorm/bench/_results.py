@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 # the peers, in the order of the table's columns
 PEERS = ["numpy", "torch", "torch.compile", "numba", "onnxruntime"]
 OK, WRONG, UNSUPPORTED = "ok", "wrong", "unsupported"
+# resnorm's two output forms: writing into given outputs, allocating them
+PREALLOCATED, ALLOCATING = FORMS = ("preallocated", "allocating")
 
 
 def peer_result(status, us=None, error=None, note="", resnorm_us=None):
@@ -28,23 +30,35 @@ def note_of(err):
 
 
 def form_name(preallocated):
-    """The name of resnorm's output form: "preallocated" (given outputs) or "allocating"."""
-    return "preallocated" if preallocated else "allocating"
+    """The name of resnorm's output form: PREALLOCATED (given outputs) or ALLOCATING."""
+    return PREALLOCATED if preallocated else ALLOCATING
+
+
+def own_form(by_form):
+    """Of {form or peer name: value}, resnorm's preallocated form's, else its allocating
+    form's, else None: the form a row's peers are compared with."""
+    return by_form.get(PREALLOCATED) or by_form.get(ALLOCATING)
+
+
+def resnorm_in_rounds(peer, form):
+    """resnorm's time of `form` from a peer's own rounds (None: timed in the main rounds)."""
+    return (peer.get("resnorm_us") or {}).get(form)
 
 
 def fastest(peers, form, resnorm_us):
-    """(name, vs best) of the peer fastest against resnorm's `form` ("preallocated" or
-    "allocating"), timed at resnorm_us in the same rounds as the peers: vs best is the
-    peer's time over resnorm's in that peer's rounds.  (None, None) if no peer was timed;
-    without resnorm's time (its output was wrong), the peer fastest by time alone and
-    None."""
+    """(name, vs best) of the peer fastest against resnorm's `form` (one of FORMS), timed
+    at resnorm_us in the same rounds as the peers: vs best is the peer's time over
+    resnorm's in that peer's rounds.  (None, None) if no peer was timed; without resnorm's
+    time (its output was wrong), the peer fastest by time alone and None."""
     timed = {name: p for name, p in peers.items() if p["status"] == OK}
     if not timed:
         return None, None
     if resnorm_us is None:
         return min(timed, key=lambda name: timed[name]["us"]), None
-    ratio = {name: p["us"] / (p.get("resnorm_us") or {}).get(form, resnorm_us)
-             for name, p in timed.items()}
+    ratio = {}
+    for name, p in timed.items():
+        own = resnorm_in_rounds(p, form)
+        ratio[name] = p["us"] / (resnorm_us if own is None else own)
     best = min(ratio, key=ratio.get)
     return best, ratio[best]
 
@@ -106,7 +120,7 @@ class LatencyRow:
     op: str
     shape: tuple
     dtype: str
-    variant: str            # "preallocated", "allocating" or a peer's name
+    variant: str            # one of FORMS or a peer's name
     us: float | None        # None: not timed (status WRONG or UNSUPPORTED)
     calls: int              # calls per timing
     repeats: int            # timings; the median is reported
