@@ -418,6 +418,24 @@ static inline void RN_NAME(widen_vec)(RN_VEC v, RN_DVEC out[RN_NHALF])
 #endif
 }
 
+/* The native vector whose halves (of RN_DW lanes each) are h[0 .. RN_NHALF), joined in
+ * registers: through memory (two half stores, one whole load) the load waited on store
+ * forwarding. */
+static inline RN_VEC RN_NAME(join_halves)(const RN_HVEC h[RN_NHALF])
+{
+#if RN_TFLOAT && RN_LEVEL == 3
+    return (RN_VEC)_mm512_castpd_ps(_mm512_insertf64x4(
+        _mm512_castpd256_pd512(_mm256_castps_pd((__m256)h[0])), _mm256_castps_pd((__m256)h[1]),
+        1));
+#elif RN_TFLOAT && RN_LEVEL == 2
+    return (RN_VEC)_mm256_insertf128_ps(_mm256_castps128_ps256((__m128)h[0]), (__m128)h[1], 1);
+#else
+    RN_VEC v;
+    memcpy(&v, h, sizeof v);
+    return v;
+#endif
+}
+
 /* part[0 .. n) += lanes 0 .. n-1 of v, widened to double (n <= RN_W): the per-block
  * dweight/dbias/dalpha partial sums.  A partial vector adds its lanes one by one. */
 static inline __attribute__((always_inline)) void RN_NAME(add_widened)(double *part, RN_VEC v,
