@@ -317,12 +317,13 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     # rows: the 16-bit ones round the norm's part before dh is added, through the add).
     # One pass over the rows instead of three (the norm's into gs, then dresidual and dx).
     # Post-Norm recomputes h into dresidual's rows first, for that pass to read back
-    # (before it stores each element); not where dresidual is streamed (Post-Norm at
-    # (65536, 256) float32 took 1.25x the time: h's plain stores first read the lines from
-    # memory; with h in gs instead, the chunked streamed pass, which carries dweight's sums
-    # across rows in memory, cost more than the pass it saved: 1.03-1.08x, LayerNorm
-    # 1.11-1.13x).
-    cdef bint direct = (dp == NULL and alpha == NULL and (h != NULL or not stream)
+    # (before it stores each element), or into gs where dresidual is streamed (h's plain
+    # stores would first read dresidual's lines from memory: 1.25x the time at (65536, 256)
+    # float32).  Against the three passes there, float32, medians of 3 runs alternated with
+    # the build without, one thread: add_rms_norm_post_backward (2048, 4096) 0.84 of the
+    # time, (8192, 4096) 0.85, (16384, 1024) 0.97, (65536, 256) 0.96; LayerNorm 0.83,
+    # 0.85, 1.00, 0.98; two threads (2048, 4096) 0.60 and 0.73.
+    cdef bint direct = (dp == NULL and alpha == NULL
                         and (element is float or element is double))
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
     # the totals, of the parameters' type (float32 beside 16-bit rows: buf given)
@@ -351,7 +352,7 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
             hp = h + i * d
         else:
             # Post-Norm: h recomputed, into dresidual's rows when the norm's pass writes them
-            hrows = dresidual + i * d if direct else gs
+            hrows = dresidual + i * d if direct and not stream else gs
             for r in range(rows):
                 rn_residual_add(hrows + r * d, residual + (i + r) * d, x + (i + r) * d, alpha,
                                 <uint8_t *>keep, (i + r) * d % 64, scale, d, False,
