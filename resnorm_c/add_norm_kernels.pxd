@@ -352,6 +352,7 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
             hp = h + i * d
         else:
             # Post-Norm: h recomputed, into dresidual's rows when the norm's pass writes them
+            # unstreamed, else into gs
             hrows = dresidual + i * d if direct and not stream else gs
             for r in range(rows):
                 rn_residual_add(hrows + r * d, residual + (i + r) * d, x + (i + r) * d, alpha,

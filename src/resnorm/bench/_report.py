@@ -7,8 +7,8 @@ from .._parallel import PARALLEL_MIN_ELEMENTS
 from . import _check, _peers
 from ._machine import OPENBLAS_VARS
 from ._timing import BURST_SECONDS
-from ._results import (FORMS, OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell, own_form,
-                       resnorm_in_rounds)
+from ._results import (FORMS, OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell,
+                       own_form, resnorm_in_rounds)
 
 
 def _us(t):

@@ -41,7 +41,8 @@ def own_form(by_form):
 
 
 def resnorm_in_rounds(peer, form):
-    """resnorm's time of `form` from a peer's own rounds (None: timed in the main rounds)."""
+    """resnorm's time of `form` from a peer's own rounds (None: the peer was timed in the
+    main rounds)."""
     return (peer.get("resnorm_us") or {}).get(form)
 
 
