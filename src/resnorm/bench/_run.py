@@ -188,8 +188,8 @@ def measure_latency(op, shape, torch, budget, peers):
     preallocated outputs and allocating, and each in-process peer but NumPy (on the
     threads resnorm's call runs on)."""
     case = _cases.setup(op, shape, np.float32, torch)
-    forms = checked_resnorm(case, [(form_name(pre), case.resnorm(None, pre))
-                                   for pre in (True, False)])
+    forms = checked_resnorm(case, [(form_name(pre), partial(fn, None))
+                                   for pre, fn in case.variants()])
     used = threads_for(None, shape[0] * shape[1])
     failed, timed = checked_peers(case, [p for p in peers if p != "numpy"], used, used)
     rows = [LatencyRow(op, shape, "float32", label, None, 0, 0, WRONG, err)
