@@ -20,10 +20,15 @@ static const char *const level_names[] = {"sse2", "avx2", "avx512", "avx512bf16"
 static int best_level(void)
 {
     __builtin_cpu_init();
-    /* F16C: the float16 conversions of both levels (every AVX-512F CPU has it) */
+    /* F16C: the float16 conversions of both levels (every AVX-512 CPU has it); AVX512BW and
+     * VL: the avx512 level's bfloat16 loads; the avx512bf16 level adds AVX512DQ (its test
+     * for subnormals) and AVX512-BF16, which every CPU with AVX512-BF16 has */
     const int f16c = __builtin_cpu_supports("f16c");
-    if (__builtin_cpu_supports("avx512f") && f16c)
-        return __builtin_cpu_supports("avx512bf16") ? 3 : 2;
+    const int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                       && __builtin_cpu_supports("avx512vl") && f16c;
+    if (avx512 && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bf16"))
+        return 3;
+    if (avx512) return 2;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c) return 1;
     return 0;
 }

@@ -1,11 +1,13 @@
-/* The core compiled for AVX-512F and F16C (chosen at import when the CPU has both: dispatch.c;
- * F16C converts float16). */
+/* The core compiled for AVX-512 (F, BW and VL: every AVX-512 CPU but the Xeon Phi has them)
+ * and F16C, chosen at import when the CPU has them all (dispatch.c).  F16C converts float16,
+ * BW's word permute widens bfloat16 (vec.h). */
 #include "rn_base.h"
 #if RN_X86
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,f16c"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))), \
+                             apply_to = function)
 #else
-#pragma GCC target("avx512f,f16c")
+#pragma GCC target("avx512f,avx512bw,avx512vl,f16c")
 #endif
 #define RN_LEVEL 3
 #define RN_ISA avx512

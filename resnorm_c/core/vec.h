@@ -74,12 +74,18 @@ static inline void RN_NAME(st_double)(RN_T *p, double v) { *p = RN_FROM_F64_(v);
     { for (int j_ = 0; j_ < (NL); j_++) p[j_] = RN_FROM_F32_(v[j_]); }
 
 #if RN_HALF == RN_BF16 && RN_LEVEL == 3
-/* bfloat16 in: a shift.  Out: rn_bf16_round_bits, the same integer operations lane by
- * lane (a NaN lane selected by mask).  The widenings and the narrowing are spelled out:
- * GCC lowers the vector-extension forms below into several half-width steps here. */
+/* bfloat16 in: each word on top of 16 zero bits.  Out: rn_bf16_round_bits, the same
+ * integer operations lane by lane (a NaN lane selected by mask).  The widenings and the
+ * narrowing are spelled out: GCC lowers the vector-extension forms below into several
+ * half-width steps here. */
 static inline RN_VEC RN_NAME(from_words)(__m256i w)
 {
-    return (RN_VEC)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+    /* word j to the top half of lane j, the bottom halves zeroed: one word permute (a
+     * zero-extension and a shift took two of the shuffle and shift units' slots) */
+    const __m512i idx = _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0,
+                                         7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return (RN_VEC)_mm512_castsi512_ps(
+        _mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, idx, _mm512_castsi256_si512(w)));
 }
 static inline RN_VEC RN_NAME(vload)(const RN_T *p)
 {
@@ -87,8 +93,9 @@ static inline RN_VEC RN_NAME(vload)(const RN_T *p)
 }
 static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
 {
-    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return (RN_HVEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    const __m256i idx = _mm256_set_epi16(7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0, 0, 0);
+    return (RN_HVEC)_mm256_castsi256_ps(_mm256_maskz_permutexvar_epi16(
+        0xAAAAu, idx, _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p))));
 }
 static inline __m256i RN_NAME(round_words)(__m512i u)
 {
@@ -106,11 +113,10 @@ static inline __m256i RN_NAME(to_words)(RN_VEC v)
     const __m512i u = _mm512_castps_si512((__m512)v);
 #if RN_BF16_CVT
     /* vcvtneps2bf16 rounds to nearest even and quiets a NaN (top | 0x40) as round_words
-     * does, but takes a denormal float for zero: a vector holding one (exponent 0,
-     * fraction not) is rounded by round_words instead */
-    const __mmask16 denormal = _mm512_mask_test_epi32_mask(
-        _mm512_testn_epi32_mask(u, _mm512_set1_epi32(0x7f800000)), u,
-        _mm512_set1_epi32(0x007fffff));
+     * does, but takes a denormal float for zero: a vector holding one is rounded by
+     * round_words instead (vfpclassps class 0x20: denormal, either sign; one instruction
+     * where testing exponent and fraction took two) */
+    const __mmask16 denormal = _mm512_fpclass_ps_mask((__m512)v, 0x20);
     if (__builtin_expect(denormal == 0, 1))
         return (__m256i)_mm512_cvtneps_pbh((__m512)v);
 #endif
@@ -121,15 +127,21 @@ static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
     _mm256_storeu_si256((__m256i *)p, RN_NAME(to_words)(v));
 }
 #elif RN_HALF == RN_BF16 && RN_LEVEL == 2
+/* bfloat16 in: each word to the top half of its lane, the bottom half zeroed, in one byte
+ * shuffle (the 8-word load broadcast to both 128-bit halves is a load, not a shuffle) */
 static inline RN_VEC RN_NAME(vload)(const RN_T *p)
 {
-    const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return (RN_VEC)_mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    const __m256i top = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                         -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1,
+                                         14, 15);
+    const __m256i w = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return (RN_VEC)_mm256_castsi256_ps(_mm256_shuffle_epi8(w, top));
 }
 static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
 {
-    const __m128i u = _mm_cvtepu16_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return (RN_HVEC)_mm_castsi128_ps(_mm_slli_epi32(u, 16));
+    const __m128i top = _mm_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7);
+    return (RN_HVEC)_mm_castsi128_ps(
+        _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)p), top));
 }
 static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
 {
@@ -208,10 +220,11 @@ static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v) RN_LANES_OUT_(RN_W)
 
 #if RN_LEVEL == 3
 /* Partial vectors (0 < n < RN_W): the first n elements, as pairs of elements in masked
- * 32-bit lanes (AVX-512F has no 16-bit masks) and an odd last one on its own; the other
- * lanes 0.  Nothing at or past p + n is touched.  Through a buffer and memcpy, as below,
- * they took a quarter of the time of rms_norm over rows of 256 bfloat16 ((65536, 256),
- * streamed: each row, 16 bytes into a cache line, has two). */
+ * 32-bit lanes and an odd last one on its own; the other lanes 0.  Nothing at or past
+ * p + n is touched.  Through a buffer and memcpy, as below, they took a quarter of the
+ * time of rms_norm over rows of 256 bfloat16 ((65536, 256), streamed: each row, 16 bytes
+ * into a cache line, has two); AVX512BW's 16-bit masks, one masked load or store each,
+ * made add_layer_norm there 1.15x slower. */
 static inline RN_VEC RN_NAME(vload_n)(const RN_T *p, Py_ssize_t n)
 {
     __m512i w = _mm512_maskz_loadu_epi32((__mmask16)((1u << (n >> 1)) - 1), p);
