@@ -145,18 +145,22 @@ static inline RN_HVEC RN_NAME(hload)(const RN_T *p)
 }
 static inline void RN_NAME(vstore)(RN_T *p, RN_VEC v)
 {
-    const __m256i u = _mm256_castps_si256((__m256)v), top = _mm256_srli_epi32(u, 16);
-    const __m256i odd = _mm256_and_si256(top, _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    /* |u| as a signed integer is >= 0, so the signed compare is the unsigned one */
-    const __m256i nan = _mm256_cmpgt_epi32(
-        _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(top, _mm256_set1_epi32(0x40)), nan);
-    /* every lane is below 2^16: the saturating pack of the two 128-bit halves is exact
-     * (one 128-bit pack: a 256-bit one packs within halves and needs a lane permute) */
-    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(r),
-                                                    _mm256_extracti128_si256(r, 1)));
+    /* rn_bf16_round_bits with the result in the top half of each lane: u + 0x7fff + odd,
+     * or for a NaN lane (rare: tested once per vector) u | 0x400000; then one byte shuffle
+     * gathers the top halves of each 128-bit half, and a 64-bit permute joins them (where
+     * a shift, an absolute value, a compare, a blend and a pack of the halves took more) */
+    const __m256i u = _mm256_castps_si256((__m256)v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+    const __m256 nan = _mm256_cmp_ps((__m256)v, (__m256)v, _CMP_UNORD_Q);
+    if (__builtin_expect(!_mm256_testz_ps(nan, nan), 0))
+        r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)),
+                               _mm256_castps_si256(nan));
+    const __m256i tops = _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1,
+                                          -1, -1, 2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1,
+                                          -1, -1, -1, -1);
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, tops), 0x08);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(w));
 }
 #elif RN_HALF == RN_BF16
 /* bfloat16 in: a shift.  Out: rn_bf16_round_bits in vector code, lane selects for NaN. */
