@@ -138,7 +138,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                 rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
                                 i * d % 64, scale, d, False, hi - 1 - i)
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
-                                  hrow, wf, bf, d, eps, unfenced, buf)
+                                  hrow, wf, bf, NULL, NULL, False, d, eps, unfenced, 0, buf)
             elif layer:
                 if element is float:   # one branch per type: the primitives have no 16-bit form
                     rn_residual_add_shifted_sums(sums, hrow, residual + i * d, x + i * d, alpha,

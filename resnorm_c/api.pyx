@@ -40,8 +40,9 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from mixed_kernels cimport backward_floats, forward_floats, mixed_backward, mixed_forward
-from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
-from primitives cimport (element, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
+from norm_kernels cimport (PAIRED_ROW_BYTES, layer_backward, layer_forward, rms_backward,
+                          rms_forward)
+from primitives cimport (element, half, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
                          rn_narrow, rn_philox_uniforms, rn_to_float32)
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward,
                                gated_channel_backward, gated_forward, scaled_backward,
@@ -173,15 +174,34 @@ cdef inline void norm_backward_rows(bint layer, element *dx, element *dw, elemen
 
 cdef inline void mixed_forward_rows(bint layer, Kind ek, void *y, double *mean, double *rstd,
                                     const void *x, const void *w, const void *b, Py_ssize_t n,
-                                    Py_ssize_t d, double eps, int nt, bint stream,
+                                    Py_ssize_t d, double eps, int nt, bint stream, bint widen,
                                     float *buf) noexcept nogil:
-    """The norm kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd)."""
+    """The norm kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd); widen:
+    the parameters w, b are 16-bit, widened here into buf (2 d floats) once for all rows."""
+    cdef float *wf = <float *>w
+    cdef float *bf = <float *>b
+    if widen:
+        wf = buf if w != NULL else NULL
+        bf = buf + d if b != NULL else NULL
     if ek == KIND_BF16:
-        mixed_forward(layer, <rn_bf16 *>y, mean, rstd, <const rn_bf16 *>x, <const float *>w,
-                      <const float *>b, n, d, eps, nt, stream, buf)
+        if widen:
+            widen_params(wf, bf, <const rn_bf16 *>w, <const rn_bf16 *>b, d)
+        mixed_forward(layer, <rn_bf16 *>y, mean, rstd, <const rn_bf16 *>x, wf, bf,
+                      <const rn_bf16 *>w, <const rn_bf16 *>b, widen, n, d, eps, nt, stream, buf)
     else:
-        mixed_forward(layer, <rn_f16 *>y, mean, rstd, <const rn_f16 *>x, <const float *>w,
-                      <const float *>b, n, d, eps, nt, stream, buf)
+        if widen:
+            widen_params(wf, bf, <const rn_f16 *>w, <const rn_f16 *>b, d)
+        mixed_forward(layer, <rn_f16 *>y, mean, rstd, <const rn_f16 *>x, wf, bf,
+                      <const rn_f16 *>w, <const rn_f16 *>b, widen, n, d, eps, nt, stream, buf)
+
+
+cdef inline void widen_params(float *wf, float *bf, const half *w, const half *b,
+                              Py_ssize_t d) noexcept nogil:
+    """wf, bf := w, b widened to float32 (exactly), each where present."""
+    if w != NULL:
+        rn_to_float32(wf, w, d)
+    if b != NULL:
+        rn_to_float32(bf, b, d)
 
 
 cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
@@ -210,14 +230,19 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef Py_ssize_t size = cnp.PyArray_SIZE(rows), d = row_size(rows, k), n = size // d
     nt = team(nt, size)
     cdef bint stream = streams_over(y, None, rows, None)
+    cdef Kind ek = kind_of(rows)
+    # 16-bit parameters of many rows: widened to float32 once, for the mixed kernels
+    cdef bint widen = (pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
+                       and widened_params(n, d) and (w is not None or b is not None))
     cdef Scratch scratch = None
     cdef cnp.ndarray mean = None, rstd = None
     cdef double *pmean = NULL
     cdef double *prstd
     cdef float *buf = NULL
-    # scratch: the row statistics (inference), the widened rows (mixed, one per thread)
+    # scratch: the row statistics (inference), the widened rows (mixed, one per thread) or
+    # the widened parameters
     cdef Py_ssize_t nstats = 0 if training else 2 * n
-    cdef Py_ssize_t nbuf = 0 if pdt is None else nt * forward_floats(d)
+    cdef Py_ssize_t nbuf = 2 * d if widen else 0 if pdt is None else nt * forward_floats(d)
     if nstats + nbuf:
         scratch = lend(nstats * sizeof(double) + nbuf * sizeof(float))
         buf = <float *>(scratch.data + nstats * sizeof(double))
@@ -234,10 +259,10 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef void *px = cnp.PyArray_DATA(rows)
     cdef void *pw = data_of(w)
     cdef void *pb = data_of(b)
-    cdef Kind ek = kind_of(rows)
     saved = release_gil(size)
-    if pdt is not None:
-        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, stream, buf)
+    if pdt is not None or widen:
+        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, stream, widen,
+                           buf)
     elif ek == KIND_F32:
         norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
     elif ek == KIND_F64:

@@ -2,14 +2,18 @@
 # precision, where a norm module keeps float32 weight and bias and receives the half-precision
 # output of a layer before it (torch.autocast).
 #
-# Each row (a group of RN_GROUP rows in backward) is widened to float32 in this thread's
-# buffer, exactly; the float32 kernels of norm_kernels.pxd run on the buffer; each output row
-# is rounded once to the 16-bit type.  So the result is by definition the float32 norm of the
-# widened input with one rounding per output element: the same statistics, the same rare-row
-# paths and the same dweight/dbias partial rows as float32 (float64 partials in fixed row
-# blocks, then float32), bitwise reproducible for any thread count.  Memory sees 16-bit rows;
-# the widened copies stay in this thread's cache, and the rounded rows are stored streaming
-# (non-temporal) when the caller asks, as the other kernels store theirs.
+# The result is by definition the float32 norm of the widened input with one rounding per
+# output element: the same statistics, the same rare-row paths and the same dweight/dbias
+# partial rows as float32 (float64 partials in fixed row blocks, then float32), bitwise
+# reproducible for any thread count.  Forward reads the 16-bit row itself: the reductions
+# widen every element exactly into the same double lanes as float32's (so their bits are
+# the widened row's), and the mixed apply passes do float32's arithmetic on the widened
+# lanes, then round.  Backward, and a rare forward row, widen the row (a group of RN_GROUP
+# rows in backward) to float32 in this thread's buffer, exactly, run the float32 kernels of
+# norm_kernels.pxd on the buffer and round each output row once to the 16-bit type.
+# Memory sees 16-bit rows; the widened copies stay in this thread's cache, and the rounded
+# rows are stored streaming (non-temporal) when the caller asks, as the other kernels store
+# theirs.
 #
 # buf: per thread, forward_floats(d) (forward) or backward_floats(d) (backward) floats, at
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
@@ -17,18 +21,15 @@ from cython.parallel cimport prange, threadid
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
-from norm_kernels cimport (layer_backward_group, layer_forward_row, one_group,
-                          rms_backward_group, rms_forward_row)
-from primitives cimport rn_bf16, rn_f16, rn_from_float32, rn_to_float32
-
-
-ctypedef fused half:
-    rn_bf16
-    rn_f16
+from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_stats,
+                          ln_moments, ln_stats, one_group, rms_backward_group, rms_rstd)
+from primitives cimport (half, rn_from_float32, rn_ln_apply_mixed, rn_rms_apply_mixed,
+                         rn_sumsq, rn_to_float32)
 
 
 cdef inline Py_ssize_t forward_floats(Py_ssize_t d) noexcept nogil:
-    """Floats of buffer per thread in forward: one widened row (the output overwrites it)."""
+    """Floats of buffer per thread in forward: one widened row (a rare row's; the output
+    overwrites it)."""
     return d
 
 
@@ -41,43 +42,65 @@ cdef inline Py_ssize_t backward_floats(Py_ssize_t d) noexcept nogil:
 # --------------------------------------------------------------------------- forward
 
 cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rstd,
-                                   const half *x, const float *w, const float *b, Py_ssize_t d,
-                                   double eps, int stream, float *buf) noexcept nogil:
-    """One row; stream: rn_from_float32's (0, 1, or RN_STREAM_UNFENCED: the caller fences)."""
-    rn_to_float32(buf, x, d)
-    if layer:
-        layer_forward_row(buf, mean, rstd, buf, w, b, d, eps, False, 0)   # (buf: one row)
+                                   const half *x, const float *w, const float *b,
+                                   const half *wh, const half *bh, bint widened, Py_ssize_t d,
+                                   double eps, int stream, Py_ssize_t ahead,
+                                   float *buf) noexcept nogil:
+    """One row; stream and ahead: the primitives' (stream 0, 1, or RN_STREAM_UNFENCED: the
+    caller fences).  widened: w and b are the 16-bit parameters wh and bh widened (see
+    mixed_forward), and a rare row takes the 16-bit kernel's careful path with wh and bh;
+    else a rare row takes float32's on the widened row in buf."""
+    cdef double m, var
+    if not layer:
+        rstd[0] = rms_rstd(x, d, eps, rn_sumsq(x, d, ahead))
+        rn_rms_apply_mixed(y, x, w, rstd[0], d, stream, ahead)
+        return
+    ln_moments(&m, &var, x, d, ahead)
+    if ln_stats(mean, rstd, x, m, var, d, eps):
+        rn_ln_apply_mixed(y, x, w, b, m, rstd[0], d, stream, ahead)
+    elif widened:
+        layer_forward_row_stats(y, mean, rstd, x, wh, bh, d, eps, m, var, stream, 0)
     else:
-        rms_forward_row(buf, rstd, buf, w, d, eps, False, 0)
-    rn_from_float32(y, buf, d, stream)
+        # float32's careful path on the widened row (the same moments)
+        rn_to_float32(buf, x, d)
+        layer_forward_row_stats(buf, mean, rstd, buf, w, b, d, eps, m, var, False, 0)
+        rn_from_float32(y, buf, d, stream)
 
 
 cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, const half *x,
-                               const float *w, const float *b, Py_ssize_t n, Py_ssize_t d,
-                               double eps, int n_threads, bint stream,
-                               float *buf) noexcept nogil:
-    """y := round(norm(float32(x)) with w, b), row by row: rms_forward (mean unused) or
-    layer_forward of norm_kernels.pxd on the widened row.  y may be x."""
+                               const float *w, const float *b, const half *wh, const half *bh,
+                               bint widened, Py_ssize_t n, Py_ssize_t d, double eps,
+                               int n_threads, bint stream, float *buf) noexcept nogil:
+    """y := round(norm(float32(x)) with w, b), row by row: what rms_forward (mean unused) or
+    layer_forward of norm_kernels.pxd computes on the widened row.  y may be x.
+
+    widened: the call's parameters are 16-bit, wh and bh, and w and b their exact float32
+    copies (made once per call): then y is bitwise rms_forward / layer_forward of the 16-bit
+    rows with wh and bh, whose apply passes widen the parameters at every row.  buf: unused
+    when widened."""
     cdef Py_ssize_t t, per = forward_floats(d)
     if n_threads == 1:
-        mixed_forward_rows(layer, y, mean, rstd, x, w, b, 0, n, d, eps, stream, buf)
+        mixed_forward_rows(layer, y, mean, rstd, x, w, b, wh, bh, widened, 0, n, d, eps, stream,
+                           buf)
     else:
         for t in prange(n_threads, schedule="static", num_threads=n_threads):
-            mixed_forward_rows(layer, y, mean, rstd, x, w, b, first_row(t, n, n_threads),
-                               first_row(t + 1, n, n_threads), d, eps, stream,
-                               buf + threadid() * per)
+            mixed_forward_rows(layer, y, mean, rstd, x, w, b, wh, bh, widened,
+                               first_row(t, n, n_threads), first_row(t + 1, n, n_threads), d,
+                               eps, stream, buf + threadid() * per if not widened else NULL)
 
 
 cdef inline void mixed_forward_rows(bint layer, half *y, double *mean, double *rstd,
                                     const half *x, const float *w, const float *b,
+                                    const half *wh, const half *bh, bint widened,
                                     Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d, double eps,
                                     bint stream, float *buf) noexcept nogil:
     """Rows lo .. hi of mixed_forward on one thread, streamed rows fenced once after the
-    last (as norm_kernels.pxd's rms_forward_rows)."""
-    cdef Py_ssize_t i
+    last, the next row prefetched as norm_kernels.pxd's rms_forward_rows does."""
+    cdef Py_ssize_t i, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(half))
     for i in range(lo, hi):
         mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i], x + i * d,
-                          w, b, d, eps, RN_STREAM_UNFENCED if stream else 0, buf)
+                          w, b, wh, bh, widened, d, eps, RN_STREAM_UNFENCED if stream else 0,
+                          pf * (hi - 1 - i), buf)
     if stream:
         rn_sfence()
 

@@ -107,12 +107,17 @@ cdef inline void rms_forward_row_from(element *y, double *rstd, const element *x
                                       int stream, Py_ssize_t ahead) noexcept nogil:
     """rms_forward_row given the row's sum of squares (rn_sumsq's bits).  stream: the
     primitives' (0, 1, or RN_STREAM_UNFENCED: the caller fences)."""
+    rstd[0] = rms_rstd(x, d, eps, sumsq)
+    rn_rms_apply(y, x, w, rstd[0], d, stream, ahead)
+
+
+cdef inline double rms_rstd(const element *x, Py_ssize_t d, double eps,
+                            double sumsq) noexcept nogil:
+    """rstd = 1/sqrt(mean(x^2) + eps) of a row from its sum of squares (rn_sumsq's bits)."""
     if element is double and not isfinite(sumsq):
         # |x| beyond ~1e154 squares past the double range (float32 rows cannot)
-        rstd[0] = _rms_rstd_rescaled(x, d, eps)
-    else:
-        rstd[0] = 1.0 / sqrt(sumsq / d + eps)
-    rn_rms_apply(y, x, w, rstd[0], d, stream, ahead)
+        return _rms_rstd_rescaled(x, d, eps)
+    return 1.0 / sqrt(sumsq / d + eps)
 
 
 cdef inline void rms_forward(element *y, double *rstd, const element *x, const element *w,
@@ -283,12 +288,21 @@ cdef inline void layer_forward_row_stats(element *y, double *mean, double *rstd,
                                          Py_ssize_t d, double eps, double m, double var,
                                          int stream, Py_ssize_t ahead) noexcept nogil:
     """layer_forward_row given the row's mean m and variance var (the reductions' bits)."""
-    mean[0] = m
-    if _ln_stats_trusted(x, m, var, d):
-        rstd[0] = 1.0 / sqrt(var + eps)
+    if ln_stats(mean, rstd, x, m, var, d, eps):
         rn_ln_apply(y, x, w, b, m, rstd[0], d, stream, ahead)
     else:
         _ln_forward_careful(y, mean, rstd, x, w, b, var, eps, d, stream)
+
+
+cdef inline bint ln_stats(double *mean, double *rstd, const element *x, double m, double var,
+                          Py_ssize_t d, double eps) noexcept nogil:
+    """A LayerNorm row's mean = m and rstd = 1/sqrt(var + eps) from its moments: True when
+    the apply pass takes them; False (rstd not set) for a row _ln_forward_careful must see."""
+    mean[0] = m
+    if not _ln_stats_trusted(x, m, var, d):
+        return False
+    rstd[0] = 1.0 / sqrt(var + eps)
+    return True
 
 
 cdef inline void layer_forward(element *y, double *mean, double *rstd, const element *x,

@@ -39,6 +39,7 @@ class Primitive:
     source: str        # the header that defines it
     typed: bool = True  # False: one function for every element type (table rn_ops_any)
     halves: bool = True  # False: float and double only (front-end over the fused type real)
+    mixed: bool = False  # True: the 16-bit types only, with float32 parameters (fused type half)
 
 
 PRIMITIVES = [
@@ -91,6 +92,14 @@ PRIMITIVES = [
               "T *y, const T *x, const T *w, const T *b, double mean, double rstd, "
               "Py_ssize_t d, int stream, Py_ssize_t ahead",
               "y_i = (x_i - mean) * rstd * w_i + b_i", "apply.h"),
+    Primitive("rms_apply_mixed", "void",
+              "T *y, const T *x, const float *w, double rstd, Py_ssize_t d, int stream, "
+              "Py_ssize_t ahead",
+              "rms_apply with float32 w_i (16-bit x and y)", "apply.h", mixed=True),
+    Primitive("ln_apply_mixed", "void",
+              "T *y, const T *x, const float *w, const float *b, double mean, double rstd, "
+              "Py_ssize_t d, int stream, Py_ssize_t ahead",
+              "ln_apply with float32 w_i, b_i (16-bit x and y)", "apply.h", mixed=True),
     Primitive("residual_norm_apply", "void",
               "T *y, T *h, const T *residual, const T *x, const T *alpha, "
               "const uint8_t *keep, Py_ssize_t kpos, double scale, const T *w, const T *b, "
@@ -180,8 +189,15 @@ def _param_names(params):
 
 
 def _typed(ctype=None):
-    """The typed primitives (of one element type: the 16-bit types lack some)."""
-    return [p for p in PRIMITIVES if p.typed and (p.halves or ctype not in HALF_TYPES)]
+    """The typed primitives (of one element type: the 16-bit types lack some, and only they
+    have the mixed ones)."""
+    return [p for p in PRIMITIVES if p.typed and (p.halves or ctype not in HALF_TYPES)
+            and (not p.mixed or ctype is None or ctype in HALF_TYPES)]
+
+
+def _types_of(p):
+    """The element types (C type, suffix) that typed primitive p has an instance of."""
+    return [t for t in ELEMENT_TYPES if p in _typed(t[0])]
 
 
 def _untyped():
@@ -233,6 +249,8 @@ def cython_pxd():
     lines += [f"    {ctype}" for ctype, _ in ELEMENT_TYPES]
     lines += ["", "ctypedef fused real:"]
     lines += [f"    {ctype}" for ctype, _ in ELEMENT_TYPES if ctype not in HALF_TYPES]
+    lines += ["", "ctypedef fused half:"]
+    lines += [f"    {ctype}" for ctype in HALF_TYPES]
     lines += ["", 'cdef extern from "rn_half.h" nogil:']
     for ctype in HALF_TYPES:
         lines += [f"    ctypedef struct {ctype}:", "        uint16_t bits"]
@@ -258,11 +276,11 @@ def cython_pxd():
     for p in _typed():
         call = f"{p.name}({', '.join(_param_names(p.params))})"
         ret = "return " if p.returns != "void" else ""
-        fused = "element" if p.halves else "real"
+        fused = "half" if p.mixed else "element" if p.halves else "real"
         lines.append(f"cdef inline {p.returns} rn_{p.name}({_with_type(p.params, fused)}) "
                      "noexcept nogil:")
         lines.append(f'    """{p.formula}"""')
-        types = [t for t in ELEMENT_TYPES if p.halves or t[0] not in HALF_TYPES]
+        types = [t for t in ELEMENT_TYPES if t in _types_of(p)]
         for k, (ctype, ts) in enumerate(types):
             keyword = "if" if k == 0 else "elif"
             lines.append(f"    {keyword} {fused} is {ctype}:")

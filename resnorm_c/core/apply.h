@@ -5,19 +5,60 @@
  * reductions over the row, which prefetched the next row of the input: these prefetch the
  * next row of the output (ahead: the rows that follow in the array; none past its end). */
 
+/* The parameters' vector at k inside RN_ELEMENTWISE: of the element type, or (pf set: the
+ * 16-bit types' mixed passes, float32 parameters beside 16-bit rows) float32's, whose lanes
+ * enter the same arithmetic.  pf is a constant of each caller, so each instance keeps one
+ * kind of load. */
+#if RN_HALF
+#define RN_GETP(p, k) (pf ? RN_CAT3(vget, f32, RN_ISA)((const float *)(p) + (k), n_, s_)     \
+                          : RN_GET((const RN_T *)(p) + (k)))
+#else
+#define RN_GETP(p, k) RN_GET((const RN_T *)(p) + (k))
+#endif
+
+/* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1); w of the element type, or float32 (pf) */
+static inline __attribute__((always_inline)) void RN_NAME(rms_apply_p)(
+    RN_T *y, const RN_T *x, const void *w, int pf, double rstd, Py_ssize_t d, int stream,
+    Py_ssize_t ahead)
+{
+    const RN_C r = (RN_C)rstd;
+    (void)pf;
+#define PF_(k) RN_PFV_OUT(y, k)
+#define B_(k) { RN_VEC v = RN_GET(x + (k)) * r;                                          \
+                if (w) { v *= RN_GETP(w, k); } RN_PUT(y + (k), v); }
+    /* One expansion per case so the compiler drops the dead branch from the loop. */
+    if (w) RN_ELEMENTWISE(d, y, stream, PF_, B_);
+    else { const void *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+#undef PF_
+#undef B_
+}
+
+/* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL); w, b as rms_apply_p's */
+static inline __attribute__((always_inline)) void RN_NAME(ln_apply_p)(
+    RN_T *y, const RN_T *x, const void *w, const void *b, int pf, double mean, double rstd,
+    Py_ssize_t d, int stream, Py_ssize_t ahead)
+{
+    RN_C mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_C r = (RN_C)rstd;
+    (void)pf;
+#define B_(k) { RN_VEC v = ((RN_GET(x + (k)) - mh) - ml) * r;                            \
+                if (w) { v *= RN_GETP(w, k); }                                            \
+                if (b) { v += RN_GETP(b, k); } RN_PUT(y + (k), v); }
+#define PF_(k) RN_PFV_OUT(y, k)
+    if (w && b) RN_ELEMENTWISE(d, y, stream, PF_, B_);
+    else if (w) { const void *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+    else if (b) { const void *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+    else { const void *w = NULL, *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
+#undef PF_
+#undef B_
+}
+
 /* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1) */
 static void RN_NAME(rms_apply)(RN_T *y, const RN_T *x, const RN_T *w, double rstd,
                                Py_ssize_t d, int stream, Py_ssize_t ahead)
 {
-    const RN_C r = (RN_C)rstd;
-#define PF_(k) RN_PFV_OUT(y, k)
-#define B_(k) { RN_VEC v = RN_GET(x + (k)) * r;                                          \
-                if (w) { v *= RN_GET(w + (k)); } RN_PUT(y + (k), v); }
-    /* One expansion per case so the compiler drops the dead branch from the loop. */
-    if (w) RN_ELEMENTWISE(d, y, stream, PF_, B_);
-    else { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
-#undef PF_
-#undef B_
+    RN_NAME(rms_apply_p)(y, x, w, 0, rstd, d, stream, ahead);
 }
 
 /* y_i = ((x_i - mean) * rstd) * w_i + b_i   (w, b may be NULL) */
@@ -25,20 +66,26 @@ static void RN_NAME(ln_apply)(RN_T *y, const RN_T *x, const RN_T *w, const RN_T 
                               double mean, double rstd, Py_ssize_t d, int stream,
                               Py_ssize_t ahead)
 {
-    RN_C mh, ml;
-    RN_NAME(split_mean)(mean, &mh, &ml);
-    const RN_C r = (RN_C)rstd;
-#define B_(k) { RN_VEC v = ((RN_GET(x + (k)) - mh) - ml) * r;                            \
-                if (w) { v *= RN_GET(w + (k)); }                                          \
-                if (b) { v += RN_GET(b + (k)); } RN_PUT(y + (k), v); }
-#define PF_(k) RN_PFV_OUT(y, k)
-    if (w && b) RN_ELEMENTWISE(d, y, stream, PF_, B_);
-    else if (w) { const RN_T *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
-    else if (b) { const RN_T *w = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
-    else { const RN_T *w = NULL, *b = NULL; RN_ELEMENTWISE(d, y, stream, PF_, B_); }
-#undef PF_
-#undef B_
+    RN_NAME(ln_apply_p)(y, x, w, b, 0, mean, rstd, d, stream, ahead);
 }
+
+#if RN_HALF
+/* rms_apply and ln_apply of 16-bit rows with float32 parameters: the float32 passes'
+ * arithmetic on the widened rows, each output rounded once (bitwise rms_apply / ln_apply of
+ * float32 on the widened row, then the rounding). */
+static void RN_NAME(rms_apply_mixed)(RN_T *y, const RN_T *x, const float *w, double rstd,
+                                     Py_ssize_t d, int stream, Py_ssize_t ahead)
+{
+    RN_NAME(rms_apply_p)(y, x, w, 1, rstd, d, stream, ahead);
+}
+
+static void RN_NAME(ln_apply_mixed)(RN_T *y, const RN_T *x, const float *w, const float *b,
+                                    double mean, double rstd, Py_ssize_t d, int stream,
+                                    Py_ssize_t ahead)
+{
+    RN_NAME(ln_apply_p)(y, x, w, b, 1, mean, rstd, d, stream, ahead);
+}
+#endif
 
 /* Whether the d elements at a and at p (NULL: none) share memory. */
 static inline int RN_NAME(meets)(const RN_T *a, const RN_T *p, Py_ssize_t d)
@@ -97,3 +144,5 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
 #undef PF_
 #undef B_
 }
+
+#undef RN_GETP
