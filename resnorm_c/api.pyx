@@ -40,8 +40,7 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from mixed_kernels cimport backward_floats, forward_floats, mixed_backward, mixed_forward
-from norm_kernels cimport (PAIRED_ROW_BYTES, layer_backward, layer_forward, rms_backward,
-                          rms_forward)
+from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport (element, half, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
                          rn_narrow, rn_philox_uniforms, rn_to_float32)
 from residual_kernels cimport (dropout_apply, dropout_mask, gated_backward,
@@ -233,7 +232,7 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef Kind ek = kind_of(rows)
     # 16-bit parameters of many rows: widened to float32 once, for the mixed kernels
     cdef bint widen = (pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
-                       and widened_params(n, d) and (w is not None or b is not None))
+                       and widened_params(n) and (w is not None or b is not None))
     cdef Scratch scratch = None
     cdef cnp.ndarray mean = None, rstd = None
     cdef double *pmean = NULL

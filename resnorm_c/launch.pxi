@@ -25,22 +25,21 @@ cdef extern from "cores.h":
 cdef enum:
     OVERSUBSCRIBE = 4
 
-# The norms of this many 16-bit rows and more, rows longer than norm_kernels' paired rows,
-# take their 16-bit weight and bias widened to float32 once per call (the mixed kernels'
-# apply passes then load float32 parameters) where the 16-bit kernels widen them at every
-# row (widened_params).
+# The norms of this many 16-bit rows and more take their 16-bit weight and bias widened to
+# float32 once per call (the mixed kernels' apply passes then load float32 parameters) where
+# the 16-bit kernels widen them at every row (widened_params).
 cdef enum:
     WIDENED_PARAMS_MIN_ROWS = 16
 
 
-cdef inline bint widened_params(Py_ssize_t n, Py_ssize_t d) noexcept nogil:
-    """Whether a norm of n 16-bit rows of d elements with 16-bit parameters takes them widened
-    once (the mixed kernels).  bfloat16, one thread, against the 16-bit kernels: (2048, 4096)
-    layer_norm 0.91 of the time, rms_norm 0.83, (128, 4096) 0.85 and 0.95, (16, 4096) 0.93
-    and 1.00; fewer rows do not repay the pass over the parameters.  Rows the 16-bit kernels
-    take two at a time (up to PAIRED_ROW_BYTES) were faster there: (2048, 256) 1.16x and
-    1.24x the time widened, (2048, 768) 0.98x and 1.06x."""
-    return n >= WIDENED_PARAMS_MIN_ROWS and d * 2 > PAIRED_ROW_BYTES
+cdef inline bint widened_params(Py_ssize_t n) noexcept nogil:
+    """Whether a norm of n 16-bit rows with 16-bit parameters takes them widened once (the
+    mixed kernels).  bfloat16, one thread, widened against the 16-bit kernels, layer_norm
+    and rms_norm: (2048, 4096) 0.89 and 0.80 of the time, (2048, 768) 0.89 and 0.90,
+    (128, 4096) 0.83 and 0.90, (16, 4096) 0.90 and 0.96, (2048, 256) 0.98 and 1.01.  Fewer
+    rows do not repay the pass over the parameters: at 8 rows 0.95-1.01 and 1.00-1.04, at
+    2 rows 0.99-1.07 and 1.05-1.06."""
+    return n >= WIDENED_PARAMS_MIN_ROWS
 
 
 cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:

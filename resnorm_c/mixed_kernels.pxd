@@ -21,8 +21,9 @@ from cython.parallel cimport prange, threadid
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
-from norm_kernels cimport (forward_prefetch, layer_backward_group, layer_forward_row_stats,
-                          ln_moments, ln_stats, one_group, rms_backward_group, rms_rstd)
+from norm_kernels cimport (PAIRED_ROW_BYTES, forward_prefetch, layer_backward_group,
+                          layer_forward_row_stats, ln_moments, ln_stats, one_group,
+                          rms_backward_group, rms_rstd)
 from primitives cimport (half, rn_from_float32, rn_ln_apply_mixed, rn_rms_apply_mixed,
                          rn_sumsq, rn_to_float32)
 
@@ -50,13 +51,33 @@ cdef inline void mixed_forward_row(bint layer, half *y, double *mean, double *rs
     caller fences).  widened: w and b are the 16-bit parameters wh and bh widened (see
     mixed_forward), and a rare row takes the 16-bit kernel's careful path with wh and bh;
     else a rare row takes float32's on the widened row in buf."""
-    cdef double m, var
+    cdef double m = 0.0, var
+    mixed_moments(layer, &m, &var, x, d, ahead)
+    mixed_forward_row_from(layer, y, mean, rstd, x, w, b, wh, bh, widened, d, eps, m, var,
+                           stream, ahead, buf)
+
+
+cdef inline void mixed_moments(bint layer, double *m, double *var, const half *x, Py_ssize_t d,
+                               Py_ssize_t ahead) noexcept nogil:
+    """A row's reductions: LayerNorm's moments (ln_moments), or RMSNorm's sum of squares
+    (rn_sumsq, in var; m untouched)."""
+    if layer:
+        ln_moments(m, var, x, d, ahead)
+    else:
+        var[0] = rn_sumsq(x, d, ahead)
+
+
+cdef inline void mixed_forward_row_from(bint layer, half *y, double *mean, double *rstd,
+                                        const half *x, const float *w, const float *b,
+                                        const half *wh, const half *bh, bint widened,
+                                        Py_ssize_t d, double eps, double m, double var,
+                                        int stream, Py_ssize_t ahead,
+                                        float *buf) noexcept nogil:
+    """mixed_forward_row given the row's reductions m, var (mixed_moments' bits)."""
     if not layer:
-        rstd[0] = rms_rstd(x, d, eps, rn_sumsq(x, d, ahead))
+        rstd[0] = rms_rstd(x, d, eps, var)
         rn_rms_apply_mixed(y, x, w, rstd[0], d, stream, ahead)
-        return
-    ln_moments(&m, &var, x, d, ahead)
-    if ln_stats(mean, rstd, x, m, var, d, eps):
+    elif ln_stats(mean, rstd, x, m, var, d, eps):
         rn_ln_apply_mixed(y, x, w, b, m, rstd[0], d, stream, ahead)
     elif widened:
         layer_forward_row_stats(y, mean, rstd, x, wh, bh, d, eps, m, var, stream, 0)
@@ -94,13 +115,27 @@ cdef inline void mixed_forward_rows(bint layer, half *y, double *mean, double *r
                                     const half *wh, const half *bh, bint widened,
                                     Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d, double eps,
                                     bint stream, float *buf) noexcept nogil:
-    """Rows lo .. hi of mixed_forward on one thread, streamed rows fenced once after the
-    last, the next row prefetched as norm_kernels.pxd's rms_forward_rows does."""
-    cdef Py_ssize_t i, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(half))
-    for i in range(lo, hi):
+    """Rows lo .. hi of mixed_forward on one thread, as norm_kernels.pxd's rms_forward_rows
+    and layer_forward_rows take theirs: the next row prefetched, rows up to
+    PAIRED_ROW_BYTES two at a time (both rows' reductions before either apply pass: the
+    same bits), streamed rows fenced once after the last."""
+    cdef Py_ssize_t i = lo, pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(half))
+    cdef int s = RN_STREAM_UNFENCED if stream else 0
+    cdef double m0 = 0.0, m1 = 0.0, v0, v1
+    if d * <Py_ssize_t>sizeof(half) <= PAIRED_ROW_BYTES:
+        while i + 1 < hi:
+            mixed_moments(layer, &m0, &v0, x + i * d, d, pf * (hi - 1 - i))
+            mixed_moments(layer, &m1, &v1, x + (i + 1) * d, d, pf * (hi - 2 - i))
+            mixed_forward_row_from(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
+                                   x + i * d, w, b, wh, bh, widened, d, eps, m0, v0, s,
+                                   pf * (hi - 1 - i), buf)
+            mixed_forward_row_from(layer, y + (i + 1) * d, &mean[i + 1] if layer else NULL,
+                                   &rstd[i + 1], x + (i + 1) * d, w, b, wh, bh, widened, d,
+                                   eps, m1, v1, s, pf * (hi - 2 - i), buf)
+            i += 2
+    for i in range(i, hi):
         mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i], x + i * d,
-                          w, b, wh, bh, widened, d, eps, RN_STREAM_UNFENCED if stream else 0,
-                          pf * (hi - 1 - i), buf)
+                          w, b, wh, bh, widened, d, eps, s, pf * (hi - 1 - i), buf)
     if stream:
         rn_sfence()
 
