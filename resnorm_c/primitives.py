@@ -280,8 +280,7 @@ def cython_pxd():
         lines.append(f"cdef inline {p.returns} rn_{p.name}({_with_type(p.params, fused)}) "
                      "noexcept nogil:")
         lines.append(f'    """{p.formula}"""')
-        types = [t for t in ELEMENT_TYPES if t in _types_of(p)]
-        for k, (ctype, ts) in enumerate(types):
+        for k, (ctype, ts) in enumerate(_types_of(p)):
             keyword = "if" if k == 0 else "elif"
             lines.append(f"    {keyword} {fused} is {ctype}:")
             lines.append(f"        {ret}RN_OPS.{ts}.{call}")
