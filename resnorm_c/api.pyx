@@ -39,7 +39,8 @@ from add_norm_kernels cimport (add_norm_backward, add_norm_backward_scratch, add
                                add_norm_mask_words)
 from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
-from mixed_kernels cimport backward_floats, forward_floats, mixed_backward, mixed_forward
+from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward, mixed_forward,
+                           widen_params)
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport (element, half, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
                          rn_narrow, rn_philox_uniforms, rn_to_float32)
@@ -194,15 +195,6 @@ cdef inline void mixed_forward_rows(bint layer, Kind ek, void *y, double *mean, 
                       <const rn_f16 *>w, <const rn_f16 *>b, widen, n, d, eps, nt, stream, buf)
 
 
-cdef inline void widen_params(float *wf, float *bf, const half *w, const half *b,
-                              Py_ssize_t d) noexcept nogil:
-    """wf, bf := w, b widened to float32 (exactly), each where present."""
-    if w != NULL:
-        rn_to_float32(wf, w, d)
-    if b != NULL:
-        rn_to_float32(bf, b, d)
-
-
 cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zero_centered,
                          out, n_threads, bint training):
     """rms_norm / layer_norm, and with training their _forward forms (returning a cache)."""
@@ -326,19 +318,31 @@ cdef check_norm_cache(cache, x, weight, mean, rstd, shape, axes, param_dtype, bi
         raise edited_cache(cache)
 
 
-cdef inline void mixed_backward_rows(bint layer, Kind ek, void *dx, float *dw, float *db,
+cdef inline void mixed_backward_rows(bint layer, Kind ek, void *dx, void *dw, void *db,
                                      double *red, double *wpart, double *bpart,
-                                     const void *dy, const void *x, const float *w,
+                                     const void *dy, const void *x, const void *w,
                                      const double *mean, const double *rstd, Py_ssize_t n,
-                                     Py_ssize_t d, int nt, bint stream,
+                                     Py_ssize_t d, int nt, bint stream, bint widen,
                                      float *buf) noexcept nogil:
-    """The norm backward kernels of 16-bit rows with float32 parameters."""
+    """The norm backward kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd);
+    widen: the weight w is 16-bit, widened here once for all rows, into the d floats after
+    the rows' buffers (buf: nt * backward_floats(d) floats, then those), and dw, db are
+    16-bit."""
+    cdef float *wf = <float *>w
+    if widen:
+        wf = buf + nt * backward_floats(d)
     if ek == KIND_BF16:
+        if widen:
+            widen_params(wf, NULL, <const rn_bf16 *>w, NULL, d)
         mixed_backward(layer, <rn_bf16 *>dx, dw, db, red, wpart, bpart, <const rn_bf16 *>dy,
-                       <const rn_bf16 *>x, w, mean, rstd, n, d, nt, stream, buf)
+                       <const rn_bf16 *>x, wf, <const rn_bf16 *>w if widen else NULL, mean,
+                       rstd, n, d, nt, stream, buf)
     else:
+        if widen:
+            widen_params(wf, NULL, <const rn_f16 *>w, NULL, d)
         mixed_backward(layer, <rn_f16 *>dx, dw, db, red, wpart, bpart, <const rn_f16 *>dy,
-                       <const rn_f16 *>x, w, mean, rstd, n, d, nt, stream, buf)
+                       <const rn_f16 *>x, wf, <const rn_f16 *>w if widen else NULL, mean,
+                       rstd, n, d, nt, stream, buf)
 
 
 cdef object norm_backward(bint layer, dy, cache, out, n_threads):
@@ -385,11 +389,16 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef int tp = cnp.PyArray_TYPE(xr) if pdt is None else cnp.NPY_FLOAT
     dw = None if weight is None else new_vector(d, tp)
     db = new_vector(d, tp) if layer and has_bias else None
+    cdef Kind ek = kind_of(xr)
+    # a 16-bit weight of many rows: widened to float32 once, for the mixed kernels
+    cdef bint widen = (pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
+                       and widened_params(n) and weight is not None)
     # scratch: two row reductions per row, the dweight / dbias partial rows, then the
-    # widened rows (mixed, per thread)
+    # widened rows (mixed, per thread) and the widened weight
     cdef Py_ssize_t parts = (dw is not None) + (db is not None)
     cdef Py_ssize_t ndouble = 2 * n + parts * nb * d
-    cdef Py_ssize_t nbuf = 0 if pdt is None else nt * backward_floats(d)
+    cdef Py_ssize_t nbuf = (nt * backward_floats(d) + (d if widen else 0)
+                            if pdt is not None or widen else 0)
     cdef Scratch scratch = lend(ndouble * sizeof(double) + nbuf * sizeof(float))
     cdef double *red = <double *>scratch.data
     cdef double *wpart = red + 2 * n
@@ -403,11 +412,10 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef void *pw = data_of(weight)
     cdef const double *pmean = <const double *>data_of(mean)
     cdef const double *prstd = <const double *>cnp.PyArray_DATA(<cnp.ndarray>rstd)
-    cdef Kind ek = kind_of(xr)
     saved = release_gil(n * d)
-    if pdt is not None:
-        mixed_backward_rows(layer, ek, pdx, <float *>pdw, <float *>pdb, red, wpart, bpart,
-                            pdy, px, <const float *>pw, pmean, prstd, n, d, nt, stream, buf)
+    if pdt is not None or widen:
+        mixed_backward_rows(layer, ek, pdx, pdw, pdb, red, wpart, bpart, pdy, px, pw, pmean,
+                            prstd, n, d, nt, stream, widen, buf)
     elif ek == KIND_F32:
         norm_backward_rows(layer, <float *>pdx, <float *>pdw, <float *>pdb, red, wpart,
                            bpart, pdy, px, pw, pmean, prstd, n, d, nt, stream)

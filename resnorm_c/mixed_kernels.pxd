@@ -5,15 +5,16 @@
 # The result is by definition the float32 norm of the widened input with one rounding per
 # output element: the same statistics, the same rare-row paths and the same dweight/dbias
 # partial rows as float32 (float64 partials in fixed row blocks, then float32), bitwise
-# reproducible for any thread count.  Forward reads the 16-bit row itself: the reductions
-# widen every element exactly into the same double lanes as float32's (so their bits are
-# the widened row's), and the mixed apply passes do float32's arithmetic on the widened
-# lanes, then round.  Backward, and a rare forward row, widen the row (a group of RN_GROUP
-# rows in backward) to float32 in this thread's buffer, exactly, run the float32 kernels of
-# norm_kernels.pxd on the buffer and round each output row once to the 16-bit type.
-# Memory sees 16-bit rows; the widened copies stay in this thread's cache, and the rounded
-# rows are stored streaming (non-temporal) when the caller asks, as the other kernels store
-# theirs.
+# reproducible for any thread count.  Both directions read the 16-bit rows themselves: the
+# reductions widen every element exactly into the same lanes as float32's (the forward
+# statistics in double; the backward terms formed in float with the float32 parameters,
+# as float32's are), so their bits are the widened rows', and the mixed passes do
+# float32's arithmetic on the widened lanes, then round each output once.  A rare row (a
+# forward row for the careful path; in backward, a LayerNorm group with a row whose
+# x - mean overflowed float32) is widened to float32 in this thread's buffer, exactly (a
+# group of RN_GROUP rows in backward), through the float32 kernels of norm_kernels.pxd,
+# and its output rounded once to the 16-bit type.  Rows are stored streaming
+# (non-temporal) when the caller asks, as the other kernels store theirs.
 #
 # buf: per thread, forward_floats(d) (forward) or backward_floats(d) (backward) floats, at
 # buf + threadid() * that; the caller's scratch.  Names as in norm_kernels.pxd.
@@ -21,11 +22,13 @@ from cython.parallel cimport prange, threadid
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
-from norm_kernels cimport (PAIRED_ROW_BYTES, forward_prefetch, layer_backward_group,
-                          layer_forward_row_stats, ln_moments, ln_stats, one_group,
-                          rms_backward_group, rms_rstd)
-from primitives cimport (half, rn_from_float32, rn_ln_apply_mixed, rn_rms_apply_mixed,
-                         rn_sumsq, rn_to_float32)
+from norm_kernels cimport (PAIRED_ROW_BYTES, backward_prefetch_dx, forward_prefetch,
+                          layer_backward_group, layer_forward_row_stats, ln_moments, ln_stats,
+                          one_group, rms_rstd)
+from primitives cimport (half, rn_from_float32, rn_ln_apply_mixed, rn_ln_bwd_apply_rows_mixed,
+                         rn_ln_bwd_sums_mixed, rn_rms_apply_mixed, rn_rms_bwd_apply_rows_mixed,
+                         rn_rms_bwd_dot_mixed, rn_sumsq, rn_to_float32)
+from rare_rows cimport _overflowed
 
 
 cdef inline Py_ssize_t forward_floats(Py_ssize_t d) noexcept nogil:
@@ -35,9 +38,19 @@ cdef inline Py_ssize_t forward_floats(Py_ssize_t d) noexcept nogil:
 
 
 cdef inline Py_ssize_t backward_floats(Py_ssize_t d) noexcept nogil:
-    """Floats of buffer per thread in backward: a group's dy rows (dx overwrites them) and
-    its x rows."""
+    """Floats of buffer per thread in backward: a rare group's dy rows (dx overwrites them)
+    and its x rows."""
     return 2 * <Py_ssize_t>RN_GROUP * d
+
+
+cdef inline void widen_params(float *wf, float *bf, const half *w, const half *b,
+                              Py_ssize_t d) noexcept nogil:
+    """wf, bf := w, b widened to float32 (exactly), each where present: 16-bit parameters
+    for the mixed kernels, once per call (mixed_forward, mixed_backward: widened)."""
+    if w != NULL:
+        rn_to_float32(wf, w, d)
+    if b != NULL:
+        rn_to_float32(bf, b, d)
 
 
 # --------------------------------------------------------------------------- forward
@@ -145,73 +158,130 @@ cdef inline void mixed_forward_rows(bint layer, half *y, double *mean, double *r
 cdef inline void mixed_backward_group(bint layer, half *dx, float *dw, float *db,
                                       double *dw_part, double *db_part, double *mean_g,
                                       double *m, const half *dy, const half *x, const float *w,
-                                      const double *mean, const double *rstd, Py_ssize_t rows,
-                                      Py_ssize_t d, bint stream, float *buf) noexcept nogil:
-    """One group of up to RN_GROUP rows: widened into buf (dy rows, then x rows), the
-    float32 backward group of norm_kernels.pxd with dx written over the widened dy, then dx
-    rounded.  mean_g (LayerNorm only), m: the group's row reductions.  dw, db: the totals,
-    for a group that is all the rows (as in norm_kernels.pxd's groups; NULL: none)."""
+                                      const half *wh, const double *mean, const double *rstd,
+                                      Py_ssize_t rows, Py_ssize_t d, bint stream,
+                                      Py_ssize_t ahead, bint prefetch_dx,
+                                      float *buf) noexcept nogil:
+    """One group of up to RN_GROUP rows, as norm_kernels.pxd's rms_backward_group and
+    layer_backward_group take theirs, with the mixed reductions and apply passes.  mean_g
+    (LayerNorm only), m: the group's row reductions.  dw, db: the totals, for a group that
+    is all the rows (as in norm_kernels.pxd's groups; NULL: none); dw_part, db_part then
+    scratch.  ahead, prefetch_dx: as there.  dx may be dy.  wh: the 16-bit weight that w
+    widens (see mixed_backward), whose kernel takes a LayerNorm group with a rare row; NULL:
+    float32's kernel takes it, on the widened group."""
+    cdef Py_ssize_t r
+    cdef bint trusted = True
+    if not layer:
+        for r in range(rows):
+            m[r] = rn_rms_bwd_dot_mixed(dy + r * d, x + r * d, w, rstd[r], d,
+                                        ahead + rows - 1 - r) / d
+        rn_rms_bwd_apply_rows_mixed(dx, dw, dw_part, dy, x, w, rstd, m, <int>rows, d, stream,
+                                    ahead, prefetch_dx)
+        return
+    for r in range(rows):
+        rn_ln_bwd_sums_mixed(&mean_g[r], &m[r], dy + r * d, x + r * d, w, mean[r], rstd[r], d,
+                             ahead + rows - 1 - r)
+        mean_g[r] = mean_g[r] / d
+        m[r] = m[r] / d
+        trusted = trusted and not _overflowed(mean_g[r], m[r], dy + r * d, x + r * d, d)
+    if trusted:
+        rn_ln_bwd_apply_rows_mixed(dx, dw, db, dw_part if dw == NULL else NULL,
+                                   db_part if db == NULL else NULL, dy, x, w, mean, rstd,
+                                   mean_g, m, <int>rows, d, stream, ahead, prefetch_dx)
+    elif wh != NULL:
+        # (the totals are never wanted here: see mixed_backward)
+        layer_backward_group(dx, NULL, NULL, NULL, dw_part, db_part, mean_g, m, dy, NULL, x, wh,
+                             mean, rstd, rows, d, stream, ahead, prefetch_dx)
+    else:
+        widened_backward_group(dx, dw, db, dw_part, db_part, mean_g, m, dy, x, w, mean, rstd,
+                               rows, d, stream, buf)
+
+
+cdef inline void widened_backward_group(half *dx, float *dw, float *db, double *dw_part,
+                                        double *db_part, double *mean_g, double *m,
+                                        const half *dy, const half *x, const float *w,
+                                        const double *mean, const double *rstd,
+                                        Py_ssize_t rows, Py_ssize_t d, bint stream,
+                                        float *buf) noexcept nogil:
+    """A LayerNorm group of mixed_backward_group with a row for float32's careful path:
+    widened into buf (dy rows, then x rows), float32's layer_backward_group with dx written
+    over the widened dy, then dx rounded."""
     cdef float *gdy = buf
     cdef float *gx = buf + <Py_ssize_t>RN_GROUP * d
     rn_to_float32(gdy, dy, rows * d)
     rn_to_float32(gx, x, rows * d)
-    if layer:
-        # (buf holds one group: no rows after it)
-        layer_backward_group(gdy, NULL, dw, db, dw_part, db_part, mean_g, m, gdy, NULL, gx, w,
-                             mean, rstd, rows, d, False, 0, False)
-    else:
-        rms_backward_group(gdy, NULL, dw, dw_part, m, gdy, NULL, gx, w, rstd, rows, d, False, 0,
-                           False)
+    # (buf holds one group: no rows after it)
+    layer_backward_group(gdy, NULL, dw, db, dw_part, db_part, mean_g, m, gdy, NULL, gx, w, mean,
+                         rstd, rows, d, False, 0, False)
     rn_from_float32(dx, gdy, rows * d, stream)
 
 
 cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, double *db_part,
                                       double *red, Py_ssize_t n, const half *dy, const half *x,
-                                      const float *w, const double *mean, const double *rstd,
+                                      const float *w, const half *wh, const double *mean,
+                                      const double *rstd,
                                       Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
                                       bint stream, float *buf) noexcept nogil:
     """Rows lo .. hi in groups of up to RN_GROUP rows from lo, as norm_kernels.pxd's
     *_backward_block, each through mixed_backward_group."""
     cdef Py_ssize_t i = lo, rows
+    cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(half))
     zero_partials(dw_part, db_part, d)
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         mixed_backward_group(layer, dx + i * d, NULL, NULL, dw_part, db_part, red + i,
-                             red + n + i, dy + i * d, x + i * d, w,
-                             mean + i if layer else NULL, rstd + i, rows, d, stream, buf)
+                             red + n + i, dy + i * d, x + i * d, w, wh,
+                             mean + i if layer else NULL, rstd + i, rows, d, stream,
+                             n - i - rows, pf_dx, buf)
         i += rows
 
 
-cdef inline void mixed_backward(bint layer, half *dx, float *dw, float *db, double *red,
+cdef inline void mixed_backward(bint layer, half *dx, void *dw, void *db, double *red,
                                 double *dw_part, double *db_part, const half *dy,
-                                const half *x, const float *w, const double *mean,
-                                const double *rstd, Py_ssize_t n, Py_ssize_t d, int n_threads,
-                                bint stream, float *buf) noexcept nogil:
+                                const half *x, const float *w, const half *wh,
+                                const double *mean, const double *rstd, Py_ssize_t n,
+                                Py_ssize_t d, int n_threads, bint stream,
+                                float *buf) noexcept nogil:
     """dx := round(the float32 norm backward of the widened dy and x); dw, db: its float32
     column sums (NULL: not wanted; else dw_part / db_part are (row_blocks(n), d) scratch).
-    red: 2n doubles of scratch (the rows' reductions).  dx may be dy."""
+    red: 2n doubles of scratch (the rows' reductions).  dx may be dy.
+
+    wh: NULL, or the call's 16-bit weight, of which w is the exact float32 copy (made once
+    per call; widened): then dw and db are of the 16-bit type, and everything is bitwise
+    rms_backward / layer_backward of norm_kernels.pxd with that weight, whose passes widen
+    it at every row (their dweight and dbias: the same float64 partials, narrowed once to
+    the 16-bit type; the rows go in row blocks even where they are one group, whose totals
+    have the same bits)."""
     cdef Py_ssize_t nb = row_blocks(n), blk, per = backward_floats(d)
     cdef double *wpart
     cdef double *bpart
-    if one_group(n, stream):
-        mixed_backward_group(layer, dx, dw, db, dw_part if dw != NULL else NULL,
-                             db_part if db != NULL else NULL, red, red + n, dy, x, w,
-                             mean if layer else NULL, rstd, n, d, False, buf)
+    cdef bint widened = wh != NULL
+    if one_group(n, stream) and not widened:
+        mixed_backward_group(layer, dx, <float *>dw, <float *>db,
+                             dw_part if dw != NULL else NULL,
+                             db_part if db != NULL else NULL, red, red + n, dy, x, w, NULL,
+                             mean if layer else NULL, rstd, n, d, False, 0, False, buf)
         return
     if n_threads == 1:
         for blk in range(nb):
             mixed_backward_block(layer, dx, dw_part + blk * d if dw != NULL else NULL,
                                  db_part + blk * d if db != NULL else NULL, red, n, dy, x, w,
-                                 mean, rstd, blk * n // nb, (blk + 1) * n // nb, d, stream,
-                                 buf)
+                                 wh, mean, rstd, blk * n // nb, (blk + 1) * n // nb, d,
+                                 stream, buf)
     else:
         for blk in prange(nb, schedule="static", num_threads=n_threads):
             wpart = dw_part + blk * d if dw != NULL else NULL
             bpart = db_part + blk * d if db != NULL else NULL
-            mixed_backward_block(layer, dx, wpart, bpart, red, n, dy, x, w, mean, rstd,
+            mixed_backward_block(layer, dx, wpart, bpart, red, n, dy, x, w, wh, mean, rstd,
                                  blk * n // nb, (blk + 1) * n // nb, d, stream,
                                  buf + threadid() * per)
-    if dw != NULL:
-        sum_partials(dw, dw_part, nb, d, n_threads)
-    if db != NULL:
-        sum_partials(db, db_part, nb, d, n_threads)
+    if widened:
+        if dw != NULL:
+            sum_partials(<half *>dw, dw_part, nb, d, n_threads)
+        if db != NULL:
+            sum_partials(<half *>db, db_part, nb, d, n_threads)
+    else:
+        if dw != NULL:
+            sum_partials(<float *>dw, dw_part, nb, d, n_threads)
+        if db != NULL:
+            sum_partials(<float *>db, db_part, nb, d, n_threads)

@@ -61,6 +61,14 @@ PRIMITIVES = [
               "double mean, double rstd, Py_ssize_t d, Py_ssize_t ahead",
               "sum_g = sum_i g_i, sum_gxhat = sum_i g_i xhat_i;  xhat = (x - mean)*rstd",
               "reduce.h"),
+    Primitive("rms_bwd_dot_mixed", "double",
+              "const T *dy, const T *x, const float *w, double rstd, Py_ssize_t d, "
+              "Py_ssize_t ahead",
+              "rms_bwd_dot with float32 w_i (16-bit dy and x)", "reduce.h", mixed=True),
+    Primitive("ln_bwd_sums_mixed", "void",
+              "double *sum_g, double *sum_gxhat, const T *dy, const T *x, const float *w, "
+              "double mean, double rstd, Py_ssize_t d, Py_ssize_t ahead",
+              "ln_bwd_sums with float32 w_i (16-bit dy and x)", "reduce.h", mixed=True),
     Primitive("residual_reduce", "double",
               "const T *residual, const T *x, const T *alpha, const uint8_t *keep, "
               "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, double shift, "
@@ -121,6 +129,19 @@ PRIMITIVES = [
               "dx = rstd * (g - mean_g - xhat * mean_gxhat) + dh,  dx2 = dx,  "
               "dw_part += sum_rows dy*xhat,  db_part += sum_rows dy (or dw, db = those sums)",
               "backward.h"),
+    Primitive("rms_bwd_apply_rows_mixed", "void",
+              "T *dx, float *dw, double *dw_part, const T *dy, const T *x, const float *w, "
+              "const double *rstd, const double *m, int rows, Py_ssize_t d, int stream, "
+              "Py_ssize_t ahead, int prefetch_dx",
+              "rms_bwd_apply_rows with float32 w_i and dw (16-bit dx, dy, x; no dx2, dh)",
+              "backward.h", mixed=True),
+    Primitive("ln_bwd_apply_rows_mixed", "void",
+              "T *dx, float *dw, float *db, double *dw_part, double *db_part, const T *dy, "
+              "const T *x, const float *w, const double *mean, const double *rstd, "
+              "const double *mean_g, const double *mean_gxhat, int rows, Py_ssize_t d, "
+              "int stream, Py_ssize_t ahead, int prefetch_dx",
+              "ln_bwd_apply_rows with float32 w_i, dw and db (16-bit dx, dy, x; no dx2, dh)",
+              "backward.h", mixed=True),
     # ---- residual connections and dropout rows (residual_rows.h)
     Primitive("residual_add", "void",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "

@@ -428,6 +428,76 @@ def test_float32_parameters_are_the_float32_norm_rounded_once(rng, name, d, zc):
 
 
 @pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("n", [5, 16, 37])
+def test_half_parameters_backward_is_the_float32_backward_rounded_once(rng, name, n):
+    # 16-bit weight and bias (read at every row, or widened to float32 once per call from
+    # 16 rows on: the same arithmetic): dx is bitwise the float32 backward of the widened
+    # rows and parameters, rounded once; dweight and dbias, summed in float64 and rounded
+    # once to the 16-bit type, are within one unit in the last place of float32's (which
+    # are rounded to float32 first)
+    dt = half(name)
+    for d in (3, 1000):
+        x, dy = rows(rng, "mixed", n, d, dt), rows(rng, "normal", n, d, dt)
+        w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+        b = rng.standard_normal(d).astype(dt)
+        f32 = [a.astype(np.float32) for a in (x, dy, w, b)]
+        for nt in (1, 2):
+            for layer in (False, True):
+                def grads(x, dy, w, b):
+                    if layer:
+                        return resnorm.layer_norm_backward(
+                            dy, resnorm.layer_norm_forward(x, w, b)[1], n_threads=nt)
+                    return resnorm.rms_norm_backward(
+                        dy, resnorm.rms_norm_forward(x, w)[1], n_threads=nt)
+
+                got, want = grads(x, dy, w, b), grads(*f32)
+                assert got[0].dtype == dt and np.array_equal(
+                    got[0].view(np.uint16), want[0].astype(dt).view(np.uint16)), (d, nt, layer)
+                for g, f in zip(got[1:], want[1:]):
+                    f64 = f.astype(np.float64)
+                    assert g.dtype == dt
+                    assert np.all(np.abs(g.astype(np.float64) - f64) <= spacing(f64, dt))
+
+
+@pytest.mark.skipif(bf16 is None, reason="ml_dtypes is not installed")
+@pytest.mark.parametrize("pdt", ["bfloat16", "float32"])
+def test_layer_norm_backward_rows_whose_deviation_overflows_float32(rng, pdt):
+    # bfloat16 rows spanning +-3e38 among ordinary rows: x - mean overflows float32, and
+    # such a row takes the careful path (in double), with bfloat16 parameters (widened once
+    # for 20 rows) and with float32 ones.  Its dx is within one unit in the last place of
+    # the float64 reference; the other rows' dx is bitwise the float32 backward of the
+    # widened rows, rounded once, and so are the parameters' gradients (with bfloat16
+    # parameters within one unit in the last place: see above)
+    n, d = 20, 64
+    x = rng.standard_normal((n, d))
+    for r in (3, 10):
+        x[r] = -3e38
+        x[r, ::5] = 3e38
+    x, dy = x.astype(bf16), rows(rng, "normal", n, d, bf16)
+    pt = bf16 if pdt == "bfloat16" else np.float32
+    w = (1 + 0.5 * rng.standard_normal(d)).astype(pt)
+    b = rng.standard_normal(d).astype(pt)
+    x64, dy64, w64 = (a.astype(np.float64) for a in (x, dy, w))
+    _, mean, rstd = ref.layer_norm_forward(x64, w64, b.astype(np.float64))
+    want_dx = ref.layer_norm_backward(dy64, x64, w64, mean, rstd)[0]
+    f32 = [a.astype(np.float32) for a in (x, dy, w, b)]
+    want = resnorm.layer_norm_backward(f32[1], resnorm.layer_norm_forward(f32[0], *f32[2:])[1])
+    rare = np.isin(np.arange(n), (3, 10))
+    for nt in (1, 2):
+        dx, dw, db = resnorm.layer_norm_backward(dy, resnorm.layer_norm_forward(x, w, b)[1],
+                                                 n_threads=nt)
+        assert np.all(np.isfinite(dx.astype(np.float64)))
+        assert ulps(dx[rare], want_dx[rare]).max() <= 1
+        assert np.array_equal(dx[~rare].view(np.uint16),
+                              want[0][~rare].astype(bf16).view(np.uint16))
+        for g, f in zip((dw, db), want[1:]):
+            f64 = f.astype(np.float64)
+            assert g.dtype == pt
+            assert np.all(np.abs(g.astype(np.float64) - f64) <= (spacing(f64, bf16)
+                                                                 if pt is bf16 else 0))
+
+
+@pytest.mark.parametrize("name", HALVES)
 def test_float32_parameters_streamed_outputs_give_the_same_bits(rng, name):
     # outputs stored with non-temporal stores (large outputs) hold the bits of ordinary
     # stores, at any alignment of the output and any thread count

@@ -5,17 +5,6 @@
  * reductions over the row, which prefetched the next row of the input: these prefetch the
  * next row of the output (ahead: the rows that follow in the array; none past its end). */
 
-/* The parameters' vector at k inside RN_ELEMENTWISE: of the element type, or (pf set: the
- * 16-bit types' mixed passes, float32 parameters beside 16-bit rows) float32's, whose lanes
- * enter the same arithmetic.  pf is a constant of each caller, so each instance keeps one
- * kind of load. */
-#if RN_HALF
-#define RN_GETP(p, k) (pf ? RN_CAT3(vget, f32, RN_ISA)((const float *)(p) + (k), n_, s_)     \
-                          : RN_GET((const RN_T *)(p) + (k)))
-#else
-#define RN_GETP(p, k) RN_GET((const RN_T *)(p) + (k))
-#endif
-
 /* y_i = x_i * rstd * w_i   (w == NULL: w_i = 1); w of the element type, or float32 (pf) */
 static inline __attribute__((always_inline)) void RN_NAME(rms_apply_p)(
     RN_T *y, const RN_T *x, const void *w, int pf, double rstd, Py_ssize_t d, int stream,
@@ -145,4 +134,3 @@ static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
 #undef B_
 }
 
-#undef RN_GETP

@@ -49,24 +49,27 @@ static inline int RN_NAME(rows_share_phase)(Py_ssize_t d)
 /* The rows of dx (and dx2) that RN_PF_GROUP prefetches, set once before the column loop. */
 #define RN_PF_DX_ROWS const int pf_dx_ = prefetch_dx ? (int)(ahead < rows ? ahead : rows) : 0
 
-/* out[0 .. n) := the lanes of v, a column's sums over all the rows of a call that is one
- * group (the kernels' small calls), rounded once to the element type: v + 0, which has
+/* out[k .. k + n) := the lanes of v, a column's sums over all the rows of a call that is
+ * one group (the kernels' small calls), rounded once to the parameters' type (the element
+ * type, or float32: pf, see RN_GETP in vec.h): v + 0, which has
  * the bits the float64 partial row would give (zeroed, v widened and added, narrowed: a
  * -0 sum becomes +0 there too), without zeroing that row and narrowing it afterwards
  * (norm_kernels.pxd, one_group).  Plain stores: out is a small parameter gradient. */
-static inline __attribute__((always_inline)) void RN_NAME(put_total)(RN_T *out, RN_VEC v,
+static inline __attribute__((always_inline)) void RN_NAME(put_total)(void *out, Py_ssize_t k,
+                                                                      int pf, RN_VEC v,
                                                                       Py_ssize_t n, int s)
 {
     const RN_VEC zero = {0};
     const int plain = s == RN_PART || s == RN_PART_STREAMED ? RN_PART : RN_WHOLE;
-    RN_NAME(vput)(out, v + zero, n, plain);
+    (void)pf;
+    RN_PUTP(out, k, v + zero, n, plain);
 }
 
 /* The group's column sums v at k: the totals (total given), or added widened to the
  * partial part; either may be NULL. */
 #define RN_SUM_GROUP(total, part, k, v)                                                 \
     do {                                                                                \
-        if (total) RN_NAME(put_total)((total) + (k), (v), n_, s_);                      \
+        if (total) RN_NAME(put_total)((total), (k), pf, (v), n_, s_);                  \
         else if (part) RN_ADD_WIDENED((part) + (k), (v));                               \
     } while (0)
 
@@ -91,7 +94,7 @@ static inline __attribute__((always_inline)) void RN_NAME(put_total)(RN_T *out, 
     } while (0)
 
 /* O += dh at element offset OFF of the group: the gradient along the residual stream,
- * which the fused backward adds (float and double only: see rms_bwd_apply_rows). */
+ * which the fused backward adds (float and double only: see rms_bwd_apply_rows_p). */
 #define RN_PLUS_DH(O, OFF)                                                              \
     do { if (!RN_HALF && dh) (O) += RN_GET(dh + (OFF)); } while (0)
 
@@ -103,6 +106,18 @@ static inline __attribute__((always_inline)) void RN_NAME(put_total)(RN_T *out, 
         else if (rows == 1) { CASES(1); }                                               \
         else { CASES(rows); }                                                           \
     } while (0)
+
+/* BODY with pf a constant, for a noinline pass that takes either kind of parameters (the
+ * 16-bit types' own, or float32's): one expansion of each. */
+#if RN_HALF
+#define RN_BY_PF(BODY)                                                                  \
+    do {                                                                                \
+        if (pf) { const int pf = 1; BODY; }                                             \
+        else { const int pf = 0; BODY; }                                                \
+    } while (0)
+#else
+#define RN_BY_PF(BODY) do { BODY; } while (0)
+#endif
 
 /* Columns per chunk of a streamed group: whole cache lines of every element type. */
 #define RN_CHUNK 512
@@ -147,17 +162,15 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
  * (the row's coefficients as local scalars: read from the caller's arrays inside the
  * column loop, they were reloaded and broadcast on every vector, as stores to dx might
  * change them), then BODY(k) over the chunk's vectors, with dyr, xr, dxr its row from
- * column c0 (dx2r too, when dx2 is given), wc = w + c0 (w NULL: NULL), and the next
- * group's span of the row prefetched; the stores are fenced once, at the end. */
+ * column c0 (dx2r too, when dx2 is given), and the next group's span of the row
+ * prefetched; the stores are fenced once, at the end. */
 #define RN_CHUNKS(ROW, BODY)                                                            \
     do {                                                                                \
         const Py_ssize_t head_ = RN_NAME(align_head)(dx, d);                            \
         for (Py_ssize_t c0 = 0, c1; c0 < d; c0 = c1) {                                  \
             c1 = (c0 == 0 ? head_ : c0) + RN_CHUNK;                                     \
             if (c1 > d) c1 = d;                                                         \
-            const RN_T *wc = w ? w + c0 : NULL;                                         \
             const Py_ssize_t cs_ = c0 == 0 ? (RN_W - head_ % RN_W) % RN_W : 0;         \
-            (void)wc;                                                                   \
             for (int r = 0; r < rows; r++) {                                            \
                 const RN_T *dyr = dy + r * d + c0, *xr = x + r * d + c0;                \
                 RN_T *dxr = dx + r * d + c0, *dx2r = dx2 ? dx2 + r * d + c0 : NULL;     \
@@ -206,15 +219,17 @@ static inline __attribute__((always_inline)) void RN_NAME(cput)(RN_C *p, RN_VEC 
         TB = dyv_;                                                                      \
     }
 
+/* The passes' w and totals dw, db: of the element type, or float32 (pf, a constant of each
+ * caller: see RN_GETP in vec.h). */
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
-    RN_T *dx, RN_T *dx2, RN_T *dw, double *dw_part, const RN_T *dy, const RN_T *dh,
-    const RN_T *x, const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d,
-    int stream, Py_ssize_t ahead, int prefetch_dx)
+    RN_T *dx, RN_T *dx2, void *dw, double *dw_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const void *w, int pf, const RN_C *rs, const RN_C *mt, int rows,
+    Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
         RN_VEC tw = {0}, wv = {0}, o[RN_GROUP];                                         \
-        if (w) wv = RN_GET(w + (k));                                                    \
+        if (w) wv = RN_GETP(w, k);                                                      \
         for (int r = 0; r < rows; r++) {                                                \
             RN_RMS_ROW(o_, dy + r * d, x + r * d, wv, rs[r], mt[r], k, t_);             \
             RN_PLUS_DH(o_, r * d + (k));                                                \
@@ -231,13 +246,14 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_body)(
 /* rms_bwd_rows_body for a streamed group, chunk by chunk (the same bits). */
 static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
     RN_T *dx, RN_T *dx2, double *dw_part, const RN_T *dy, const RN_T *dh, const RN_T *x,
-    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, Py_ssize_t ahead)
+    const void *w, int pf, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d,
+    Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
 #define ROW_ const RN_C rs_r = rs[r], mt_r = mt[r];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_RMS_ROW(o_, dyr, xr, RN_GET(wc + (k)), rs_r, mt_r, k, t_);                   \
+        RN_RMS_ROW(o_, dyr, xr, RN_GETP(w, c0 + (k)), rs_r, mt_r, k, t_);               \
         RN_PLUS_DH(o_, r * d + c0 + (k));                                               \
         RN_PUT(dxr + (k), o_);                                                          \
         if (dx2) RN_PUT(dx2r + (k), o_);                                                \
@@ -249,11 +265,11 @@ static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_rows_chunked)(
 }
 
 #define RMS_BODY_(DX2, DH, DW, DW_PART, W, R)                                           \
-    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, DW_PART, dy, DH, x, W, rs, mt, R, d, stream,  \
-                               ahead, prefetch_dx)
+    RN_NAME(rms_bwd_rows_body)(dx, DX2, DW, DW_PART, dy, DH, x, W, pf, rs, mt, R, d,      \
+                               stream, ahead, prefetch_dx)
 
 #if !RN_HALF
-/* The column loop of rms_bwd_apply_rows with dx2 given (the fused backward; float and
+/* The column loop of rms_bwd_apply_rows_p with dx2 given (the fused backward; float and
  * double rows only), one inlined copy for each of its two common cases (Pre-Norm with dh,
  * Post-Norm without), the other forms with their branches.  A function of its own:
  * expanded beside the norm's cases, in one function, they left the compiler short of
@@ -263,6 +279,7 @@ static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_both)(
     const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
     Py_ssize_t ahead, int prefetch_dx)
 {
+    const int pf = 0;
 #define CASES_(R)                                                                       \
     if (dh && w && dw_part) RMS_BODY_(dx2, dh, NULL, dw_part, w, R);                    \
     else if (w && dw_part) RMS_BODY_(dx2, NULL, NULL, dw_part, w, R);                   \
@@ -272,17 +289,17 @@ static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_both)(
 }
 #endif
 
-/* The column loop of rms_bwd_apply_rows with the totals dw given (the call's rows are
+/* The column loop of rms_bwd_apply_rows_p with the totals dw given (the call's rows are
  * this one group: a small call, always with a weight), one inlined copy for each of the
  * norm's backward and the fused one's two (dh given with dx2 only, as the kernels call
  * it); as rms_bwd_rows_both, the fused copies only where the fused pass exists. */
 static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_total)(
-    RN_T *dx, RN_T *dx2, RN_T *dw, const RN_T *dy, const RN_T *dh, const RN_T *x,
-    const RN_T *w, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d, int stream,
-    Py_ssize_t ahead, int prefetch_dx)
+    RN_T *dx, RN_T *dx2, void *dw, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const void *w, int pf, const RN_C *rs, const RN_C *mt, int rows, Py_ssize_t d,
+    int stream, Py_ssize_t ahead, int prefetch_dx)
 {
 #if RN_HALF
-#define CASES_(R) RMS_BODY_(NULL, NULL, dw, NULL, w, R)
+#define CASES_(R) RN_BY_PF(RMS_BODY_(NULL, NULL, dw, NULL, w, R))
 #else
 #define CASES_(R)                                                                       \
     if (!dx2) RMS_BODY_(NULL, NULL, dw, NULL, w, R);                                    \
@@ -305,12 +322,11 @@ static __attribute__((noinline)) void RN_NAME(rms_bwd_rows_total)(
  * round dx before dh is added, which this pass would not do).
  * prefetch_dx: dx (and dx2) are arrays whose rows go on past the group as dy's and x's
  * do (not a scratch group), and their next rows are to be prefetched (norm_kernels.pxd
- * decides). */
-static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, double *dw_part,
-                                        const RN_T *dy, const RN_T *dh, const RN_T *x,
-                                        const RN_T *w, const double *rstd, const double *m,
-                                        int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
-                                        int prefetch_dx)
+ * decides).  w and dw: of the element type, or float32 (pf). */
+static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_apply_rows_p)(
+    RN_T *dx, RN_T *dx2, void *dw, double *dw_part, const RN_T *dy, const RN_T *dh,
+    const RN_T *x, const void *w, int pf, const double *rstd, const double *m, int rows,
+    Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
     RN_C rs[RN_GROUP], mt[RN_GROUP]; /* rstd and m in the compute type */
     for (int r = 0; r < rows; r++) {
@@ -320,14 +336,14 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, double *d
     /* the stores to dx2 take dx's alignment: streamed only when it is theirs too */
     if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;
     if (dw) {
-        RN_NAME(rms_bwd_rows_total)(dx, dx2, dw, dy, dh, x, w, rs, mt, rows, d, stream, ahead,
-                                    prefetch_dx);
+        RN_NAME(rms_bwd_rows_total)(dx, dx2, dw, dy, dh, x, w, pf, rs, mt, rows, d, stream,
+                                    ahead, prefetch_dx);
         return;
     }
     if (RN_CHUNKED(stream, rows, d)) {
-        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dx2, dw_part, dy, dh, x, w, rs, mt, rows, d,
-                                             ahead);
-        else RN_NAME(rms_bwd_rows_chunked)(dx, dx2, NULL, dy, dh, x, NULL, rs, mt, rows, d,
+        if (w) RN_NAME(rms_bwd_rows_chunked)(dx, dx2, dw_part, dy, dh, x, w, pf, rs, mt, rows,
+                                             d, ahead);
+        else RN_NAME(rms_bwd_rows_chunked)(dx, dx2, NULL, dy, dh, x, NULL, pf, rs, mt, rows, d,
                                            ahead);
         return;
     }
@@ -347,16 +363,26 @@ static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, double *d
 #undef CASES_
 }
 
+static void RN_NAME(rms_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, double *dw_part,
+                                        const RN_T *dy, const RN_T *dh, const RN_T *x,
+                                        const RN_T *w, const double *rstd, const double *m,
+                                        int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
+                                        int prefetch_dx)
+{
+    RN_NAME(rms_bwd_apply_rows_p)(dx, dx2, dw, dw_part, dy, dh, x, w, 0, rstd, m, rows, d,
+                                  stream, ahead, prefetch_dx);
+}
+
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
-    RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db, double *dw_part, double *db_part, const RN_T *dy,
-    const RN_T *dh, const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml,
+    RN_T *dx, RN_T *dx2, void *dw, void *db, double *dw_part, double *db_part, const RN_T *dy,
+    const RN_T *dh, const RN_T *x, const void *w, int pf, const RN_C *mh, const RN_C *ml,
     const RN_C *rs, const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream,
     Py_ssize_t ahead, int prefetch_dx)
 {
 #define B_(k)                                                                           \
     {                                                                                   \
         RN_VEC tw = {0}, tb = {0}, wv = {0}, o[RN_GROUP];                               \
-        if (w) wv = RN_GET(w + (k));                                                    \
+        if (w) wv = RN_GETP(w, k);                                                      \
         for (int r = 0; r < rows; r++) {                                                \
             RN_LN_ROW(o_, dy + r * d, x + r * d, wv, mh[r], ml[r], rs[r], mg[r], mgx[r], \
                       k, tw_, tb_);                                                     \
@@ -376,7 +402,7 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_body)(
 /* ln_bwd_rows_body for a streamed group, chunk by chunk (the same bits). */
 static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
     RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
-    const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
+    const RN_T *x, const void *w, int pf, const RN_C *mh, const RN_C *ml, const RN_C *rs,
     const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C tw[RN_CHUNK + 2 * RN_W] __attribute__((aligned(RN_VBYTES)));
@@ -384,7 +410,8 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 #define ROW_ const RN_C mh_r = mh[r], ml_r = ml[r], rs_r = rs[r], mg_r = mg[r], mgx_r = mgx[r];
 #define B_(k)                                                                           \
     {                                                                                   \
-        RN_LN_ROW(o_, dyr, xr, RN_GET(wc + (k)), mh_r, ml_r, rs_r, mg_r, mgx_r, k, tw_, tb_); \
+        RN_LN_ROW(o_, dyr, xr, RN_GETP(w, c0 + (k)), mh_r, ml_r, rs_r, mg_r, mgx_r, k, tw_,   \
+                  tb_);                                                                 \
         RN_PLUS_DH(o_, r * d + c0 + (k));                                               \
         RN_PUT(dxr + (k), o_);                                                          \
         if (dx2) RN_PUT(dx2r + (k), o_);                                                \
@@ -397,17 +424,18 @@ static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_rows_chunked)(
 }
 
 #define LN_BODY_(DX2, DH, DW, DB, DW_PART, DB_PART, W, R)                               \
-    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, DW_PART, DB_PART, dy, DH, x, W, mh, ml, rs, \
-                              mg, mgx, R, d, stream, ahead, prefetch_dx)
+    RN_NAME(ln_bwd_rows_body)(dx, DX2, DW, DB, DW_PART, DB_PART, dy, DH, x, W, pf, mh, ml, \
+                              rs, mg, mgx, R, d, stream, ahead, prefetch_dx)
 
 #if !RN_HALF
-/* The column loop of ln_bwd_apply_rows with dx2 given, as rms_bwd_rows_both. */
+/* The column loop of ln_bwd_apply_rows_p with dx2 given, as rms_bwd_rows_both. */
 static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_both)(
     RN_T *dx, RN_T *dx2, double *dw_part, double *db_part, const RN_T *dy, const RN_T *dh,
     const RN_T *x, const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs,
     const RN_C *mg, const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead,
     int prefetch_dx)
 {
+    const int pf = 0;
 #define CASES_(R)                                                                       \
     if (dh && w && dw_part && db_part)                                                  \
         LN_BODY_(dx2, dh, NULL, NULL, dw_part, db_part, w, R);                          \
@@ -419,18 +447,18 @@ static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_both)(
 }
 #endif
 
-/* The column loop of ln_bwd_apply_rows with the totals dw or db given, as
+/* The column loop of ln_bwd_apply_rows_p with the totals dw or db given, as
  * rms_bwd_rows_total, and one copy for the other forms (no weight, or a sum not wanted). */
 static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_total)(
-    RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db, const RN_T *dy, const RN_T *dh, const RN_T *x,
-    const RN_T *w, const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg,
+    RN_T *dx, RN_T *dx2, void *dw, void *db, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const void *w, int pf, const RN_C *mh, const RN_C *ml, const RN_C *rs, const RN_C *mg,
     const RN_C *mgx, int rows, Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
 /* (a copy under `if (w && dw && db)` knows them given: their tests leave its loop) */
 #if RN_HALF
 #define CASES_(R)                                                                       \
-    if (w && dw && db) LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R);                  \
-    else LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R)
+    RN_BY_PF(if (w && dw && db) LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R);         \
+             else LN_BODY_(NULL, NULL, dw, db, NULL, NULL, w, R))
 #else
 #define CASES_(R)                                                                       \
     if (!w || !dw || !db) LN_BODY_(dx2, dh, dw, db, NULL, NULL, w, R);                  \
@@ -447,14 +475,12 @@ static __attribute__((noinline)) void RN_NAME(ln_bwd_rows_total)(
  *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat) + dh,
  *   dw_part += sum over the rows of dy * xhat,   db_part += sum over the rows of dy
  * (xhat = (x - mean) * rstd, g = dy * w; the partials may be NULL; dx2, dh, the totals dw
- * and db, and prefetch_dx as in rms_bwd_apply_rows). */
-static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
-                                       double *dw_part, double *db_part,
-                                       const RN_T *dy, const RN_T *dh, const RN_T *x,
-                                       const RN_T *w, const double *mean, const double *rstd,
-                                       const double *mean_g, const double *mean_gxhat, int rows,
-                                       Py_ssize_t d, int stream, Py_ssize_t ahead,
-                                       int prefetch_dx)
+ * and db, prefetch_dx and pf as in rms_bwd_apply_rows_p). */
+static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_apply_rows_p)(
+    RN_T *dx, RN_T *dx2, void *dw, void *db, double *dw_part, double *db_part,
+    const RN_T *dy, const RN_T *dh, const RN_T *x, const void *w, int pf, const double *mean,
+    const double *rstd, const double *mean_g, const double *mean_gxhat, int rows,
+    Py_ssize_t d, int stream, Py_ssize_t ahead, int prefetch_dx)
 {
     /* in the compute type: mean as hi + lo, rstd, mean_g, mean_gxhat */
     RN_C mh[RN_GROUP], ml[RN_GROUP], rs[RN_GROUP], mg[RN_GROUP], mgx[RN_GROUP];
@@ -464,17 +490,17 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
         mg[r] = (RN_C)mean_g[r];
         mgx[r] = (RN_C)mean_gxhat[r];
     }
-    if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;   /* as in rms_bwd_apply_rows */
+    if (!RN_NAME(same_phase)(dx, dx2)) stream = 0;   /* as in rms_bwd_apply_rows_p */
     if (dw || db) {
-        RN_NAME(ln_bwd_rows_total)(dx, dx2, dw, db, dy, dh, x, w, mh, ml, rs, mg, mgx, rows, d,
-                                   stream, ahead, prefetch_dx);
+        RN_NAME(ln_bwd_rows_total)(dx, dx2, dw, db, dy, dh, x, w, pf, mh, ml, rs, mg, mgx, rows,
+                                   d, stream, ahead, prefetch_dx);
         return;
     }
     if (RN_CHUNKED(stream, rows, d)) {
-        if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dx2, dw_part, db_part, dy, dh, x, w, mh, ml,
-                                            rs, mg, mgx, rows, d, ahead);
-        else RN_NAME(ln_bwd_rows_chunked)(dx, dx2, NULL, db_part, dy, dh, x, NULL, mh, ml, rs,
-                                          mg, mgx, rows, d, ahead);
+        if (w) RN_NAME(ln_bwd_rows_chunked)(dx, dx2, dw_part, db_part, dy, dh, x, w, pf, mh,
+                                            ml, rs, mg, mgx, rows, d, ahead);
+        else RN_NAME(ln_bwd_rows_chunked)(dx, dx2, NULL, db_part, dy, dh, x, NULL, pf, mh, ml,
+                                          rs, mg, mgx, rows, d, ahead);
         return;
     }
 #if !RN_HALF
@@ -493,6 +519,47 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
 #undef CASES_
 }
 
+static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
+                                       double *dw_part, double *db_part,
+                                       const RN_T *dy, const RN_T *dh, const RN_T *x,
+                                       const RN_T *w, const double *mean, const double *rstd,
+                                       const double *mean_g, const double *mean_gxhat, int rows,
+                                       Py_ssize_t d, int stream, Py_ssize_t ahead,
+                                       int prefetch_dx)
+{
+    RN_NAME(ln_bwd_apply_rows_p)(dx, dx2, dw, db, dw_part, db_part, dy, dh, x, w, 0, mean,
+                                 rstd, mean_g, mean_gxhat, rows, d, stream, ahead,
+                                 prefetch_dx);
+}
+
+#if RN_HALF
+/* rms_bwd_apply_rows and ln_bwd_apply_rows of 16-bit rows with float32 parameters (w, and
+ * the totals dw, db; no dx2, dh): float32's arithmetic on the widened rows, each dx rounded
+ * once (bitwise float32's passes on the widened rows, then the rounding; the same column
+ * sums). */
+static void RN_NAME(rms_bwd_apply_rows_mixed)(RN_T *dx, float *dw, double *dw_part,
+                                              const RN_T *dy, const RN_T *x, const float *w,
+                                              const double *rstd, const double *m, int rows,
+                                              Py_ssize_t d, int stream, Py_ssize_t ahead,
+                                              int prefetch_dx)
+{
+    RN_NAME(rms_bwd_apply_rows_p)(dx, NULL, dw, dw_part, dy, NULL, x, w, 1, rstd, m, rows, d,
+                                  stream, ahead, prefetch_dx);
+}
+
+static void RN_NAME(ln_bwd_apply_rows_mixed)(RN_T *dx, float *dw, float *db, double *dw_part,
+                                             double *db_part, const RN_T *dy, const RN_T *x,
+                                             const float *w, const double *mean,
+                                             const double *rstd, const double *mean_g,
+                                             const double *mean_gxhat, int rows, Py_ssize_t d,
+                                             int stream, Py_ssize_t ahead, int prefetch_dx)
+{
+    RN_NAME(ln_bwd_apply_rows_p)(dx, NULL, dw, db, dw_part, db_part, dy, NULL, x, w, 1, mean,
+                                 rstd, mean_g, mean_gxhat, rows, d, stream, ahead,
+                                 prefetch_dx);
+}
+#endif
+
 #undef RN_PF_GROUP
 #undef RN_PF_DX_ROWS
 #undef RN_PF_ROW
@@ -503,6 +570,7 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
 #undef RN_CHUNKED
 #undef RN_CHUNK
 #undef RN_BY_ROWS
+#undef RN_BY_PF
 #undef RN_SUM_GROUP
 #undef RN_COLUMNS
 #undef RN_PUT_ROWS

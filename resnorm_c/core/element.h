@@ -16,6 +16,11 @@
 #undef RN_ST
 #undef RN_GET
 #undef RN_PUT
+#undef RN_F32_
+#undef RN_GETP
+#undef RN_PUTP
+#undef RN_VLOADP
+#undef RN_LDP
 #undef RN_ADD_WIDENED
 #undef RN_RESIDUAL_BRANCH
 #undef RN_RESIDUAL_SUM

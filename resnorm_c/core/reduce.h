@@ -304,15 +304,18 @@ static void RN_NAME(shifted_sums)(double *sums, const RN_T *x, Py_ssize_t d, Py_
 #undef S_
 }
 
-/* RMSNorm backward reduction: sum_i g_i * xn_i with g = dy*w, xn = x*rstd (w NULL: 1). */
-static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
-                                   Py_ssize_t d, Py_ssize_t ahead)
+/* RMSNorm backward reduction: sum_i g_i * xn_i with g = dy*w, xn = x*rstd (w NULL: 1); w of
+ * the element type, or float32 (pf: see RN_GETP in vec.h). */
+static inline __attribute__((always_inline)) double RN_NAME(rms_bwd_dot_p)(
+    const RN_T *dy, const RN_T *x, const void *w, int pf, double rstd, Py_ssize_t d,
+    Py_ssize_t ahead)
 {
     const RN_C r = (RN_C)rstd;
     double s[1];
-#define T_(i, t) { t[0] = RN_NAME(vload)(dy + (i)) * RN_NAME(vload)(w + (i)) *            \
+    (void)pf;
+#define T_(i, t) { t[0] = RN_NAME(vload)(dy + (i)) * RN_VLOADP(w, i) *                      \
                           (RN_NAME(vload)(x + (i)) * r); }
-#define S_(i, s) { s[0] = (double)(RN_LD(dy + (i)) * RN_LD(w + (i)) * (RN_LD(x + (i)) * r)); }
+#define S_(i, s) { s[0] = (double)(RN_LD(dy + (i)) * RN_LDP(w, i) * (RN_LD(x + (i)) * r)); }
     if (w) RN_REDUCE_BLOCKED(1, d, RN_PF_DY_X, T_, S_, s);
 #undef T_
 #undef S_
@@ -325,20 +328,22 @@ static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w,
 }
 
 /* The two LayerNorm-backward reductions in one pass, with g = dy*w (w NULL: 1) and
- * xhat = (x - mean)*rstd:  *sum_g = sum g,  *sum_gxhat = sum g*xhat. */
-static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *dy,
-                                 const RN_T *x, const RN_T *w, double mean, double rstd,
-                                 Py_ssize_t d, Py_ssize_t ahead)
+ * xhat = (x - mean)*rstd:  *sum_g = sum g,  *sum_gxhat = sum g*xhat; w as in
+ * rms_bwd_dot_p. */
+static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_sums_p)(
+    double *sum_g, double *sum_gxhat, const RN_T *dy, const RN_T *x, const void *w, int pf,
+    double mean, double rstd, Py_ssize_t d, Py_ssize_t ahead)
 {
     RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
     const RN_C r = (RN_C)rstd;
     double s[2];
+    (void)pf;
 #define T_(i, t) { RN_VEC g_ = RN_NAME(vload)(dy + (i));                                  \
-                   if (w) { g_ *= RN_NAME(vload)(w + (i)); }                              \
+                   if (w) { g_ *= RN_VLOADP(w, i); }                                      \
                    t[0] = g_;                                                             \
                    t[1] = g_ * (((RN_NAME(vload)(x + (i)) - mh) - ml) * r); }
-#define S_(i, s) { RN_C g_ = RN_LD(dy + (i)); if (w) { g_ *= RN_LD(w + (i)); }            \
+#define S_(i, s) { RN_C g_ = RN_LD(dy + (i)); if (w) { g_ *= RN_LDP(w, i); }              \
                    s[0] = (double)g_;                                                     \
                    s[1] = (double)(g_ * (((RN_LD(x + (i)) - mh) - ml) * r)); }
     RN_REDUCE_BLOCKED(2, d, RN_PF_DY_X, T_, S_, s);
@@ -347,6 +352,36 @@ static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *d
     *sum_g = s[0];
     *sum_gxhat = s[1];
 }
+
+static double RN_NAME(rms_bwd_dot)(const RN_T *dy, const RN_T *x, const RN_T *w, double rstd,
+                                   Py_ssize_t d, Py_ssize_t ahead)
+{
+    return RN_NAME(rms_bwd_dot_p)(dy, x, w, 0, rstd, d, ahead);
+}
+
+static void RN_NAME(ln_bwd_sums)(double *sum_g, double *sum_gxhat, const RN_T *dy,
+                                 const RN_T *x, const RN_T *w, double mean, double rstd,
+                                 Py_ssize_t d, Py_ssize_t ahead)
+{
+    RN_NAME(ln_bwd_sums_p)(sum_g, sum_gxhat, dy, x, w, 0, mean, rstd, d, ahead);
+}
+
+#if RN_HALF
+/* rms_bwd_dot and ln_bwd_sums of 16-bit rows with float32 parameters: bitwise float32's on
+ * the widened rows (the same terms in float, the same lanes). */
+static double RN_NAME(rms_bwd_dot_mixed)(const RN_T *dy, const RN_T *x, const float *w,
+                                         double rstd, Py_ssize_t d, Py_ssize_t ahead)
+{
+    return RN_NAME(rms_bwd_dot_p)(dy, x, w, 1, rstd, d, ahead);
+}
+
+static void RN_NAME(ln_bwd_sums_mixed)(double *sum_g, double *sum_gxhat, const RN_T *dy,
+                                       const RN_T *x, const float *w, double mean, double rstd,
+                                       Py_ssize_t d, Py_ssize_t ahead)
+{
+    RN_NAME(ln_bwd_sums_p)(sum_g, sum_gxhat, dy, x, w, 1, mean, rstd, d, ahead);
+}
+#endif
 
 /* The residual sum of a row, h_k = residual_k + alpha_k * (x_k * m_k) (RN_RESIDUAL_SUM: m_k
  * scale or 0; alpha, keep NULL: 1), formed in the input precision exactly as residual_add

@@ -633,6 +633,29 @@ static inline __attribute__((always_inline)) void RN_NAME(vput)(RN_T *p, RN_VEC 
 
 #define RN_GET(p) RN_NAME(vget)((p), n_, s_)
 #define RN_PUT(p, v) RN_NAME(vput)((p), (v), n_, s_)
+
+/* The parameters (weight, bias) and their gradients' totals, at element k of p: of the
+ * element type, or (pf set: the 16-bit types' mixed passes, float32 parameters beside
+ * 16-bit rows) float32's, whose lanes enter the same arithmetic.  pf is a constant of each
+ * caller (an always-inline pass with a constant argument), so each instance keeps one kind
+ * of load and store.  RN_GETP and RN_PUTP inside RN_ELEMENTWISE, RN_VLOADP and RN_LDP (a
+ * whole vector, one element) in the reductions. */
+#if RN_HALF
+#define RN_F32_(base) RN_CAT3(base, f32, RN_ISA)
+#define RN_GETP(p, k) (pf ? RN_F32_(vget)((const float *)(p) + (k), n_, s_)                 \
+                          : RN_GET((const RN_T *)(p) + (k)))
+#define RN_PUTP(p, k, v, n, s) (pf ? RN_F32_(vput)((float *)(p) + (k), (v), (n), (s))         \
+                                   : RN_NAME(vput)((RN_T *)(p) + (k), (v), (n), (s)))
+#define RN_VLOADP(p, k) (pf ? RN_F32_(vload)((const float *)(p) + (k))                       \
+                            : RN_NAME(vload)((const RN_T *)(p) + (k)))
+#define RN_LDP(p, k) (pf ? RN_F32_(ld)((const float *)(p) + (k))                           \
+                         : RN_LD((const RN_T *)(p) + (k)))
+#else
+#define RN_GETP(p, k) RN_GET((const RN_T *)(p) + (k))
+#define RN_PUTP(p, k, v, n, s) RN_NAME(vput)((RN_T *)(p) + (k), (v), (n), (s))
+#define RN_VLOADP(p, k) RN_NAME(vload)((const RN_T *)(p) + (k))
+#define RN_LDP(p, k) RN_LD((const RN_T *)(p) + (k))
+#endif
 #define RN_ADD_WIDENED(part, v) RN_NAME(add_widened)((part), (v), n_)
 
 #define RN_ELEMENTWISE(d, out, stream, PF, BODY)                                        \
