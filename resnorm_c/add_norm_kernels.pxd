@@ -29,7 +29,7 @@ from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_grou
 from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
                          rn_residual_reduce, rn_residual_shifted_sums,
                          rn_residual_add_shifted_sums, rn_residual_norm_apply,
-                         rn_residual_bwd, rn_rms_apply)
+                         rn_residual_norm_apply_mixed, rn_residual_bwd, rn_rms_apply)
 from norm_kernels cimport (backward_prefetch_dx, forward_prefetch, layer_backward_group,
                           layer_forward_row_stats, ln_moments_from, one_group,
                           rms_backward_group, rms_forward_row_from, shifted_moments)
@@ -46,20 +46,31 @@ cdef inline Py_ssize_t add_norm_mask_words(Py_ssize_t d, const rn_dropout *dp) n
 
 cdef inline void apply_row(element *y, element *h, const element *residual, const element *x,
                            const element *alpha, const element *w, const element *b,
-                           double mean, double rstd, const uint8_t *keep, Py_ssize_t kpos,
-                           uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
-                           Py_ssize_t d, int stream) noexcept nogil:
+                           const float *wf, const float *bf, double mean, double rstd,
+                           const uint8_t *keep, Py_ssize_t kpos, uint64_t *next_words,
+                           const rn_dropout *dp, uint64_t next_start, Py_ssize_t d,
+                           int stream) noexcept nogil:
     """y (and h) of one row from its cached x and residual, slice by slice; between
     slices the keep bits of the next row (flat elements from next_start) go into next_words
-    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k."""
+    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k.  wf,
+    bf (16-bit rows only; NULL: none): w and b widened to float32, read in their place
+    (the same bits)."""
     cdef Py_ssize_t k = 0, length
     cdef double scale = dp.scale if dp != NULL else 1.0
     cdef uint64_t first = next_start // 64, made = next_start // 64
+    cdef bint widened = wf != NULL or bf != NULL
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
-        rn_residual_norm_apply(y + k, h + k if h != NULL else NULL, residual + k, x + k,
-                               at(alpha, k), keep, kpos + k, scale, at(w, k), at(b, k), mean,
-                               rstd, length, stream)
+        if (element is rn_bf16 or element is rn_f16) and widened:
+            rn_residual_norm_apply_mixed(y + k, h + k if h != NULL else NULL, residual + k,
+                                         x + k, at(alpha, k), keep, kpos + k, scale,
+                                         wf + k if wf != NULL else NULL,
+                                         bf + k if bf != NULL else NULL, mean, rstd, length,
+                                         stream)
+        else:
+            rn_residual_norm_apply(y + k, h + k if h != NULL else NULL, residual + k, x + k,
+                                   at(alpha, k), keep, kpos + k, scale, at(w, k), at(b, k),
+                                   mean, rstd, length, stream)
         if next_words != NULL:
             made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
@@ -188,7 +199,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
         if stats_trusted(layer, residual, mu, var, d):
             rstd[i] = 1.0 / sqrt(var + eps)
             apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,
-                      alpha, w, b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
+                      alpha, w, b, wf, bf, mu, rstd[i], <uint8_t *>keep, i * d % 64,
                       keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
         else:
             # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
@@ -220,7 +231,8 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
     NULL (only y is written).  w, b, alpha may be NULL.  mean, rstd (n) receive the row
     statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  buf:
     forward_floats(d) floats per thread for float32 parameters wf, bf beside 16-bit rows
-    (w, b NULL), else NULL.  A thread takes a contiguous range of rows.  Backward:
+    (w, b NULL), else NULL.  wf, bf without buf: the 16-bit parameters w, b widened to
+    float32 (once per call), which the fused pass reads in their place (the same bits).  A thread takes a contiguous range of rows.  Backward:
     add_norm_backward.  NumPy references: resnorm.reference.add_rms_norm_forward,
     add_layer_norm_forward.
     """

@@ -33,20 +33,30 @@ cdef inline cnp.ndarray buffer_for(out, cnp.ndarray like, tuple inputs, str name
 
 cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, double *rstd,
                                        const void *x, const void *r, const void *w,
-                                       const void *b, const void *alpha, bint mixed,
+                                       const void *b, const void *alpha, bint mixed, bint widen,
                                        double eps, const rn_dropout *site, uint64_t *masks,
                                        float *buf, Py_ssize_t n, Py_ssize_t d, int nt,
                                        bint stream) noexcept nogil:
     """add_norm_forward for y's element type (the inputs are of that type; w and b float32
-    when mixed)."""
+    when mixed).  widen: the 16-bit w and b are widened here into buf (2 d floats) once for
+    all rows, which the fused pass reads in their place."""
+    cdef float *wf = NULL
+    cdef float *bf = NULL
     if mixed:
         add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r, NULL, NULL,
                          <const element *>alpha, <const float *>w, <const float *>b, eps, site,
                          masks, buf, n, d, nt, stream)
-    else:
-        add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r,
-                         <const element *>w, <const element *>b, <const element *>alpha, NULL,
-                         NULL, eps, site, masks, NULL, n, d, nt, stream)
+        return
+    if widen:
+        if w != NULL:
+            wf = buf
+            rn_to_float32(wf, <const element *>w, d)
+        if b != NULL:
+            bf = buf + d
+            rn_to_float32(bf, <const element *>b, d)
+    add_norm_forward(y, h, mean, rstd, <const element *>x, <const element *>r,
+                     <const element *>w, <const element *>b, <const element *>alpha, wf, bf,
+                     eps, site, masks, NULL, n, d, nt, stream)
 
 
 cdef inline void add_norm_backward_rows(element *dx, element *dres, void *dw, void *db,
@@ -129,8 +139,18 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef cnp.ndarray mean = None, rstd = None
     cdef Py_ssize_t stats_bytes = 0 if keep_cache else 2 * n * sizeof(double)
     cdef Py_ssize_t masks_bytes = max(1, nt) * add_norm_mask_words(d, &site) * 8
-    # the widened rows (mixed, one per thread)
-    cdef Py_ssize_t buf_bytes = 0 if pdt is None else max(1, nt) * forward_floats(d) * 4
+    cdef Kind ek = kind_of(rows_x)
+    # LayerNorm's 16-bit parameters of many rows: widened to float32 once, for the fused
+    # pass.  bfloat16, one thread, medians of 4 runs alternated with the build without:
+    # add_layer_norm (2048, 4096) 0.99 of the time, (2048, 768) 0.95, (64, 1024) 0.94;
+    # add_layer_norm_post 0.95, 0.93, 0.92.  Not RMSNorm's: add_rms_norm (2048, 4096) took
+    # 1.09x, (2048, 768) 1.03x (a float32 weight row beside the two 16-bit rows read fills
+    # more of L1 than the one LayerNorm's pass saves work for).
+    cdef bint widen = (layer and pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
+                       and widened_params(n) and (w is not None or b is not None))
+    # the widened rows (mixed, one per thread), or the widened parameters
+    cdef Py_ssize_t buf_bytes = (max(1, nt) * forward_floats(d) * 4 if pdt is not None
+                                 else 2 * d * 4 if widen else 0)
     cdef Scratch scratch = lend(stats_bytes + masks_bytes + buf_bytes)
     cdef double *pmean = <double *>scratch.data
     cdef double *prstd = pmean + n
@@ -154,20 +174,19 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef void *pw = data_of(w)
     cdef void *pb = data_of(b)
     cdef void *pa = data_of(scale.vector)
-    cdef Kind ek = kind_of(rows_x)
     saved = release_gil(size)
     if ek == KIND_F32:
         add_norm_forward_rows(<float *>py, <float *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                              mixed, e, &site, masks, buf, n, d, nt, stream)
+                              mixed, widen, e, &site, masks, buf, n, d, nt, stream)
     elif ek == KIND_F64:
         add_norm_forward_rows(<double *>py, <double *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                              mixed, e, &site, masks, buf, n, d, nt, stream)
+                              mixed, widen, e, &site, masks, buf, n, d, nt, stream)
     elif ek == KIND_BF16:
         add_norm_forward_rows(<rn_bf16 *>py, <rn_bf16 *>ph, pmean, prstd, px, pr, pw, pb,
-                              pa, mixed, e, &site, masks, buf, n, d, nt, stream)
+                              pa, mixed, widen, e, &site, masks, buf, n, d, nt, stream)
     else:
         add_norm_forward_rows(<rn_f16 *>py, <rn_f16 *>ph, pmean, prstd, px, pr, pw, pb, pa,
-                              mixed, e, &site, masks, buf, n, d, nt, stream)
+                              mixed, widen, e, &site, masks, buf, n, d, nt, stream)
     take_gil_back(saved)
     scratch.give_back()
     y_result = finish(out, y)

@@ -114,6 +114,12 @@ PRIMITIVES = [
               "double mean, double rstd, Py_ssize_t d, int stream",
               "h_i = residual_i + alpha_i*(x_i*m_i),  y_i = (h_i - mean) * rstd * w_i + b_i",
               "apply.h"),
+    Primitive("residual_norm_apply_mixed", "void",
+              "T *y, T *h, const T *residual, const T *x, const T *alpha, "
+              "const uint8_t *keep, Py_ssize_t kpos, double scale, const float *w, "
+              "const float *b, double mean, double rstd, Py_ssize_t d, int stream",
+              "residual_norm_apply with float32 w_i, b_i (16-bit rows)", "apply.h",
+              mixed=True),
     # ---- backward elementwise passes over up to RN_GROUP rows (backward.h)
     Primitive("rms_bwd_apply_rows", "void",
               "T *dx, T *dx2, T *dw, double *dw_part, const T *dy, const T *dh, const T *x, "

@@ -39,6 +39,12 @@ def ulps(got, want64):
     return np.abs(ordered(got) - ordered(want64.astype(got.dtype)))
 
 
+def is_rounded_once(got, want32, dt):
+    """got is of dt and holds, bit for bit, the float32 values want32 rounded once to dt."""
+    return got.dtype == dt and np.array_equal(got.view(np.uint16),
+                                              want32.astype(dt).view(np.uint16))
+
+
 def rows(rng, kind, n, d, dt):
     if kind == "normal":
         x = rng.standard_normal((n, d))
@@ -198,6 +204,31 @@ def test_fused_forward_within_one_ulp(rng, name, layer, d):
     assert ulps(h, h64).max() <= 1
     assert ulps(y, want).max() <= 1
     assert np.array_equal(post.view(np.uint16), y.view(np.uint16))
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("n", [5, 16, 37])
+def test_fused_forward_is_the_float32_fused_forward_rounded_once(rng, name, n):
+    # with 16-bit parameters (read at every row, or widened to float32 once per call from
+    # 16 rows on), y and h are bitwise the float32 fused forward of the widened inputs,
+    # each rounded once, with any thread count (y normalises h before h is rounded)
+    dt = half(name)
+    for d in (3, 1000):
+        x, r = rows(rng, "normal", n, d, dt), rows(rng, "mixed", n, d, dt)
+        w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
+        b = rng.standard_normal(d).astype(dt)
+        wide = [a.astype(np.float32) for a in (x, r, w, b)]
+        for nt in (1, 2):
+            for f, args in ((resnorm.add_layer_norm, (0, 1, 2, 3)),
+                            (resnorm.add_layer_norm_post, (0, 1, 2, 3)),
+                            (resnorm.add_layer_norm, (0, 1, 2)),
+                            (resnorm.add_rms_norm, (0, 1, 2)),
+                            (resnorm.add_rms_norm_post, (0, 1, 2))):
+                got = f(*[(x, r, w, b)[k] for k in args], n_threads=nt)
+                want = f(*[wide[k] for k in args], n_threads=nt)
+                got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+                for g, e in zip(got, want):
+                    assert is_rounded_once(g, e, dt), (f.__name__, d, nt)
 
 
 @pytest.mark.parametrize("name", HALVES)
@@ -421,8 +452,7 @@ def test_float32_parameters_are_the_float32_norm_rounded_once(rng, name, d, zc):
             if f is None:
                 assert g is None, k
             elif g.shape == x.shape:   # outputs and dx: x's dtype, rounded once
-                assert g.dtype == dt and np.array_equal(g.view(np.uint16),
-                                                        f.astype(dt).view(np.uint16)), k
+                assert is_rounded_once(g, f, dt), k
             else:                      # dweight, dbias: float32
                 assert g.dtype == np.float32 and np.array_equal(g, f), k
 
@@ -451,8 +481,7 @@ def test_half_parameters_backward_is_the_float32_backward_rounded_once(rng, name
                         dy, resnorm.rms_norm_forward(x, w)[1], n_threads=nt)
 
                 got, want = grads(x, dy, w, b), grads(*f32)
-                assert got[0].dtype == dt and np.array_equal(
-                    got[0].view(np.uint16), want[0].astype(dt).view(np.uint16)), (d, nt, layer)
+                assert is_rounded_once(got[0], want[0], dt), (d, nt, layer)
                 for g, f in zip(got[1:], want[1:]):
                     f64 = f.astype(np.float64)
                     assert g.dtype == dt
@@ -488,8 +517,7 @@ def test_layer_norm_backward_rows_whose_deviation_overflows_float32(rng, pdt):
                                                  n_threads=nt)
         assert np.all(np.isfinite(dx.astype(np.float64)))
         assert ulps(dx[rare], want_dx[rare]).max() <= 1
-        assert np.array_equal(dx[~rare].view(np.uint16),
-                              want[0][~rare].astype(bf16).view(np.uint16))
+        assert is_rounded_once(dx[~rare], want[0][~rare], bf16)
         for g, f in zip((dw, db), want[1:]):
             f64 = f.astype(np.float64)
             assert g.dtype == pt
