@@ -232,9 +232,9 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
     statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  buf:
     forward_floats(d) floats per thread for float32 parameters wf, bf beside 16-bit rows
     (w, b NULL), else NULL.  wf, bf without buf: the 16-bit parameters w, b widened to
-    float32 (once per call), which the fused pass reads in their place (the same bits).  A thread takes a contiguous range of rows.  Backward:
-    add_norm_backward.  NumPy references: resnorm.reference.add_rms_norm_forward,
-    add_layer_norm_forward.
+    float32 (once per call), which the fused pass reads in their place (the same bits).  A
+    thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
+    references: resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
     """
     cdef const rn_dropout *dp = active(dropout)
     cdef Py_ssize_t t, nw = add_norm_mask_words(d, dropout)
@@ -338,12 +338,12 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     cdef bint direct = (dp == NULL and alpha == NULL
                         and (element is float or element is double))
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
-    # the totals, of the parameters' type (float32 beside 16-bit rows: buf given, w NULL)
+    # the totals, of the parameters' type (float32 beside 16-bit rows: buf given)
     cdef element *dw_t = NULL
     cdef element *db_t = NULL
     cdef float *dwf_t = NULL
     cdef float *dbf_t = NULL
-    if buf != NULL and w == NULL:
+    if buf != NULL:
         dwf_t, dbf_t = <float *>dw, <float *>db
     else:
         dw_t, db_t = <element *>dw, <element *>db
@@ -387,7 +387,7 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
             continue
         # the norm's backward leaves the gradient reaching h in gs (over h in Post-Norm): a
         # scratch group, whose next rows are not prefetched
-        if buf != NULL:   # float32 parameters beside 16-bit rows (or 16-bit ones widened)
+        if buf != NULL or wf != NULL:   # float32 parameters (or 16-bit ones widened)
             if element is rn_bf16 or element is rn_f16:
                 mixed_backward_group(mean != NULL, gs, dwf_t, dbf_t, dw_part, db_part, mean_g,
                                      m, dy + i * d, hp, wf, w,
@@ -430,14 +430,13 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, vo
     Pre-Norm: h is the cached forward output.  Post-Norm: h is NULL and each row of h is
     recomputed from x and residual (dh must then be NULL).  dh may be NULL (0); dw, db,
     dalpha NULL: not wanted (x may then be NULL in Pre-Norm).  dw, db: of the element type;
-    float32 when buf is given (backward_floats(d) floats per thread) and w is NULL: float32
-    parameters beside 16-bit rows, the weight wf.  buf and wf with w given: w is 16-bit, wf
-    its exact float32 copy (made once per call; more than RN_GROUP rows), and the norm's
+    float32 when buf is given (backward_floats(d) floats per thread): float32 parameters
+    beside 16-bit rows, the weight wf (w NULL).  wf with w given (buf NULL): w is 16-bit,
+    wf its exact float32 copy (made once per call; more than RN_GROUP rows), and the norm's
     passes are mixed_kernels.pxd's as with float32 parameters (the same bits as the 16-bit
-    kernels').  partials: 3 * row_blocks(n) * d doubles
-    (dw, db, dalpha partial rows); scratch: add_norm_backward_scratch(d) bytes per thread,
-    64-byte aligned.  NumPy references: resnorm.reference.add_rms_norm_backward,
-    add_layer_norm_backward.
+    kernels').  partials: 3 * row_blocks(n) * d doubles (dw, db, dalpha partial rows);
+    scratch: add_norm_backward_scratch(d) bytes per thread, 64-byte aligned.  NumPy
+    references: resnorm.reference.add_rms_norm_backward, add_layer_norm_backward.
     """
     cdef const rn_dropout *dp = active(dropout)
     cdef Py_ssize_t nb = row_blocks(n), blk, per_thread = add_norm_backward_scratch(d, dropout)
@@ -465,7 +464,7 @@ cdef inline void add_norm_backward(element *dx, element *dresidual, void *dw, vo
                                     else NULL,
                                     blk, nb, n, d, stream)
     # (the float32 sums exist only in the 16-bit kernels: float and double keep one call each)
-    if (element is rn_bf16 or element is rn_f16) and buf != NULL and w == NULL:
+    if (element is rn_bf16 or element is rn_f16) and buf != NULL:
         if want_dw:
             sum_partials(<float *>dw, partials, nb, d, n_threads)
         if want_db:

@@ -325,12 +325,13 @@ cdef inline void mixed_backward_rows(bint layer, Kind ek, void *dx, void *dw, vo
                                      Py_ssize_t d, int nt, bint stream, bint widen,
                                      float *buf) noexcept nogil:
     """The norm backward kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd);
-    widen: the weight w is 16-bit, widened here once for all rows, into the d floats after
-    the rows' buffers (buf: nt * backward_floats(d) floats, then those), and dw, db are
-    16-bit."""
+    buf: nt * backward_floats(d) floats.  widen: the weight w is 16-bit, widened here once
+    for all rows into buf (d floats: its rare rows take the 16-bit kernels, which need no
+    rows' buffer), and dw, db are 16-bit."""
     cdef float *wf = <float *>w
     if widen:
-        wf = buf + nt * backward_floats(d)
+        wf = buf
+        buf = NULL
     if ek == KIND_BF16:
         if widen:
             widen_params(wf, NULL, <const rn_bf16 *>w, NULL, d)
@@ -394,11 +395,10 @@ cdef object norm_backward(bint layer, dy, cache, out, n_threads):
     cdef bint widen = (pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
                        and widened_params(n) and weight is not None)
     # scratch: two row reductions per row, the dweight / dbias partial rows, then the
-    # widened rows (mixed, per thread) and the widened weight
+    # widened rows (mixed, per thread) or the widened weight
     cdef Py_ssize_t parts = (dw is not None) + (db is not None)
     cdef Py_ssize_t ndouble = 2 * n + parts * nb * d
-    cdef Py_ssize_t nbuf = (nt * backward_floats(d) + (d if widen else 0)
-                            if pdt is not None or widen else 0)
+    cdef Py_ssize_t nbuf = d if widen else 0 if pdt is None else nt * backward_floats(d)
     cdef Scratch scratch = lend(ndouble * sizeof(double) + nbuf * sizeof(float))
     cdef double *red = <double *>scratch.data
     cdef double *wpart = red + 2 * n

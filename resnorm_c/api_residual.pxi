@@ -65,21 +65,25 @@ cdef inline void add_norm_backward_rows(element *dx, element *dres, void *dw, vo
                                         const void *x, const void *r, const void *w,
                                         const void *alpha, bint mixed, bint widen,
                                         const double *mean, const double *rstd,
-                                        const rn_dropout *site, float *buf, float *wbuf,
-                                        Py_ssize_t n, Py_ssize_t d, int nt,
-                                        bint stream) noexcept nogil:
+                                        const rn_dropout *site, float *buf, Py_ssize_t n,
+                                        Py_ssize_t d, int nt, bint stream) noexcept nogil:
     """add_norm_backward for dx's element type (the other arrays are of that type; w, dw
-    and db float32 when mixed).  widen: the 16-bit weight w is widened here into wbuf
-    (d floats) once for all rows, for the mixed norm (dw and db stay 16-bit)."""
-    if mixed or widen:
-        if widen:
-            rn_to_float32(wbuf, <const element *>w, d)
+    and db float32 when mixed; buf: the widened rows, when mixed).  widen: the 16-bit
+    weight w is widened here into buf (d floats) once for all rows, for the mixed norm (dw
+    and db stay 16-bit)."""
+    if widen:
+        rn_to_float32(buf, <const element *>w, d)
         add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch,
                           <const element *>dy, <const element *>dh, <const element *>h,
-                          <const element *>x, <const element *>r,
-                          <const element *>w if widen else NULL, <const element *>alpha,
-                          <const float *>wbuf if widen else <const float *>w, mean, rstd, site,
-                          buf, n, d, nt, stream)
+                          <const element *>x, <const element *>r, <const element *>w,
+                          <const element *>alpha, buf, mean, rstd, site, NULL, n, d, nt,
+                          stream)
+    elif mixed:
+        add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch,
+                          <const element *>dy, <const element *>dh, <const element *>h,
+                          <const element *>x, <const element *>r, NULL,
+                          <const element *>alpha, <const float *>w, mean, rstd, site, buf, n,
+                          d, nt, stream)
     else:
         add_norm_backward(dx, dres, dw, db, dalpha, partials, rows_scratch,
                           <const element *>dy, <const element *>dh, <const element *>h,
@@ -291,14 +295,13 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef Py_ssize_t parts_bytes = 3 * nb * d * sizeof(double)
     cdef Py_ssize_t per_thread = add_norm_backward_scratch(d, &site)
     cdef Py_ssize_t rows_bytes = max(1, nt) * per_thread + 64
-    # the widened rows (mixed, per thread), then the widened weight
-    cdef Py_ssize_t nbuf = max(1, nt) * backward_floats(d)
-    cdef Py_ssize_t buf_bytes = (nbuf + (d if widen else 0)) * 4 if mixed or widen else 0
+    # the widened rows (mixed, per thread), or the widened weight
+    cdef Py_ssize_t buf_bytes = (max(1, nt) * backward_floats(d) * 4 if mixed
+                                 else d * 4 if widen else 0)
     cdef Scratch scratch = lend(parts_bytes + rows_bytes + buf_bytes)
     cdef double *partials = <double *>scratch.data
     cdef char *rows_scratch = scratch.data + (parts_bytes + 63) // 64 * 64
     cdef float *buf = <float *>(scratch.data + parts_bytes + rows_bytes)
-    cdef float *wbuf = buf + nbuf
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdres = cnp.PyArray_DATA(dres)
     cdef void *pdw = data_of(dweight)
@@ -317,19 +320,19 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     if ek == KIND_F32:
         add_norm_backward_rows(<float *>pdx, <float *>pdres, pdw, pdb, pda, partials,
                                rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, widen, pmean,
-                               prstd, &site, buf, wbuf, n, d, nt, stream)
+                               prstd, &site, buf, n, d, nt, stream)
     elif ek == KIND_F64:
         add_norm_backward_rows(<double *>pdx, <double *>pdres, pdw, pdb, pda, partials,
                                rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, widen, pmean,
-                               prstd, &site, buf, wbuf, n, d, nt, stream)
+                               prstd, &site, buf, n, d, nt, stream)
     elif ek == KIND_BF16:
         add_norm_backward_rows(<rn_bf16 *>pdx, <rn_bf16 *>pdres, pdw, pdb, pda, partials,
                                rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, widen, pmean,
-                               prstd, &site, buf, wbuf, n, d, nt, stream)
+                               prstd, &site, buf, n, d, nt, stream)
     else:
         add_norm_backward_rows(<rn_f16 *>pdx, <rn_f16 *>pdres, pdw, pdb, pda, partials,
                                rows_scratch, pdy, pdh, ph, px, pr, pw, pa, mixed, widen, pmean,
-                               prstd, &site, buf, wbuf, n, d, nt, stream)
+                               prstd, &site, buf, n, d, nt, stream)
     take_gil_back(saved)
     scratch.give_back()
     row = None

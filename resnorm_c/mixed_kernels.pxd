@@ -13,7 +13,9 @@
 # forward row for the careful path; in backward, a LayerNorm group with a row whose
 # x - mean overflowed float32) is widened to float32 in this thread's buffer, exactly (a
 # group of RN_GROUP rows in backward), through the float32 kernels of norm_kernels.pxd,
-# and its output rounded once to the 16-bit type.  Rows are stored streaming
+# and its output rounded once to the 16-bit type.  16-bit parameters widened once per call
+# take these kernels too (mixed_forward, mixed_backward: the 16-bit kernels' bits), with
+# the 16-bit kernels' careful paths for the rare rows.  Rows are stored streaming
 # (non-temporal) when the caller asks, as the other kernels store theirs.
 #
 # buf: per thread, forward_floats(d) (forward) or backward_floats(d) (backward) floats, at
@@ -219,9 +221,8 @@ cdef inline void widened_backward_group(half *dx, float *dw, float *db, double *
 cdef inline void mixed_backward_block(bint layer, half *dx, double *dw_part, double *db_part,
                                       double *red, Py_ssize_t n, const half *dy, const half *x,
                                       const float *w, const half *wh, const double *mean,
-                                      const double *rstd,
-                                      Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t d,
-                                      bint stream, float *buf) noexcept nogil:
+                                      const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
+                                      Py_ssize_t d, bint stream, float *buf) noexcept nogil:
     """Rows lo .. hi in groups of up to RN_GROUP rows from lo, as norm_kernels.pxd's
     *_backward_block, each through mixed_backward_group."""
     cdef Py_ssize_t i = lo, rows
@@ -251,7 +252,8 @@ cdef inline void mixed_backward(bint layer, half *dx, void *dw, void *db, double
     rms_backward / layer_backward of norm_kernels.pxd with that weight, whose passes widen
     it at every row (their dweight and dbias: the same float64 partials, narrowed once to
     the 16-bit type; the rows go in row blocks even where they are one group, whose totals
-    have the same bits)."""
+    have the same bits).  buf may then be NULL: a LayerNorm group with a rare row takes the
+    16-bit kernel, on the rows themselves."""
     cdef Py_ssize_t nb = row_blocks(n), blk, per = backward_floats(d)
     cdef double *wpart
     cdef double *bpart
@@ -274,7 +276,7 @@ cdef inline void mixed_backward(bint layer, half *dx, void *dw, void *db, double
             bpart = db_part + blk * d if db != NULL else NULL
             mixed_backward_block(layer, dx, wpart, bpart, red, n, dy, x, w, wh, mean, rstd,
                                  blk * n // nb, (blk + 1) * n // nb, d, stream,
-                                 buf + threadid() * per)
+                                 buf + threadid() * per if buf != NULL else NULL)
     if widened:
         if dw != NULL:
             sum_partials(<half *>dw, dw_part, nb, d, n_threads)
