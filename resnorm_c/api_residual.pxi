@@ -150,8 +150,7 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     # add_layer_norm_post 0.95, 0.93, 0.92.  Not RMSNorm's: add_rms_norm (2048, 4096) took
     # 1.09x, (2048, 768) 1.03x (a float32 weight row beside the two 16-bit rows read fills
     # more of L1 than the one LayerNorm's pass saves work for).
-    cdef bint widen = (layer and pdt is None and (ek == KIND_BF16 or ek == KIND_F16)
-                       and widened_params(n) and (w is not None or b is not None))
+    cdef bint widen = layer and widens(ek, pdt is not None, n, w is not None or b is not None)
     # the widened rows (mixed, one per thread), or the widened parameters
     cdef Py_ssize_t buf_bytes = (max(1, nt) * forward_floats(d) * 4 if pdt is not None
                                  else 2 * d * 4 if widen else 0)
@@ -290,8 +289,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
     cdef rn_dropout site = kernel_dropout(c.dropout)
     cdef Kind ek = kind_of(rows)
     # a 16-bit weight of many rows: widened to float32 once, for the mixed norm
-    cdef bint widen = (not mixed and (ek == KIND_BF16 or ek == KIND_F16)
-                       and widened_params(n) and c.weight is not None)
+    cdef bint widen = widens(ek, mixed, n, c.weight is not None)
     cdef Py_ssize_t parts_bytes = 3 * nb * d * sizeof(double)
     cdef Py_ssize_t per_thread = add_norm_backward_scratch(d, &site)
     cdef Py_ssize_t rows_bytes = max(1, nt) * per_thread + 64

@@ -25,27 +25,6 @@ cdef extern from "cores.h":
 cdef enum:
     OVERSUBSCRIBE = 4
 
-# The norms of this many 16-bit rows and more take their 16-bit weight and bias widened to
-# float32 once per call (the mixed kernels' passes then load float32 parameters) where the
-# 16-bit kernels widen them at every row (widened_params), forward and backward.
-cdef enum:
-    WIDENED_PARAMS_MIN_ROWS = 16
-
-
-cdef inline bint widened_params(Py_ssize_t n) noexcept nogil:
-    """Whether a norm of n 16-bit rows with 16-bit parameters takes them widened once (the
-    mixed kernels).  bfloat16, one thread, widened against the 16-bit kernels, layer_norm
-    and rms_norm: (2048, 4096) 0.89 and 0.80 of the time, (2048, 768) 0.89 and 0.90,
-    (128, 4096) 0.83 and 0.90, (16, 4096) 0.90 and 0.96, (2048, 256) 0.98 and 1.01.  Fewer
-    rows do not repay the pass over the parameters: at 8 rows 0.95-1.01 and 1.00-1.04, at
-    2 rows 0.99-1.07 and 1.05-1.06.  Backward (its weight widened), medians of 2-3 runs
-    alternated with the build without, dx preallocated, rms_norm_backward and
-    layer_norm_backward: (2048, 4096) 0.90 and 0.92, (16384, 1024) 0.87 and 0.88,
-    (2048, 768) 0.93 and 0.93, (128, 4096) 0.94 and 0.96, (16, 4096) 0.94 and 0.94,
-    (2048, 256) 0.93 and 0.94."""
-    return n >= WIDENED_PARAMS_MIN_ROWS
-
-
 cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:
     """The thread count of a call over n_elements, for n_threads as threads_of gives it:
     1 when the work is too small to pay for a parallel region; else for 0 (None) the OpenMP

@@ -117,7 +117,7 @@ cdef inline void mixed_forward(bint layer, half *y, double *mean, double *rstd, 
     cdef Py_ssize_t t, per = forward_floats(d)
     if n_threads == 1:
         mixed_forward_rows(layer, y, mean, rstd, x, w, b, wh, bh, widened, 0, n, d, eps, stream,
-                           buf)
+                           buf if not widened else NULL)
     else:
         for t in prange(n_threads, schedule="static", num_threads=n_threads):
             mixed_forward_rows(layer, y, mean, rstd, x, w, b, wh, bh, widened,
