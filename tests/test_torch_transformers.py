@@ -397,6 +397,29 @@ def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name
     assert (dw - ref_dw).abs().max() <= 4 * eps32 * ref_dw.abs().max()
 
 
+@pytest.mark.parametrize("dtype", HALVES, ids=str)
+def test_16_bit_gemma_norm_is_within_a_unit_in_the_last_place_of_gemmas(dtype):
+    # A float16 / bfloat16 Gemma: Gemma forms the gain 1 + weight in float32, resnorm rounds
+    # it to the module's dtype first (docs/torch.md); both then compute in float32 and round
+    # the output once, so each output is within one unit in the last place of Gemma's.
+    pytest.importorskip("ml_dtypes")
+    model = _model("gemma").to(dtype)
+    norm = _norms(model, "GemmaRMSNorm")[-1]
+    x = (3 * torch.randn(64, 32, generator=torch.Generator().manual_seed(5))).to(dtype)
+    with torch.no_grad():
+        ref = norm(x).float()
+        _patch(model)
+        calls = []
+        with spy_norms(resnorm, calls):
+            got = norm(x).float()
+    assert len(calls) == 1 and got.shape == ref.shape
+    _, exponent = torch.frexp(ref)
+    ulp = torch.ldexp(torch.tensor(torch.finfo(dtype).eps), exponent - 1)
+    assert ((got - ref).abs() <= ulp).all()
+    # the gain rounded to the module dtype shows (docs/torch.md says so, and changes with it)
+    assert (got != ref).any()
+
+
 class _EpsPerDtypeRMSNorm(torch.nn.Module):
     """An RMSNorm that adds a larger eps to 16-bit input: no formula of resnorm's for it."""
 

@@ -711,7 +711,7 @@ def gated_residual_forward(x: ArrayLike, F: ArrayLike, g: ArrayLike, *,
 
     Parameters
     ----------
-    x : array_like of float32 or float64, shape (..., D)
+    x : array_like of float32, float64, float16 or bfloat16, shape (..., D)
     F : ndarray
         The branch, x's shape and dtype.
     g : ndarray

@@ -218,7 +218,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_w
     Parameters
     ----------
     x : torch.Tensor
-        float32 or float64 CPU tensor of shape (..., D).
+        float32, float64, float16 or bfloat16 CPU tensor of shape (..., D); the 16-bit
+        types are computed in float32 and rounded once.
     weight : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype, or None (w = 1); float32 beside
         float16/bfloat16 x (torch.autocast): the float32 norm rounded once to x's dtype,
@@ -240,8 +241,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_w
     Raises
     ------
     TypeError
-        x or weight not a tensor, not on the CPU, not dense, or of another dtype
-        (half precision included).
+        x or weight not a tensor, not on the CPU, not dense, or of another dtype.
     ValueError
         weight of the wrong shape, x without a last axis, eps not finite and > 0.
 
@@ -271,7 +271,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
     Parameters
     ----------
     x : torch.Tensor
-        float32 or float64 CPU tensor of shape (..., D).
+        float32, float64, float16 or bfloat16 CPU tensor of shape (..., D), as for
+        rms_norm.
     weight, bias : torch.Tensor or None
         (D,) (or normalized_shape) of x's dtype, or None, independently; float32 beside
         float16/bfloat16 x, as for rms_norm's weight.

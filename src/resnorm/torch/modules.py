@@ -188,8 +188,10 @@ class GemmaRMSNorm(RMSNorm):
     at zeros; the constructor and state_dict of Hugging Face's GemmaRMSNorm (dim, eps), so
     it loads Gemma's norm weights as they are.
 
-    Gemma's own module computes in float32 whatever the input's dtype; this one, like
-    RMSNorm, in the input's (float32 or float64).
+    Gemma's own module computes in float32 whatever the input's dtype, the gain 1 + weight
+    included; this one, like RMSNorm, in the input's (float32 or float64), and for float16
+    and bfloat16 inputs in float32 with the gain rounded to the input's dtype, the output
+    rounded once (within a unit in the last place of Gemma's).
 
     Parameters
     ----------
