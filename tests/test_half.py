@@ -55,6 +55,14 @@ def rows(rng, kind, n, d, dt):
     return x.astype(dt)
 
 
+def half_inputs(rng, dt, n, d, kinds):
+    """(n, d) rows of each kind in kinds, then a weight near 1 and a bias, all of dt; and
+    their exact float32 widenings, in the same order."""
+    arrays = [rows(rng, k, n, d, dt) for k in kinds]
+    arrays += [(1 + 0.5 * rng.standard_normal(d)).astype(dt), rng.standard_normal(d).astype(dt)]
+    return arrays, [a.astype(np.float32) for a in arrays]
+
+
 # --------------------------------------------------------------------------- conversions
 
 def test_float16_conversions_every_pattern():
@@ -214,10 +222,7 @@ def test_fused_forward_is_the_float32_fused_forward_rounded_once(rng, name, n):
     # each rounded once, with any thread count (y normalises h before h is rounded)
     dt = half(name)
     for d in (3, 1000):
-        x, r = rows(rng, "normal", n, d, dt), rows(rng, "mixed", n, d, dt)
-        w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
-        b = rng.standard_normal(d).astype(dt)
-        wide = [a.astype(np.float32) for a in (x, r, w, b)]
+        (x, r, w, b), wide = half_inputs(rng, dt, n, d, ("normal", "mixed"))
         for nt in (1, 2):
             for f, args in ((resnorm.add_layer_norm, (0, 1, 2, 3)),
                             (resnorm.add_layer_norm_post, (0, 1, 2, 3)),
@@ -467,10 +472,7 @@ def test_half_parameters_backward_is_the_float32_backward_rounded_once(rng, name
     # are rounded to float32 first)
     dt = half(name)
     for d in (3, 1000):
-        x, dy = rows(rng, "mixed", n, d, dt), rows(rng, "normal", n, d, dt)
-        w = (1 + 0.5 * rng.standard_normal(d)).astype(dt)
-        b = rng.standard_normal(d).astype(dt)
-        f32 = [a.astype(np.float32) for a in (x, dy, w, b)]
+        (x, dy, w, b), f32 = half_inputs(rng, dt, n, d, ("mixed", "normal"))
         for nt in (1, 2):
             for layer in (False, True):
                 def grads(x, dy, w, b):
