@@ -112,13 +112,21 @@ cpdef bint wants_grad(x, weight, bias) except -1:
                                 or (bias is not None and bias.requires_grad))
 
 
+cdef object _FLOAT32 = torch.float32
+cdef cnp.dtype _NP_FLOAT32 = cnp.dtype("float32")
+
+
 cdef object param_view(p, dtype, cnp.dtype np_dtype, tuple row):
-    """The view of p, a plain (D,) parameter of x's dtype (row = (D,)), else None."""
-    if type(p) is not _TENSOR and type(p) is not _PARAMETER:
+    """The view of p, a plain (D,) parameter (row = (D,)) of x's dtype, or float32 beside
+    float16 / bfloat16 x (torch's mixed case, which resnorm's functions take as it is),
+    else None."""
+    if type(p) is not _TENSOR and type(p) is not _PARAMETER or p.shape != row:
         return None
-    if p.dtype is not dtype or p.shape != row:
-        return None
-    return plain_view(p, np_dtype)
+    if p.dtype is dtype:
+        return plain_view(p, np_dtype)
+    if p.dtype is _FLOAT32 and np_dtype.itemsize == 2:
+        return plain_view(p, _NP_FLOAT32)
+    return None
 
 
 cdef object norm_into(bint layer, x, shape, cnp.dtype np_dtype, xv, weight_view, bias_view,
@@ -140,7 +148,8 @@ def norm_infer(bint layer, x, weight, bias, eps, zero_centered, dict numpy_dtype
     """resnorm.torch's rms_norm / layer_norm over x's last axis when no gradient is recorded
     and every argument is what resnorm's kernel reads as it is: x a plain, dense,
     contiguous CPU tensor of a dtype in numpy_dtypes (torch dtype -> NumPy's), weight and
-    bias None or plain (D,) tensors of x's dtype and layout, eps a number.  None for
+    bias None or plain (D,) tensors of x's dtype (or float32 beside 16-bit x) and layout,
+    eps a number.  None for
     anything else: the caller's checks then take the call (and give every error).
     zero_centered: passed to resnorm as it is (resnorm checks it); layer: LayerNorm."""
     if type(x) is not _TENSOR or eps is None:

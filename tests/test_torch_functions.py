@@ -243,12 +243,35 @@ def test_inference_call_runs_in_c_with_the_general_paths_bits(dtype, layer, para
     else:
         general = rt.rms_norm(x, w, 1e-5, normalized_shape=(40,), **options)
         y = rt.rms_norm(x, w, 1e-5, **options)
-    fast = T.norm_infer(layer, x, w, b, 1e-5, zero_centered, T.NUMPY_DTYPES)
-    assert fast is not None and fast.dtype is dtype and fast.shape == x.shape
-    for out in (fast, y):
+    outputs = [y]
+    if not T.float32_gain(layer, x, w, zero_centered):   # (else a float32 gain reaches it)
+        fast = T.norm_infer(layer, x, w, b, 1e-5, zero_centered, T.NUMPY_DTYPES)
+        assert fast is not None and fast.dtype is dtype and fast.shape == x.shape
+        outputs.append(fast)
+    for out in outputs:
         assert torch.equal(_bits(out), _bits(general)) and out.data_ptr() != x.data_ptr()
     for t, was in zip((t for t in (x, w, b) if t is not None), before):
         assert torch.equal(_bits(t), _bits(was))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layer", [False, True])
+def test_inference_call_takes_float32_parameters_beside_16_bit_x(dtype, layer):
+    """torch's mixed case (float32 parameters, 16-bit x, as under torch.autocast) runs
+    compiled too, with the general path's bits."""
+    if dtype is torch.bfloat16:
+        pytest.importorskip("ml_dtypes")
+    from resnorm.torch import _tensors as T
+    x, w, b = (t.detach() for t in _make((3, 5, 40), torch.float32))
+    x = x.to(dtype)
+    b = b if layer else None
+    if layer:
+        general = rt.layer_norm(x, w, b, 1e-5, normalized_shape=(40,))
+    else:
+        general = rt.rms_norm(x, w, 1e-5, normalized_shape=(40,))
+    fast = T.norm_infer(layer, x, w, b, 1e-5, False, T.NUMPY_DTYPES)
+    assert fast is not None and fast.dtype is dtype
+    assert torch.equal(_bits(fast), _bits(general))
 
 
 def test_inference_call_hands_other_arguments_to_the_checks():

@@ -328,6 +328,74 @@ def test_gated_residual_runs_resnorms_half_kernels(dtype, per_channel):
     assert module(x.detach(), F_.detach()).dtype is dtype
 
 
+def gemmas(x, weight, eps=1e-6):
+    """Gemma's RMSNorm as its module computes it: in float32, the gain 1 + weight formed in
+    float32, the output rounded once to x's dtype."""
+    out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_zero_centered_rms_norm_forms_gemmas_gain_in_float32_on_every_path(dtype):
+    """An RMSNorm's 16-bit zero-centred weight is applied as the float32 gain 1 + w, as
+    Gemma's module forms it: the outputs are Gemma's wherever the float32 statistics round
+    alike (the 16-bit gain 1 + w, formerly used, left 26-28% of them a unit apart)."""
+    g = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(16, 12, 256, generator=g)).to(dtype)
+    w = (0.3 * torch.randn(256, generator=g)).to(dtype)
+    ref = gemmas(x, w)
+    norm = rt.GemmaRMSNorm(256).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        outputs = {"module": norm(x), "function": rt.rms_norm(x, w, 1e-6,
+                                                            zero_centered_weight=True),
+                   "script": torch.jit.script(norm)(x),
+                   "fused": rt.add_rms_norm(x, torch.zeros_like(x), w, 1e-6,
+                                            zero_centered_weight=True)[0],
+                   "vmap": torch.func.vmap(lambda w: rt.rms_norm(
+                       x, w, 1e-6, zero_centered_weight=True))(torch.stack([w, w]))[1]}
+        outputs["compiled"] = torch.compile(norm, fullgraph=True, backend="aot_eager")(x)
+    torch._dynamo.reset()
+    xg = x.clone().requires_grad_()
+    outputs["autograd"] = norm(xg)
+    for path, y in outputs.items():
+        assert y.dtype is dtype, path
+        assert ulps(y, ref) <= 1, path
+        assert (y == ref).float().mean() >= 0.999, path
+    # the weight's gradient reaches the 16-bit weight through torch's cast, as in Gemma's
+    dy = torch.randn(x.shape, generator=g).to(dtype)
+    dx, dw = torch.autograd.grad(outputs["autograd"], (xg, norm.weight), dy)
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref_dx, ref_dw = torch.autograd.grad(gemmas(xr, wr), (xr, wr), dy)
+    assert dw.dtype is dtype and ulps(dw, ref_dw) <= 1
+    assert (dx.float() - ref_dx.float()).abs().max() <= (
+        torch.finfo(dtype).eps * ref_dx.float().abs().max())
+    # LayerNorm keeps resnorm's rule, 1 + w in w's dtype (Nemotron's LayerNorm1P)
+    assert torch.equal(rt.layer_norm(x, w, None, 1e-6, zero_centered_weight=True),
+                       rt.layer_norm(x, 1 + w, None, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("pdtype", ["same", "float32"])
+def test_vmap_over_parameters_beside_16_bit_rows_rounds_once(dtype, layer, pdtype):
+    """torch.func.vmap over a batch of weights (and biases) of 16-bit rows: each output is
+    the unbatched call's, in x's dtype (the parameters applied in float32, rounded once)."""
+    x, w, b = inputs(dtype, (6, 40))
+    if pdtype == "float32":
+        w, b = w.float(), b.float()
+    ws, bs = torch.stack([w, 1 + w]), torch.stack([b, -b])
+    if layer:
+        ys = torch.func.vmap(lambda w, b: rt.layer_norm(x, w, b))(ws, bs)
+        want = [rt.layer_norm(x, w_, b_) for w_, b_ in zip(ws, bs)]
+    else:
+        ys = torch.func.vmap(lambda w: rt.rms_norm(x, w))(ws)
+        want = [rt.rms_norm(x, w_) for w_ in ws]
+    assert ys.dtype is dtype
+    for y, ref in zip(ys, want):
+        assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
+
+
 def test_other_dtypes_still_refused():
     with pytest.raises(TypeError, match="torch.float16 or torch.bfloat16, got torch.int32"):
         rt.rms_norm(torch.ones(2, 4, dtype=torch.int32))

@@ -398,26 +398,31 @@ def test_float32_norm_given_16_bit_input_runs_resnorm_as_its_class_computes(name
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=str)
-def test_16_bit_gemma_norm_is_within_a_unit_in_the_last_place_of_gemmas(dtype):
-    # A float16 / bfloat16 Gemma: Gemma forms the gain 1 + weight in float32, resnorm rounds
-    # it to the module's dtype first (docs/torch.md); both then compute in float32 and round
-    # the output once, so each output is within one unit in the last place of Gemma's.
+def test_16_bit_gemma_norm_computes_as_gemmas(dtype):
+    # A float16 / bfloat16 Gemma: resnorm forms the gain 1 + weight in float32 as Gemma
+    # does (docs/torch.md); both compute in float32 and round the output once, so the
+    # outputs are Gemma's wherever the float32 statistics round alike, the rest within one
+    # unit in the last place.  (With the gain rounded to the module's dtype, 18-22% of
+    # these outputs were a unit apart.)
     pytest.importorskip("ml_dtypes")
     model = _model("gemma").to(dtype)
     norm = _norms(model, "GemmaRMSNorm")[-1]
-    x = (3 * torch.randn(64, 32, generator=torch.Generator().manual_seed(5))).to(dtype)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        norm.weight.copy_(0.3 * torch.randn(norm.weight.shape, generator=g))
+    x = (3 * torch.randn(64, 32, generator=g)).to(dtype)
     with torch.no_grad():
         ref = norm(x).float()
         _patch(model)
         calls = []
-        with spy_norms(resnorm, calls):
+        # (an inference call with its float32 gain reaches resnorm's functions from C)
+        with spy_norms(resnorm._api, calls):
             got = norm(x).float()
     assert len(calls) == 1 and got.shape == ref.shape
     _, exponent = torch.frexp(ref)
-    ulp = torch.ldexp(torch.tensor(torch.finfo(dtype).eps), exponent - 1)
+    ulp = torch.ldexp(torch.full_like(ref, torch.finfo(dtype).eps), exponent - 1)
     assert ((got - ref).abs() <= ulp).all()
-    # the gain rounded to the module dtype shows (docs/torch.md says so, and changes with it)
-    assert (got != ref).any()
+    assert (got == ref).float().mean() >= 0.999
 
 
 class _EpsPerDtypeRMSNorm(torch.nn.Module):

@@ -9,6 +9,7 @@ own storage and write into tensors allocated here: no copies, except that a stri
 is copied once by the function it reaches (as for any strided NumPy array).
 """
 import operator
+from typing import Optional
 
 import numpy as np
 import torch
@@ -247,6 +248,21 @@ def mixed_params(x, weight, bias):
         return False
     return ((weight is not None and _float32_beside_half(weight, x))
             or (bias is not None and _float32_beside_half(bias, x)))
+
+
+def float32_gain(layer: bool, x: torch.Tensor, weight: Optional[torch.Tensor],
+                 zero_centered: bool) -> bool:
+    """Whether this norm applies its zero-centred weight as the float32 gain 1 + weight:
+    an RMSNorm's 16-bit weight beside x of its dtype, where Gemma's module forms
+    1.0 + weight.float() (resnorm's kernels round 1 + w in w's dtype, as Nemotron's
+    LayerNorm1P forms weight + 1, so LayerNorm keeps that rule).  The caller then passes
+    weight.float() + 1 as a float32 weight: torch's mixed case (mixed_params), the
+    weight's gradient reaching it through torch's cast, as in Gemma's own graph.
+    Annotated for TorchScript (the scripted modules ask it too); Python callers may pass
+    any x and weight."""
+    return (zero_centered and not layer and isinstance(x, torch.Tensor)
+            and (x.dtype == torch.float16 or x.dtype == torch.bfloat16)
+            and isinstance(weight, torch.Tensor) and weight.dtype == x.dtype)
 
 
 def param_views(layer, weight, bias, x, row=None):

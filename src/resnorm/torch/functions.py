@@ -43,7 +43,11 @@ def _vmap(cls, info, in_dims, x, params, eps, options):
     if all(d is None for d in param_dims):
         y, cache = cls.apply(x, *params, eps, None, *options)
     else:
-        y, cache = cls.apply(x, *([None] * len(params)), eps, None, *options)
+        # 16-bit x: as the kernels compute it, the float32 norm of the widened rows, the
+        # parameters applied in float32 (torch's promotion) and the output rounded once
+        half = x.dtype in T.HALF_DTYPES
+        y, cache = cls.apply(x.float() if half else x, *([None] * len(params)), eps, None,
+                             *options)
         normalized_shape, zero_centered = options
         row = T.row_shape(normalized_shape, x)
         shape = (b,) + (1,) * (x.dim() - 1 - len(row)) + row
@@ -51,6 +55,7 @@ def _vmap(cls, info, in_dims, x, params, eps, options):
             if p is not None:
                 p = p if d is None else p.movedim(d, 0).reshape(shape)
                 y = op(y, composite.gain(p, zero_centered) if op is torch.mul else p)
+        y = y.to(x.dtype) if half else y
     return (y, cache), (0, None)
 
 
@@ -178,6 +183,8 @@ def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_ce
     normalized_shape: None (the last axis) or torch's argument (an int or a sequence of
     x's trailing sizes); zero_centered: the gain is 1 + weight.
     """
+    if T.float32_gain(layer, x, weight, zero_centered):   # Gemma's precision, 16-bit
+        weight, zero_centered = weight.float() + 1, False
     if normalized_shape is None and views is None and not T.graph_capture():
         y = T.norm_infer(layer, x, weight, bias, eps, zero_centered, T.NUMPY_DTYPES)
         if y is not None:   # an inference call whose arguments the kernel takes as they are
@@ -231,7 +238,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, normalized_shape=None, zero_centered_w
         The normalised trailing axes, as in torch.nn.functional.rms_norm (e.g. (5, 64) for
         x of shape (..., 5, 64)); None: the last axis.
     zero_centered_weight : bool
-        The gain is 1 + weight (Gemma's RMSNorm), rounded once in x's dtype.
+        The gain is 1 + weight (Gemma's RMSNorm), formed in the weight's dtype, and in
+        float32 for a float16 or bfloat16 weight, as Gemma's module forms it.
 
     Returns
     -------
@@ -281,7 +289,8 @@ def layer_norm(x, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
         for float16 and bfloat16).
     normalized_shape : int or sequence of int, optional
     zero_centered_weight : bool
-        As in rms_norm.
+        The gain is 1 + weight, rounded once in the weight's dtype, also for float16 and
+        bfloat16 (as Nemotron's LayerNorm1P forms it).
 
     Returns
     -------

@@ -62,7 +62,10 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     x's trailing axes (valid views imply it: they hold the axes they were made for).
     zero_centered: the gain is 1 + weight.
     """
-    if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
+    # torch.compile / jit.trace: resnorm's custom operators; Gemma's 16-bit gain, formed
+    # in float32 at each call (functions.norm): no views of it are kept
+    if T.graph_capture() or (zero_centered and T.float32_gain(
+            layer, x, parameter(module, "weight"), zero_centered)):
         weight = parameter(module, "weight")
         bias = parameter(module, "bias") if layer else None
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
@@ -111,10 +114,12 @@ def follows_input(layer, x, weight):
 
 
 def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
-    """module_norm without cached views (while a graph is recorded)."""
+    """module_norm without cached views (while a graph is recorded, or for a float32 gain)."""
     x = T.input_tensor(x)
     if normalized_shape is not None:
-        T.trailing_axes(x, tuple(normalized_shape))
+        normalized_shape = tuple(normalized_shape)
+        T.trailing_axes(x, normalized_shape)
+        normalized_shape = T.normalized_arg(normalized_shape)   # one axis: the fast path's
     if follows_input(layer, x, weight):
         weight = weight.to(x.dtype)
     return functions.norm(layer, x, weight, bias, eps, None, normalized_shape, zero_centered)
@@ -175,10 +180,13 @@ class RMSNorm(_ViewsNotPickled, _ZeroCentered, nn.RMSNorm):
     def forward(self, x):
         if torch.jit.is_scripting():
             weight = self.weight
+            zero_centered = self.zero_centered_weight
             if weight is not None and weight.dtype != x.dtype:
                 weight = weight.to(x.dtype)
+            if weight is not None and T.float32_gain(False, x, weight, zero_centered):
+                weight, zero_centered = weight.float() + 1, False   # as functions.norm
             return torch.ops.resnorm.rms_norm(x, weight, self.eps, len(self.normalized_shape),
-                                              self.zero_centered_weight)[0]
+                                              zero_centered)[0]
         return module_norm(self, x, False, self.eps, self.normalized_shape,
                            self.zero_centered_weight)
 
@@ -190,8 +198,8 @@ class GemmaRMSNorm(RMSNorm):
 
     Gemma's own module computes in float32 whatever the input's dtype, the gain 1 + weight
     included; this one, like RMSNorm, in the input's (float32 or float64), and for float16
-    and bfloat16 inputs in float32 with the gain rounded to the input's dtype, the output
-    rounded once (within a unit in the last place of Gemma's).
+    and bfloat16 inputs as Gemma's does: in float32, the gain 1 + weight formed in float32,
+    the output rounded once (Gemma's outputs wherever the float32 statistics round alike).
 
     Parameters
     ----------

@@ -74,7 +74,7 @@ def _forward(self, x):
             f"{' and '.join(map(str, spec.dtypes))} input, got {x.dtype}; call "
             f"patch(model) again after changing the model's dtype, or undo() the patch")
     # Gemma's y = rms_norm(x) * (1 + w) (Nemotron's LayerNorm likewise): resnorm's
-    # zero-centred weight, 1 + w in w's dtype
+    # zero-centred weight (its gain formed as each of them forms it: T.float32_gain)
     return module_norm(self, x, spec.layer, spec.eps(self), spec.normalized_shape,
                        spec.zero_centered)
 
