@@ -195,10 +195,11 @@ cdef inline void norm_backward_rows(bint layer, element *dx, element *dw, elemen
                      <const element *>w, rstd, n, d, nt, stream)
 
 
-cdef inline void mixed_forward_rows(bint layer, Kind ek, void *y, double *mean, double *rstd,
-                                    const void *x, const void *w, const void *b, Py_ssize_t n,
-                                    Py_ssize_t d, double eps, int nt, bint stream, bint widen,
-                                    float *buf) noexcept nogil:
+cdef inline void mixed_norm_forward_rows(bint layer, Kind ek, void *y, double *mean,
+                                         double *rstd, const void *x, const void *w,
+                                         const void *b, Py_ssize_t n, Py_ssize_t d, double eps,
+                                         int nt, bint stream, bint widen,
+                                         float *buf) noexcept nogil:
     """The norm kernels of 16-bit rows with float32 parameters (mixed_kernels.pxd); widen:
     the parameters w, b are 16-bit, widened here into buf (2 d floats) once for all rows."""
     cdef float *wf = <float *>w
@@ -274,8 +275,8 @@ cdef object norm_forward(bint layer, x, weight, bias, eps, normalized_shape, zer
     cdef void *pb = data_of(b)
     saved = release_gil(size)
     if pdt is not None or widen:
-        mixed_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, stream, widen,
-                           buf)
+        mixed_norm_forward_rows(layer, ek, py, pmean, prstd, px, pw, pb, n, d, e, nt, stream,
+                                widen, buf)
     elif ek == KIND_F32:
         norm_forward_rows(layer, <float *>py, pmean, prstd, px, pw, pb, n, d, e, nt, stream)
     elif ek == KIND_F64:
