@@ -225,7 +225,7 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
     function and module of resnorm.torch runs)."""
     _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
-    if T.float32_gain(layer, x, weight, zero_centered):   # Gemma's precision, 16-bit
+    if zero_centered and T.float32_gain(layer, x, weight, zero_centered):   # Gemma's, 16-bit
         weight, zero_centered = weight.float() + 1, False   # then the mixed case below
     if T.graph_capture() or (isinstance(x, torch.Tensor)
                              and T.mixed_params(x, weight, bias if layer else None)):
