@@ -376,6 +376,33 @@ def test_zero_centered_rms_norm_forms_gemmas_gain_in_float32_on_every_path(dtype
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)
+def test_fused_zero_centered_rms_norm_takes_gemmas_float32_gain(dtype):
+    """The fused add + RMSNorm with a 16-bit zero-centred weight stays one fused pass: h as
+    without a weight (rounded once), y Gemma's norm of h, the gradients the float64
+    formula's within a rounding of the 16-bit results."""
+    g = torch.Generator().manual_seed(4)
+    x, r = ((torch.randn(32, 96, generator=g)).to(dtype).requires_grad_() for _ in range(2))
+    w = (0.3 * torch.randn(96, generator=g)).to(dtype).requires_grad_()
+    options = dict(alpha=0.5, p=0.1, seed=3)
+    y, h = rt.add_rms_norm(x, r, w, 1e-6, zero_centered_weight=True, **options)
+    _, h_plain = rt.add_rms_norm(x, r, None, 1e-6, **options)
+    assert y.dtype is h.dtype is dtype and torch.equal(h, h_plain)
+    y_post = rt.add_rms_norm_post(x, r, w, 1e-6, zero_centered_weight=True, **options)
+    assert torch.equal(y_post, y)
+    ref = gemmas(h, w)
+    assert ulps(y, ref) <= 1 and (y == ref).float().mean() >= 0.999
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    grads = torch.autograd.grad(y, (x, r, w), dy)
+    keep = rt.dropout(torch.ones(x.shape, dtype=dtype), 0.1, seed=3) != 0
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    h64 = r64 + 0.5 * x64 * keep / 0.9
+    y64 = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w64)
+    for got, want in zip(grads, torch.autograd.grad(y64, (x64, r64, w64), dy.double())):
+        assert got.dtype is dtype
+        assert (got.double() - want).abs().max() <= 2 * torch.finfo(dtype).eps * want.abs().max()
+
+
+@pytest.mark.parametrize("dtype", HALVES, ids=ids)
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
 @pytest.mark.parametrize("pdtype", ["same", "float32"])
 def test_vmap_over_parameters_beside_16_bit_rows_rounds_once(dtype, layer, pdtype):

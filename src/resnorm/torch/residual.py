@@ -225,9 +225,11 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
     function and module of resnorm.torch runs)."""
     _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
-    if zero_centered and T.float32_gain(layer, x, weight, zero_centered):   # Gemma's, 16-bit
-        weight, zero_centered = weight.float() + 1, False   # then the mixed case below
-    if T.graph_capture() or (isinstance(x, torch.Tensor)
+    # Gemma's 16-bit gain, formed in float32: the fused kernels take it as a float32 weight
+    gain = zero_centered and T.float32_gain(layer, x, weight, zero_centered)
+    if gain:
+        weight, zero_centered = weight.float() + 1, False
+    if T.graph_capture() or (not gain and isinstance(x, torch.Tensor)
                              and T.mixed_params(x, weight, bias if layer else None)):
         # recorded as torch's add and resnorm's dropout and norm operators; and float32
         # parameters beside 16-bit rows (torch.autocast): torch's own composition there
@@ -263,8 +265,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
         per-channel alpha then have this shape.
     zero_centered_weight : bool
         The gain is 1 + weight (Gemma), formed as rms_norm forms it (add_layer_norm's as
-        layer_norm's).  A float16 or bfloat16 weight's gain is float32: h and y are then
-        torch's add and rms_norm, not one fused pass.
+        layer_norm's).
     alpha : float or torch.Tensor
         A number (fixed), or a tensor of shape () or (D,) of x's dtype (learnable).
     p, seed, training
