@@ -20,6 +20,7 @@ This module reads torch tensors through their Python attributes only (no torch h
 cimport numpy as cnp
 from cpython.ref cimport Py_INCREF
 
+import numpy as np
 import torch
 from torch.autograd import forward_ad
 
@@ -114,6 +115,7 @@ cpdef bint wants_grad(x, weight, bias) except -1:
 
 cdef object _FLOAT32 = torch.float32
 cdef cnp.dtype _NP_FLOAT32 = cnp.dtype("float32")
+cdef object _ONE32 = np.float32(1)
 
 
 cdef object param_view(p, dtype, cnp.dtype np_dtype, tuple row):
@@ -196,17 +198,20 @@ cdef class ParamViews:
     """
     cdef readonly object weight, bias, dtype, pdtype, row, weight_view, bias_view, default_eps
     cdef readonly Py_ssize_t d
-    cdef readonly bint layer
+    cdef readonly bint layer, float32_gain
     cdef object w_shape, b_shape
     cdef Py_ssize_t w_ptr, b_ptr
     cdef cnp.dtype np_dtype
 
     def __init__(self, bint layer, weight, bias, x, row, cnp.dtype np_dtype, weight_view,
-                 bias_view, default_eps, pdtype):
+                 bias_view, default_eps, pdtype, bint float32_gain=False):
         """layer: LayerNorm (else RMSNorm); row: normalized_shape as a tuple, None for the
         last axis; np_dtype: NumPy's dtype for x's; the parameters' views; the eps that
-        None stands for; pdtype: the parameters' dtype (x's, or float32 beside 16-bit x)."""
+        None stands for; pdtype: the parameters' dtype (x's, or float32 beside 16-bit x);
+        float32_gain: a zero-centred weight's gain is formed in float32 (the 16-bit weight
+        of Gemma's RMSNorm, resnorm.torch._tensors.float32_gain)."""
         self.layer, self.weight, self.bias, self.dtype = layer, weight, bias, x.dtype
+        self.float32_gain = float32_gain
         self.pdtype = pdtype
         shape = x.shape
         self.d = shape[len(shape) - 1]
@@ -256,6 +261,10 @@ cdef class ParamViews:
         xv = storage_view(x, shape, self.np_dtype)
         if xv is None:
             return None
-        return norm_into(self.layer, x, shape, self.np_dtype, xv, self.weight_view,
+        weight_view = self.weight_view
+        if zero_centered and self.float32_gain:   # 1 + w in float32, from w's values now
+            weight_view = np.add(weight_view, _ONE32, dtype=_NP_FLOAT32)
+            zero_centered = False
+        return norm_into(self.layer, x, shape, self.np_dtype, xv, weight_view,
                          self.bias_view, self.default_eps if eps is None else eps, self.row,
                          zero_centered)

@@ -347,8 +347,8 @@ def test_zero_centered_rms_norm_forms_gemmas_gain_in_float32_on_every_path(dtype
     norm = rt.GemmaRMSNorm(256).to(dtype)
     with torch.no_grad():
         norm.weight.copy_(w)
-        outputs = {"module": norm(x), "function": rt.rms_norm(x, w, 1e-6,
-                                                            zero_centered_weight=True),
+        outputs = {"module": norm(x), "module again": norm(x),   # (its views, in C)
+                   "function": rt.rms_norm(x, w, 1e-6, zero_centered_weight=True),
                    "script": torch.jit.script(norm)(x),
                    "fused": rt.add_rms_norm(x, torch.zeros_like(x), w, 1e-6,
                                             zero_centered_weight=True)[0],
@@ -370,6 +370,12 @@ def test_zero_centered_rms_norm_forms_gemmas_gain_in_float32_on_every_path(dtype
     assert dw.dtype is dtype and ulps(dw, ref_dw) <= 1
     assert (dx.float() - ref_dx.float()).abs().max() <= (
         torch.finfo(dtype).eps * ref_dx.float().abs().max())
+    # the module's views see a weight changed in place (.data: no version counted)
+    w2 = (0.3 * torch.randn(256, generator=g)).to(dtype)
+    norm.weight.data.copy_(w2)
+    with torch.no_grad():
+        assert torch.equal(norm(x), rt.rms_norm(x, w2, 1e-6, zero_centered_weight=True))
+        assert ulps(norm(x), gemmas(x, w2)) <= 1
     # LayerNorm keeps resnorm's rule, 1 + w in w's dtype (Nemotron's LayerNorm1P)
     assert torch.equal(rt.layer_norm(x, w, None, 1e-6, zero_centered_weight=True),
                        rt.layer_norm(x, 1 + w, None, 1e-6))

@@ -265,13 +265,14 @@ def float32_gain(layer: bool, x: torch.Tensor, weight: Optional[torch.Tensor],
             and isinstance(weight, torch.Tensor) and weight.dtype == x.dtype)
 
 
-def param_views(layer, weight, bias, x, row=None):
+def param_views(layer, weight, bias, x, row=None, zero_centered=False):
     """A norm module's ParamViews for inputs like x: its weight and bias (None or tensors)
     checked once for x's dtype and the normalised axes (row: the module's normalized_shape
-    as a tuple; None: x's last axis), with their NumPy views.  layer: LayerNorm."""
+    as a tuple; None: x's last axis), with their NumPy views.  layer: LayerNorm;
+    zero_centered: the module's gain is 1 + weight (float32_gain says how it is formed)."""
     param_tensor(weight, "weight", x, row)
     param_tensor(bias, "bias", x, row)
     pdtype = torch.float32 if mixed_params(x, weight, bias) else x.dtype
     return ParamViews(layer, weight, bias, x, None if row is None or len(row) == 1 else row,
                       numpy_dtype(x.dtype), view(weight), view(bias), default_eps(x.dtype),
-                      pdtype)
+                      pdtype, zero_centered and float32_gain(layer, x, weight, zero_centered))

@@ -62,10 +62,7 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     x's trailing axes (valid views imply it: they hold the axes they were made for).
     zero_centered: the gain is 1 + weight.
     """
-    # torch.compile / jit.trace: resnorm's custom operators; Gemma's 16-bit gain, formed
-    # in float32 at each call (functions.norm): no views of it are kept
-    if T.graph_capture() or (zero_centered and T.float32_gain(
-            layer, x, parameter(module, "weight"), zero_centered)):
+    if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
         weight = parameter(module, "weight")
         bias = parameter(module, "bias") if layer else None
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
@@ -84,7 +81,9 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
         if normalized_shape is not None:
             T.trailing_axes(x, tuple(normalized_shape))
         views = module.__dict__[_VIEWS] = T.param_views(layer, weight, bias, x,
-                                                        normalized_shape)
+                                                        normalized_shape, zero_centered)
+    if views.float32_gain:   # (Gemma's 16-bit weight) beyond infer: formed by functions.norm
+        return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     if eps is None:
         eps = views.default_eps
     ns = views.row
