@@ -151,8 +151,8 @@ def norm_infer(bint layer, x, weight, bias, eps, zero_centered, dict numpy_dtype
     and every argument is what resnorm's kernel reads as it is: x a plain, dense,
     contiguous CPU tensor of a dtype in numpy_dtypes (torch dtype -> NumPy's), weight and
     bias None or plain (D,) tensors of x's dtype (or float32 beside 16-bit x) and layout,
-    eps a number.  None for
-    anything else: the caller's checks then take the call (and give every error).
+    eps a number.  None for anything else: the caller's checks then take the call (and
+    give every error).
     zero_centered: passed to resnorm as it is (resnorm checks it); layer: LayerNorm."""
     if type(x) is not _TENSOR or eps is None:
         return None
@@ -262,7 +262,7 @@ cdef class ParamViews:
         if xv is None:
             return None
         weight_view = self.weight_view
-        if zero_centered and self.float32_gain:   # 1 + w in float32, from w's values now
+        if zero_centered and self.float32_gain:   # _tensors.gemma_gain, from w's values now
             weight_view = np.add(weight_view, _ONE32, dtype=_NP_FLOAT32)
             zero_centered = False
         return norm_into(self.layer, x, shape, self.np_dtype, xv, weight_view,

@@ -256,13 +256,19 @@ def float32_gain(layer: bool, x: torch.Tensor, weight: Optional[torch.Tensor],
     an RMSNorm's 16-bit weight beside x of its dtype, where Gemma's module forms
     1.0 + weight.float() (resnorm's kernels round 1 + w in w's dtype, as Nemotron's
     LayerNorm1P forms weight + 1, so LayerNorm keeps that rule).  The caller then passes
-    weight.float() + 1 as a float32 weight: torch's mixed case (mixed_params), the
-    weight's gradient reaching it through torch's cast, as in Gemma's own graph.
+    gemma_gain(weight) as a float32 weight: torch's mixed case (mixed_params).
     Annotated for TorchScript (the scripted modules ask it too); Python callers may pass
     any x and weight."""
     return (zero_centered and not layer and isinstance(x, torch.Tensor)
             and (x.dtype == torch.float16 or x.dtype == torch.bfloat16)
             and isinstance(weight, torch.Tensor) and weight.dtype == x.dtype)
+
+
+def gemma_gain(weight: torch.Tensor) -> torch.Tensor:
+    """1 + weight formed in float32, as Gemma's module forms it (1.0 + weight.float()): a
+    torch expression, so the weight's gradient reaches it through torch's cast, as in
+    Gemma's own graph.  (ParamViews.infer forms the same float32 sum with NumPy.)"""
+    return weight.float() + 1
 
 
 def param_views(layer, weight, bias, x, row=None, zero_centered=False):

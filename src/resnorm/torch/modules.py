@@ -183,7 +183,7 @@ class RMSNorm(_ViewsNotPickled, _ZeroCentered, nn.RMSNorm):
             if weight is not None and weight.dtype != x.dtype:
                 weight = weight.to(x.dtype)
             if weight is not None and T.float32_gain(False, x, weight, zero_centered):
-                weight, zero_centered = weight.float() + 1, False   # as functions.norm
+                weight, zero_centered = T.gemma_gain(weight), False   # as functions.norm
             return torch.ops.resnorm.rms_norm(x, weight, self.eps, len(self.normalized_shape),
                                               zero_centered)[0]
         return module_norm(self, x, False, self.eps, self.normalized_shape,

@@ -228,7 +228,7 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     # Gemma's 16-bit gain, formed in float32: the fused kernels take it as a float32 weight
     gain = zero_centered and T.float32_gain(layer, x, weight, zero_centered)
     if gain:
-        weight, zero_centered = weight.float() + 1, False
+        weight, zero_centered = T.gemma_gain(weight), False
     if T.graph_capture() or (not gain and isinstance(x, torch.Tensor)
                              and T.mixed_params(x, weight, bias if layer else None)):
         # recorded as torch's add and resnorm's dropout and norm operators; and float32
