@@ -15,6 +15,7 @@ import resnorm.torch as rt  # noqa: E402
 from resnorm.torch import _tensors as T  # noqa: E402
 
 from _spy import spy_norms  # noqa: E402
+from test_torch_modules import gemma_rms_norm as gemmas  # noqa: E402
 
 HALVES = [torch.bfloat16, torch.float16]
 ids = str
@@ -326,13 +327,6 @@ def test_gated_residual_runs_resnorms_half_kernels(dtype, per_channel):
         assert torch.equal(bits(got), bits(T.tensor(a)))
     module = rt.GatedResidual(40).to(dtype)
     assert module(x.detach(), F_.detach()).dtype is dtype
-
-
-def gemmas(x, weight, eps=1e-6):
-    """Gemma's RMSNorm as its module computes it: in float32, the gain 1 + weight formed in
-    float32, the output rounded once to x's dtype."""
-    out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    return (out * (1.0 + weight.float())).type_as(x)
 
 
 @pytest.mark.parametrize("dtype", HALVES, ids=ids)

@@ -308,6 +308,13 @@ class LlamaStyleRMSNorm(nn.Module):
         return self.weight * (h * torch.rsqrt(variance + self.variance_epsilon)).to(h.dtype)
 
 
+def gemma_rms_norm(x, weight, eps=1e-6):
+    """Gemma's RMSNorm as Hugging Face writes it: in float32 whatever x's dtype, the gain
+    1 + weight formed in float32, the output rounded once to x's dtype."""
+    out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (out * (1.0 + weight.float())).type_as(x)
+
+
 class GemmaStyleRMSNorm(nn.Module):
     def __init__(self, d, eps=1e-6):
         super().__init__()
@@ -315,8 +322,7 @@ class GemmaStyleRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(d))
 
     def forward(self, x):
-        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * (1.0 + self.weight.float())).type_as(x)
+        return gemma_rms_norm(x, self.weight, self.eps)
 
 
 class EpsOutsideNorm(LlamaStyleRMSNorm):
