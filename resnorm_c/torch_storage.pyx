@@ -122,7 +122,7 @@ cdef object param_view(p, dtype, cnp.dtype np_dtype, tuple row):
     """The view of p, a plain (D,) parameter (row = (D,)) of x's dtype, or float32 beside
     float16 / bfloat16 x (torch's mixed case, which resnorm's functions take as it is),
     else None."""
-    if type(p) is not _TENSOR and type(p) is not _PARAMETER or p.shape != row:
+    if (type(p) is not _TENSOR and type(p) is not _PARAMETER) or p.shape != row:
         return None
     if p.dtype is dtype:
         return plain_view(p, np_dtype)

@@ -250,16 +250,15 @@ def mixed_params(x, weight, bias):
             or (bias is not None and _float32_beside_half(bias, x)))
 
 
-def float32_gain(layer: bool, x: torch.Tensor, weight: Optional[torch.Tensor],
-                 zero_centered: bool) -> bool:
-    """Whether this norm applies its zero-centred weight as the float32 gain 1 + weight:
-    an RMSNorm's 16-bit weight beside x of its dtype, where Gemma's module forms
-    1.0 + weight.float() (resnorm's kernels round 1 + w in w's dtype, as Nemotron's
-    LayerNorm1P forms weight + 1, so LayerNorm keeps that rule).  The caller then passes
-    gemma_gain(weight) as a float32 weight: torch's mixed case (mixed_params).
+def float32_gain(layer: bool, x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
+    """Whether this norm applies its zero-centred weight (callers ask only for one) as the
+    float32 gain 1 + weight: an RMSNorm's 16-bit weight beside x of its dtype, where
+    Gemma's module forms 1.0 + weight.float() (resnorm's kernels round 1 + w in w's dtype,
+    as Nemotron's LayerNorm1P forms weight + 1, so LayerNorm keeps that rule).  The caller
+    then passes gemma_gain(weight) as a float32 weight: torch's mixed case (mixed_params).
     Annotated for TorchScript (the scripted modules ask it too); Python callers may pass
     any x and weight."""
-    return (zero_centered and not layer and isinstance(x, torch.Tensor)
+    return (not layer and isinstance(x, torch.Tensor)
             and (x.dtype == torch.float16 or x.dtype == torch.bfloat16)
             and isinstance(weight, torch.Tensor) and weight.dtype == x.dtype)
 
@@ -281,4 +280,4 @@ def param_views(layer, weight, bias, x, row=None, zero_centered=False):
     pdtype = torch.float32 if mixed_params(x, weight, bias) else x.dtype
     return ParamViews(layer, weight, bias, x, None if row is None or len(row) == 1 else row,
                       numpy_dtype(x.dtype), view(weight), view(bias), default_eps(x.dtype),
-                      pdtype, zero_centered and float32_gain(layer, x, weight, zero_centered))
+                      pdtype, zero_centered and float32_gain(layer, x, weight))

@@ -183,7 +183,7 @@ def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_ce
     normalized_shape: None (the last axis) or torch's argument (an int or a sequence of
     x's trailing sizes); zero_centered: the gain is 1 + weight.
     """
-    if zero_centered and T.float32_gain(layer, x, weight, zero_centered):   # Gemma's, 16-bit
+    if zero_centered and T.float32_gain(layer, x, weight):   # Gemma's, 16-bit
         weight, zero_centered = T.gemma_gain(weight), False
     if normalized_shape is None and views is None and not T.graph_capture():
         y = T.norm_infer(layer, x, weight, bias, eps, zero_centered, T.NUMPY_DTYPES)

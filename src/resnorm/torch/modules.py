@@ -82,11 +82,11 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
             T.trailing_axes(x, tuple(normalized_shape))
         views = module.__dict__[_VIEWS] = T.param_views(layer, weight, bias, x,
                                                         normalized_shape, zero_centered)
-    if views.float32_gain:   # (Gemma's 16-bit weight) beyond infer: formed by functions.norm
-        return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
     if eps is None:
         eps = views.default_eps
     ns = views.row
+    if views.float32_gain:   # Gemma's 16-bit weight, beyond infer: functions.norm forms it
+        return functions.norm(layer, x, weight, bias, eps, None, ns, zero_centered)
     if not (T.wants_grad(x, weight, bias) or T.transforms_active()):
         try:
             if layer:
@@ -113,7 +113,7 @@ def follows_input(layer, x, weight):
 
 
 def _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered):
-    """module_norm without cached views (while a graph is recorded, or for a float32 gain)."""
+    """module_norm without cached views (while a graph is recorded)."""
     x = T.input_tensor(x)
     if normalized_shape is not None:
         normalized_shape = tuple(normalized_shape)
@@ -182,7 +182,7 @@ class RMSNorm(_ViewsNotPickled, _ZeroCentered, nn.RMSNorm):
             zero_centered = self.zero_centered_weight
             if weight is not None and weight.dtype != x.dtype:
                 weight = weight.to(x.dtype)
-            if weight is not None and T.float32_gain(False, x, weight, zero_centered):
+            if zero_centered and weight is not None and T.float32_gain(False, x, weight):
                 weight, zero_centered = T.gemma_gain(weight), False   # as functions.norm
             return torch.ops.resnorm.rms_norm(x, weight, self.eps, len(self.normalized_shape),
                                               zero_centered)[0]

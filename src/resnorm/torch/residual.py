@@ -226,7 +226,7 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
     function and module of resnorm.torch runs)."""
     _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
     # Gemma's 16-bit gain, formed in float32: the fused kernels take it as a float32 weight
-    gain = zero_centered and T.float32_gain(layer, x, weight, zero_centered)
+    gain = zero_centered and T.float32_gain(layer, x, weight)
     if gain:
         weight, zero_centered = T.gemma_gain(weight), False
     if T.graph_capture() or (not gain and isinstance(x, torch.Tensor)
