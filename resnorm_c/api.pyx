@@ -32,6 +32,8 @@ from libc.string cimport memcpy, memset
 
 import math
 import numbers
+import os
+import warnings
 
 import numpy as np
 

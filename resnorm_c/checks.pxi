@@ -62,6 +62,17 @@ cdef inline bint native_float_array(object a, bint halves=False) noexcept:
     return is_float_type(t) or (halves and is_half_type(t))
 
 
+cdef converted(a, str name, str wanted):
+    """a (not an ndarray) converted by np.asarray, or a TypeError that names the argument and
+    what was wanted.  A conversion can fail with any exception: a torch tensor that requires
+    grad raises RuntimeError (its values are not to be read outside autograd)."""
+    try:
+        return np.asarray(a)
+    except Exception as e:
+        raise TypeError(f"{name} must be {wanted}, got {type(a).__name__} "
+                        f"({type(e).__name__}: {e})") from e
+
+
 cpdef not_masked(a, str name):
     """Masked arrays are refused: the kernels would read the masked values as data."""
     if isinstance(a, np.ma.MaskedArray):
@@ -83,10 +94,7 @@ cpdef cnp.ndarray float_array(x, str name, bint halves=False):
             return <cnp.ndarray>x
     accepted = HALF_NAMES if halves else "float32 or float64"
     if not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{name} must be a {accepted} array, got {type(x).__name__}") from e
+        x = converted(x, name, f"a {accepted} array")
     not_masked(x, name)
     if not is_element_dtype(x.dtype, halves):
         raise TypeError(f"{name} must have dtype {accepted}, got {x.dtype}")
@@ -120,10 +128,7 @@ cdef inline cnp.ndarray partner_of(a, cnp.ndarray like, str name):
 cpdef cnp.ndarray like_array(a, str name, shape, dtype):
     """a as an ndarray with exactly this shape and dtype (the partner of another argument)."""
     if not isinstance(a, np.ndarray):
-        try:
-            a = np.asarray(a)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{name} must be a {dtype} array of shape {shape}, got {type(a).__name__}") from e
+        a = converted(a, name, f"a {dtype} array of shape {shape}")
     not_masked(a, name)
     if a.dtype != dtype or not a.dtype.isnative:
         raise TypeError(f"{name} must have dtype {dtype} (native byte order), got {a.dtype.str!r}")
@@ -279,6 +284,9 @@ cpdef out_array(out, shape, dtype, dict inputs, str name="out"):
     """
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(out).__name__}")
+    if isinstance(out, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain ndarray, got a masked array (the kernels "
+                        f"would write under its mask)")
     if out.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype.str!r}")
     if out.shape != tuple(shape):
@@ -287,8 +295,11 @@ cpdef out_array(out, shape, dtype, dict inputs, str name="out"):
         raise ValueError(f"{name} must be writeable, got a read-only array")
     for input_name, a in inputs.items():
         if a is not None and overlap(out, a) and not same_memory(out, a):
-            raise ValueError(f"{name} overlaps {input_name} without being the same array; "
-                             f"pass {name}={input_name} for an in-place call, or a separate buffer")
+            # the rule compares memory bounds: interleaved views (x[:, ::2] and x[:, 1::2])
+            # share no element, yet are refused as well
+            raise ValueError(f"{name} may overlap {input_name} (their memory bounds meet) "
+                             f"without being the same array; pass {name}={input_name} for an "
+                             f"in-place call, or a separate buffer")
     return out
 
 

@@ -25,26 +25,59 @@ cdef extern from "cores.h":
 cdef enum:
     OVERSUBSCRIBE = 4
 
-cdef inline int team(int n_threads, Py_ssize_t n_elements) noexcept:
+# A process made by fork() runs every kernel on one thread.  Its OpenMP runtime is the
+# parent's memory without the parent's threads: GNU OpenMP then waits forever for a team it
+# believes it has (a multiprocessing.Pool with the fork start method hung on its first
+# threaded call).  The spawn and forkserver start methods give workers a fresh runtime.
+cdef bint forked_child = False
+cdef bint fork_warned = False
+
+FORK_WARNING = (
+    "resnorm runs on one thread in this process: it was started by fork(), and OpenMP "
+    "cannot safely start threads after a fork (GNU OpenMP hangs).  For threaded resnorm "
+    "calls in worker processes, start them with the 'spawn' or 'forkserver' method, e.g. "
+    "multiprocessing.get_context('forkserver').Pool(...)")
+
+
+def _after_fork_in_child():
+    global forked_child
+    forked_child = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+cdef int one_thread_after_fork() except -1:
+    """1, after the warning (once per process) that a forked process runs on one thread."""
+    global fork_warned
+    if not fork_warned:
+        fork_warned = True
+        warnings.warn(FORK_WARNING, RuntimeWarning)
+    return 1
+
+
+cdef inline int team(int n_threads, Py_ssize_t n_elements) except -1:
     """The thread count of a call over n_elements, for n_threads as threads_of gives it:
-    1 when the work is too small to pay for a parallel region; else for 0 (None) the OpenMP
-    default, but no more threads than there are cores other processes leave free (cores.h);
-    for -1 every core; else n_threads, at most OVERSUBSCRIBE per core (a count up to
-    OVERSUBSCRIBE needs no look at the cores: rn_cores is a system call)."""
+    1 when the work is too small to pay for a parallel region or in a forked process; else
+    for 0 (None) the OpenMP default, but no more threads than there are cores other
+    processes leave free (cores.h); for -1 every core; else n_threads, at most
+    OVERSUBSCRIBE per core (a count up to OVERSUBSCRIBE needs no look at the cores:
+    rn_cores is a system call)."""
     cdef int cores, default
-    if n_elements < parallel_min_elements:
+    if n_elements < parallel_min_elements or n_threads == 1:
         return 1
     if n_threads == 0:
         default = omp_get_max_threads()
         if default <= 1:
             return 1
-        return min(default, rn_free_cores())
-    if 1 <= n_threads <= OVERSUBSCRIBE:
-        return n_threads
-    cores = rn_cores()
-    if n_threads == -1:
-        return cores
-    return min(n_threads, OVERSUBSCRIBE * cores)
+        n_threads = min(default, rn_free_cores())
+    elif n_threads == -1:
+        n_threads = rn_cores()
+    elif n_threads > OVERSUBSCRIBE:
+        n_threads = min(n_threads, OVERSUBSCRIBE * rn_cores())
+    if forked_child and n_threads > 1:
+        return one_thread_after_fork()
+    return n_threads
 
 
 cdef extern from "Python.h":

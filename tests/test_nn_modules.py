@@ -293,3 +293,44 @@ def test_bad_inputs_raise_clear_errors():
         nn.TransformerStack(2, 8, 2, block="middle")
     with pytest.raises(ValueError, match="alpha must be finite"):
         nn.PreNormBlock(8, 2, residual="scaled", alpha=float("nan"))
+
+
+MODULES = {
+    "Linear": lambda: nn.Linear(4, 3, dtype=np.float64, seed=1),
+    "GELU": lambda: nn.GELU(),
+    "Dropout": lambda: nn.Dropout(0.3, seed=2),
+    "RMSNorm": lambda: nn.RMSNorm(4, dtype=np.float64),
+    "LayerNorm": lambda: nn.LayerNorm(4, dtype=np.float64),
+    "CausalSelfAttention": lambda: nn.CausalSelfAttention(4, 2, dtype=np.float64, seed=3),
+    "FeedForward": lambda: nn.FeedForward(4, 6, dtype=np.float64, seed=4),
+    **{f"{block.__name__}-{norm}-{residual}": (
+        lambda block=block, norm=norm, residual=residual: block(
+            4, 2, norm=norm, residual=residual, dropout=0.2, dtype=np.float64, seed=5))
+       for block in (nn.PreNormBlock, nn.PostNormBlock)
+       for norm in ("rms", "layer") for residual in ("plain", "scaled", "gated")},
+    "DeepNormBlock": lambda: nn.DeepNormBlock(4, 2, n_layers=3, dropout=0.2,
+                                              dtype=np.float64, seed=6),
+    "ParallelBlock": lambda: nn.ParallelBlock(4, 2, dropout=0.2, dtype=np.float64, seed=7),
+    "SandwichBlock": lambda: nn.SandwichBlock(4, 2, dropout=0.2, dtype=np.float64, seed=8),
+    "TransformerStack": lambda: nn.TransformerStack(2, 4, 2, dropout=0.2, dtype=np.float64,
+                                                    seed=9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_a_refused_backward_keeps_the_forward_for_a_retry(name):
+    """A backward refused for a bad dy leaves the module as it was: the retry with the
+    right dy gives what a module that never saw the bad dy gives."""
+    x = rand((2, 3, 4), seed=10)
+    refused, fresh = MODULES[name](), MODULES[name]()
+    y = refused.forward(x)
+    fresh.forward(x)
+    dy = rand(y.shape, seed=11)
+    for bad in (rand(y.shape[:-1] + (y.shape[-1] + 1,), seed=12), dy.astype(np.float32)):
+        with pytest.raises((ValueError, TypeError), match="dy"):
+            refused.backward(bad)
+    np.testing.assert_array_equal(refused.backward(dy), fresh.backward(dy))
+    for (key, g), (_, g_fresh) in zip(refused.grads().items(), fresh.grads().items()):
+        np.testing.assert_array_equal(g, g_fresh, err_msg=key)
+    with pytest.raises(RuntimeError, match="or twice"):
+        refused.backward(dy)

@@ -429,8 +429,13 @@ def test_bad_output_buffers():
     memory = np.zeros(30)
     shifted_x = memory[:24].reshape(4, 6)
     shifted_x[...] = x
-    with pytest.raises(ValueError, match="out overlaps x"):
+    with pytest.raises(ValueError, match="out may overlap x"):
         rn.add_rms_norm(shifted_x, r, w, out=memory[3:27].reshape(4, 6))
+    # interleaved in one buffer, no element shared: the rule compares bounds, and says so
+    pairs = np.zeros((4, 12))
+    pairs[:, ::2] = x
+    with pytest.raises(ValueError, match=r"out may overlap x \(their memory bounds meet\)"):
+        rn.add_rms_norm(pairs[:, ::2], r, w, out=pairs[:, 1::2])
     # training forms: backward reads x (learnable alpha, Post-Norm) and residual (Post-Norm)
     with pytest.raises(ValueError, match="out must not overlap x"):
         rn.add_rms_norm_forward(x, r, w, alpha=alpha, out=x)

@@ -98,6 +98,7 @@ class Block(Module):
                  alpha: float = 1.0, gate: float = 0.0, dtype: DTypeLike = np.float32,
                  seed: Seed = 0) -> None:
         super().__init__()
+        self._shape = None   # the last forward's input shape (its output's)
         self.d_model = _checks.positive_int(d_model, "d_model")
         d_ff = 4 * self.d_model if d_ff is None else _checks.positive_int(d_ff, "d_ff")
         self.dtype = _checks.float_dtype(dtype)
@@ -122,4 +123,14 @@ class Block(Module):
         return residual, residual
 
     def _input(self, x: ArrayLike) -> NDArray[np.floating]:
-        return _checks.module_input(x, "x", self.dtype, self.d_model, ndim=3)
+        x = _checks.module_input(x, "x", self.dtype, self.d_model, ndim=3)
+        self._shape = x.shape
+        return x
+
+    def _output_gradient(self, dy: ArrayLike) -> NDArray[np.floating]:
+        """dy checked against the last forward's output (x's shape and dtype) under its own
+        name, before any sublayer's backward sees it (as its dh, say).  Before any forward,
+        the sublayers say there was none."""
+        if self._shape is None:
+            return dy
+        return _checks.like_array(dy, "dy", self._shape, self.dtype)

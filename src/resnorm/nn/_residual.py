@@ -15,6 +15,8 @@ resnorm's fused residual kernels (resnorm/residual.py, resnorm/inverted_dropout.
 Fused calls keep their cache in the Residual module and add the norm's parameter gradients
 into the norm module directly: the norm module's own forward is not called.
 """
+from contextlib import contextmanager
+
 import numpy as np
 
 from .. import _checks
@@ -91,22 +93,24 @@ class Residual(Module):
 
     def backward(self, dh):
         """(dx, df); dx is None for kind "none"."""
-        form, cache = self._take_cache()
-        if form == "none":
-            return None, self.dropout.backward(dh)
-        if self.kind == "gated":
-            dx, dfd, dgate = gated_residual_backward(dh, cache)
-            self.dgate += dgate
-        else:
-            dx, dfd, dalpha = scaled_residual_backward(dh, cache)
-            self.add_alpha_grad(dalpha)
+        with self._backward_cache() as (form, cache):
+            if form == "none":
+                return None, self.dropout.backward(dh)
+            if self.kind == "gated":
+                dx, dfd, dgate = gated_residual_backward(dh, cache)
+                self.dgate += dgate
+            else:
+                dx, dfd, dalpha = scaled_residual_backward(dh, cache)
+                self.add_alpha_grad(dalpha)
         return dx, self.dropout.backward(dfd)
 
-    def take_fused_cache(self):
-        """The cache of a fused add + norm forward (see the functions below)."""
-        form, cache = self._take_cache()
-        assert form == "fused", "the residual's forward was not a fused add + norm"
-        return cache
+    @contextmanager
+    def fused_cache(self):
+        """The cache of a fused add + norm forward (see the functions below), for the
+        backward inside the ``with`` block (kept if it raises, as _backward_cache's)."""
+        with self._backward_cache() as (form, cache):
+            assert form == "fused", "the residual's forward was not a fused add + norm"
+            yield cache
 
 
 def _add_norm_grads(norm, dweight, dbias=None):
@@ -139,13 +143,13 @@ def pre_add_norm_backward(residual, norm, dy, dh):
         if dh is not None:
             g += dh
         return residual.backward(g)
-    cache = residual.take_fused_cache()
-    if isinstance(norm, RMSNorm):
-        df, dx, dweight, dalpha = add_rms_norm_backward(dy, dh, cache)
-        _add_norm_grads(norm, dweight)
-    else:
-        df, dx, dweight, dbias, dalpha = add_layer_norm_backward(dy, dh, cache)
-        _add_norm_grads(norm, dweight, dbias)
+    with residual.fused_cache() as cache:
+        if isinstance(norm, RMSNorm):
+            df, dx, dweight, dalpha = add_rms_norm_backward(dy, dh, cache)
+            _add_norm_grads(norm, dweight)
+        else:
+            df, dx, dweight, dbias, dalpha = add_layer_norm_backward(dy, dh, cache)
+            _add_norm_grads(norm, dweight, dbias)
     residual.add_alpha_grad(dalpha)
     return dx, df
 
@@ -178,12 +182,12 @@ def post_add_norm_backward(residual, norm, dy):
     """(dx, df) of post_add_norm_forward; dx is None without a skip connection."""
     if not residual.fusable:
         return residual.backward(norm.backward(dy))
-    cache = residual.take_fused_cache()
-    if isinstance(norm, RMSNorm):
-        df, dx, dweight, dalpha = add_rms_norm_post_backward(dy, cache)
-        _add_norm_grads(norm, dweight)
-    else:
-        df, dx, dweight, dbias, dalpha = add_layer_norm_post_backward(dy, cache)
-        _add_norm_grads(norm, dweight, dbias)
+    with residual.fused_cache() as cache:
+        if isinstance(norm, RMSNorm):
+            df, dx, dweight, dalpha = add_rms_norm_post_backward(dy, cache)
+            _add_norm_grads(norm, dweight)
+        else:
+            df, dx, dweight, dbias, dalpha = add_layer_norm_post_backward(dy, cache)
+            _add_norm_grads(norm, dweight, dbias)
     residual.add_alpha_grad(dalpha)
     return dx, df

@@ -80,16 +80,16 @@ class GELU(Module):
             If dy or out does not have the forward input's shape and dtype, or out is not
             C-contiguous.
         """
-        flat, shape = self._take_cache()
-        dy = _checks.like_array(dy, "dy", shape, flat.dtype)
+        with self._backward_cache() as (flat, shape):
+            dy = _checks.like_array(dy, "dy", shape, flat.dtype)
+            if out is None:
+                dx = np.empty_like(flat)
+            else:
+                _checks.out_array(out, shape, flat.dtype, {"dy": dy})
+                if not out.flags.c_contiguous:
+                    raise ValueError("out must be C-contiguous")
+                dx = out.reshape(-1)
         dy_flat = np.ascontiguousarray(dy).reshape(-1)
-        if out is None:
-            dx = np.empty_like(flat)
-        else:
-            _checks.out_array(out, shape, flat.dtype, {"dy": dy})
-            if not out.flags.c_contiguous:
-                raise ValueError("out must be C-contiguous")
-            dx = out.reshape(-1)
         _layers.gelu_backward(dx, dy_flat, flat, self.approximate == "tanh",
                               threads_for(None, dx.size))
         return dx.reshape(shape)

@@ -136,8 +136,8 @@ class CausalSelfAttention(Module):
         return self.out_proj.forward(heads)
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
-        x, qkv, att, dropout = self._take_cache()
-        dheads = self.out_proj.backward(dy)
+        with self._backward_cache() as (x, qkv, att, dropout):
+            dheads = self.out_proj.backward(dy)
         b, t, d = x.shape
         dqkv = np.empty_like(qkv)
         dx = np.empty_like(x)

@@ -49,6 +49,7 @@ class PreNormBlock(Block):
         return self.res2.forward(u, self.ffn.forward(n2))
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
+        dy = self._output_gradient(dy)
         du, df = self.res2.backward(dy)
         dx, da = pre_add_norm_backward(self.res1, self.norm2, self.ffn.backward(df), du)
         g = self.norm1.backward(self.self_attn.backward(da))   # fresh: safe to add into
@@ -90,6 +91,7 @@ class PostNormBlock(Block):
                                      self.skip_scale)
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
+        dy = self._output_gradient(dy)
         du, df = post_add_norm_backward(self.res2, self.norm2, dy)
         g = self.ffn.backward(df)               # fresh: safe to add into
         if du is not None:

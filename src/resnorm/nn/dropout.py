@@ -81,6 +81,6 @@ class Dropout(Module):
         return y
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
-        cache, shape, dtype = self._take_cache()
-        dy = _checks.like_array(dy, "dy", shape, dtype)
-        return dy if cache is None else dropout_backward(dy, cache)
+        with self._backward_cache() as (cache, shape, dtype):
+            dy = _checks.like_array(dy, "dy", shape, dtype)
+            return dy if cache is None else dropout_backward(dy, cache)

@@ -86,9 +86,9 @@ class Linear(Module):
         return y.reshape(x.shape[:-1] + (self.out_features,))
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
-        rows, shape = self._take_cache()
-        dy = _checks.like_array(dy, "dy", shape[:-1] + (self.out_features,), self.dtype)
-        dy = kernel_rows(dy)
+        with self._backward_cache() as (rows, shape):
+            dy = kernel_rows(_checks.like_array(dy, "dy", shape[:-1] + (self.out_features,),
+                                                self.dtype))
         dx = np.empty_like(rows)
         with single_threaded_blas() as parallel_gemm:
             _layers.linear_backward(dx, self.dweight, self.dbias, dy, rows, self.weight,

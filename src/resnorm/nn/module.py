@@ -11,6 +11,7 @@ references taken once (``w = m.params()["weight"]``) stay valid.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -283,11 +284,14 @@ class Module:
 
     # ---- the cache between forward and backward
 
-    def _take_cache(self) -> Any:
-        """The forward cache, removed from the module (one backward per forward)."""
+    @contextmanager
+    def _backward_cache(self) -> Iterator[Any]:
+        """The forward cache, for the backward run inside the ``with`` block: removed from
+        the module when that backward succeeds (one backward per forward), kept when it
+        raises, so that a backward refused for a bad dy can be retried with the right one."""
         cache = getattr(self, "_cache", None)
         if cache is None:
             raise RuntimeError(f"{type(self).__name__}.backward called without a forward "
                                "before it (or twice for one forward)")
+        yield cache
         self._cache = None
-        return cache

@@ -92,7 +92,8 @@ class RMSNorm(Module):
         return y
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
-        dx, dw = rms_norm_backward(dy, self._take_cache())
+        with self._backward_cache() as cache:
+            dx, dw = rms_norm_backward(dy, cache)
         self.dweight += dw
         return dx
 
@@ -167,7 +168,8 @@ class LayerNorm(Module):
         return y
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
-        dx, dw, db = layer_norm_backward(dy, self._take_cache())
+        with self._backward_cache() as cache:
+            dx, dw, db = layer_norm_backward(dy, cache)
         self.dweight += dw
         if db is not None:
             self.dbias += db

@@ -77,6 +77,7 @@ class ParallelBlock(Block):
         return self.res2.forward(h, self.ffn.forward(n2))
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
+        dy = self._output_gradient(dy)
         dh, df = self.res2.backward(dy)
         dx, da = self.res1.backward(dh)
         dn2 = self.ffn.backward(df)

@@ -52,6 +52,7 @@ class SandwichBlock(Block):
         return self.res2.forward(u, self.norm2_out.forward(self.ffn.forward(n2)))
 
     def backward(self, dy: ArrayLike) -> NDArray[np.floating]:
+        dy = self._output_gradient(dy)
         du, df = self.res2.backward(dy)
         dn2 = self.ffn.backward(self.norm2_out.backward(df))
         dx, da = pre_add_norm_backward(self.res1, self.norm2, dn2, du)
