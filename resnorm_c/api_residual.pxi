@@ -345,7 +345,7 @@ cdef object add_norm_backward_call(bint layer, bint prenorm, dy, dh, cache, out,
 
 
 def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True, out=None,
                  residual_out=None, n_threads=None):
     return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
@@ -353,7 +353,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
 
 
 def add_rms_norm_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                         zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                         zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True,
                          out=None, residual_out=None, n_threads=None):
     return add_norm_call(False, True, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
@@ -365,7 +365,7 @@ def add_rms_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_thre
 
 
 def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
-                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True, out=None,
                    residual_out=None, n_threads=None):
     return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
@@ -373,7 +373,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_
 
 
 def add_layer_norm_forward(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
-                           zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                           zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True,
                            out=None, residual_out=None, n_threads=None):
     return add_norm_call(True, True, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, residual_out,
@@ -385,7 +385,7 @@ def add_layer_norm_backward(dy, dh, cache, *, out=None, dresidual_out=None, n_th
 
 
 def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True, out=None,
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True, out=None,
                       n_threads=None):
     return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
@@ -393,7 +393,7 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=No
 
 
 def add_rms_norm_post_forward(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                              zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                              zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True,
                               out=None, n_threads=None):
     return add_norm_call(False, False, x, residual, weight, None, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
@@ -405,7 +405,7 @@ def add_rms_norm_post_backward(dy, cache, *, out=None, dresidual_out=None, n_thr
 
 
 def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
-                        zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True,
+                        zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True,
                         out=None, n_threads=None):
     return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
@@ -414,7 +414,7 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *, normal
 
 def add_layer_norm_post_forward(x, residual, weight=None, bias=None, eps=1e-5, *,
                                 normalized_shape=None, zero_centered_weight=False, alpha=1.0, p=0.0,
-                                seed=0, training=True, out=None, n_threads=None):
+                                seed=None, training=True, out=None, n_threads=None):
     return add_norm_call(True, False, x, residual, weight, bias, eps, normalized_shape,
                          zero_centered_weight, alpha, p, seed, training, out, None, n_threads,
                          True)

@@ -131,9 +131,23 @@ cdef inline rn_dropout site_of(double p, seed, bint training) except *:
     return site
 
 
+cdef object site_seed(seed, double p, bint training):
+    """The checked seed of a dropout site.  None is taken only where no mask is drawn
+    (p = 0, eval mode): a default seed would drop the same elements on every call."""
+    if seed is not None:
+        return seed_value(seed)
+    if training and p > 0.0:
+        raise TypeError("seed is required when p > 0 in training: the dropout mask is a "
+                        "function of (seed, element index), so one seed drops the same "
+                        "elements on every call; pass a fresh seed per step and layer")
+    return 0
+
+
 cdef inline rn_dropout dropout_site(p, seed, training) except *:
     """Checks p, seed and training (as dropout_spec does); returns their site."""
-    return site_of(probability(p), seed_value(seed), flag(training, "training"))
+    cdef double q = probability(p)
+    cdef bint on = flag(training, "training")
+    return site_of(q, site_seed(seed, q, on), on)
 
 
 cdef rn_dropout kernel_dropout(DropoutSpec spec) except *:
@@ -146,8 +160,8 @@ cpdef DropoutSpec dropout_spec(p, seed, training):
     the dataclass's __init__: a training forward makes one every call)."""
     cdef DropoutSpec spec = DropoutSpec.__new__(DropoutSpec)
     spec.p = probability(p)
-    spec.seed = seed_value(seed)
     spec.training = flag(training, "training")
+    spec.seed = site_seed(seed, spec.p, spec.training)
     return spec
 
 

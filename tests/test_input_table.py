@@ -147,9 +147,12 @@ def test_x_byteorder(op, dtype):
 
 
 @each(FORWARDS)
-@pytest.mark.parametrize("bad", [None, {"a": 1.0}, [[1.0, 2.0], [3.0]]],
-                         ids=["None", "dict", "ragged"])
+@pytest.mark.parametrize("bad", [None, {"a": 1.0}, [[1.0, 2.0], [3.0]], "tensor"],
+                         ids=["None", "dict", "ragged", "torch_tensor_requiring_grad"])
 def test_x_not_array_like(op, bad):
+    if bad == "tensor":   # its conversion raises torch's RuntimeError, which must not leak
+        torch = pytest.importorskip("torch")
+        bad = torch.ones(good().x.shape, requires_grad=True)
     raises(op, TypeError, "x", good(), x=bad)
 
 
@@ -215,10 +218,10 @@ def test_layout(op, arg, dtype):
         assert_same_bits(view, before, f"{arg} {layout} modified")
 
 
-@each(list(OPS), args_of=lambda op: op.arrays)
+@each(list(OPS), args_of=lambda op: op.arrays + tuple(op.buffers))
 def test_masked(op, arg):
     inp = good()
-    value = getattr(inp, arg)
+    value = getattr(inp, arg) if arg in op.arrays else np.zeros_like(inp.x)
     mask = np.zeros(value.shape, bool)
     mask.flat[0] = True
     raises(op, TypeError, arg, inp, **{arg: np.ma.array(value, mask=mask)})
@@ -472,6 +475,23 @@ def test_dropout_p():
                          ids=repr)
 def test_seed_type(op, seed):
     raises(op, TypeError, "seed", good(), seed=seed)
+
+
+@each(taking("seed"))
+def test_seed_required(op):
+    """No default seed where a mask is drawn: one seed would drop the same elements on
+    every call.  Where none is drawn (p = 0, eval mode) the seed may be left out."""
+    inp = good()
+    kw = {k: v for k, v in op.kwargs(inp).items() if k != "seed"}
+    if op.name != "dropout" and op.name != "dropout_forward":   # seed is keyword-only there
+        with pytest.raises(TypeError, match="seed is required when p > 0 in training"):
+            op.fn(**kw)
+    with pytest.raises(TypeError, match="seed is required when p > 0 in training"):
+        op.fn(**kw, seed=None)
+    off = [dict(p=0.0), dict(training=False)]
+    for change in off:
+        assert_same_outputs(op.outputs(op.fn(**{**kw, **change, "seed": None})),
+                            op.run(dataclasses.replace(inp, **change)), op.name)
 
 
 @each(taking("seed"))

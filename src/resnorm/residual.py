@@ -44,7 +44,7 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
                          normalized_shape: int | tuple[int, ...] | None = None,
                          zero_centered_weight: bool = False,
                          alpha: float | ArrayLike = 1.0, p: float = 0.0,
-                         seed: int = 0, training: bool = True,
+                         seed: int | None = None, training: bool = True,
                          out: NDArray[np.floating] | None = None,
                          residual_out: NDArray[np.floating] | None = None,
                          n_threads: int | None = None
@@ -78,8 +78,10 @@ def add_rms_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | 
         channel, LayerScale); arrays of x's dtype.
     p : float, default 0.0
         Dropout probability of x, in [0, 1] (off when training is False).
-    seed : int, default 0
+    seed : int, optional
         Dropout seed in [0, 2**64): the mask is a function of (seed, element index).
+        Required when p > 0 in training (a fixed seed drops the same elements on every
+        call: pass a fresh one per step and layer).
     training : bool, default True
     out, residual_out : ndarray, optional
         Buffers for y and h; ``residual_out=residual`` updates the stream in place.
@@ -114,7 +116,7 @@ def add_rms_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None = N
                  normalized_shape: int | tuple[int, ...] | None = None,
                  zero_centered_weight: bool = False,
                  alpha: float | ArrayLike = 1.0, p: float = 0.0,
-                 seed: int = 0, training: bool = True, out: NDArray[np.floating] | None = None,
+                 seed: int | None = None, training: bool = True, out: NDArray[np.floating] | None = None,
                  residual_out: NDArray[np.floating] | None = None,
                  n_threads: int | None = None
                  ) -> tuple[NDArray[np.floating], NDArray[np.floating]]:
@@ -208,7 +210,7 @@ def add_layer_norm_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLike 
                            bias: ArrayLike | None = None, eps: float = 1e-5, *,
                            normalized_shape: int | tuple[int, ...] | None = None,
                            zero_centered_weight: bool = False,
-                           alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                           alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int | None = None,
                            training: bool = True, out: NDArray[np.floating] | None = None,
                            residual_out: NDArray[np.floating] | None = None,
                            n_threads: int | None = None
@@ -252,7 +254,7 @@ def add_layer_norm(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | None =
                    bias: ArrayLike | None = None, eps: float = 1e-5, *,
                    normalized_shape: int | tuple[int, ...] | None = None,
                    zero_centered_weight: bool = False,
-                   alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                   alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int | None = None,
                    training: bool = True, out: NDArray[np.floating] | None = None,
                    residual_out: NDArray[np.floating] | None = None,
                    n_threads: int | None = None
@@ -341,7 +343,7 @@ def add_rms_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: ArrayLi
                               normalized_shape: int | tuple[int, ...] | None = None,
                               zero_centered_weight: bool = False,
                               alpha: float | ArrayLike = 1.0, p: float = 0.0,
-                              seed: int = 0, training: bool = True,
+                              seed: int | None = None, training: bool = True,
                               out: NDArray[np.floating] | None = None,
                               n_threads: int | None = None
                               ) -> tuple[NDArray[np.floating], AddNormCache]:
@@ -387,7 +389,7 @@ def add_rms_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | Non
                       normalized_shape: int | tuple[int, ...] | None = None,
                       zero_centered_weight: bool = False,
                       alpha: float | ArrayLike = 1.0, p: float = 0.0,
-                      seed: int = 0, training: bool = True,
+                      seed: int | None = None, training: bool = True,
                       out: NDArray[np.floating] | None = None,
                       n_threads: int | None = None) -> NDArray[np.floating]:
     """Post-Norm: ``y = rms_norm(residual + alpha * dropout(x), weight, eps)``.
@@ -468,7 +470,7 @@ def add_layer_norm_post_forward(x: ArrayLike, residual: ArrayLike, weight: Array
                                 bias: ArrayLike | None = None, eps: float = 1e-5, *,
                                 normalized_shape: int | tuple[int, ...] | None = None,
                                 zero_centered_weight: bool = False,
-                                alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                                alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int | None = None,
                                 training: bool = True, out: NDArray[np.floating] | None = None,
                                 n_threads: int | None = None
                                 ) -> tuple[NDArray[np.floating], AddNormCache]:
@@ -507,7 +509,7 @@ def add_layer_norm_post(x: ArrayLike, residual: ArrayLike, weight: ArrayLike | N
                         bias: ArrayLike | None = None, eps: float = 1e-5, *,
                         normalized_shape: int | tuple[int, ...] | None = None,
                         zero_centered_weight: bool = False,
-                        alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int = 0,
+                        alpha: float | ArrayLike = 1.0, p: float = 0.0, seed: int | None = None,
                         training: bool = True, out: NDArray[np.floating] | None = None,
                         n_threads: int | None = None) -> NDArray[np.floating]:
     """Post-Norm: ``y = layer_norm(residual + alpha * dropout(x), weight, bias, eps)``.
