@@ -77,8 +77,10 @@ def _base_flags(kind):
     # the time (the sse2 level file: 50 s against 86-100 s, GCC 12) with the same output bits:
     # at -O2 the kernels took 1.16x the time (median of 66 cases, one thread, AVX-512), up
     # to 1.7x (rms_norm in cache) and 2.2x (dropout).
+    # -g0: no debug information (Python's own CFLAGS ask for -g): it made the compiled core
+    # 72 MB, and took compile time, for symbols a user never reads.
     opt = os.environ.get("RESNORM_OPT", "-O3")
-    return [opt, "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
+    return [opt, "-g0", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
 
 
 def _openmp_compiles(compiler, cflags, ldflags):
@@ -162,7 +164,39 @@ class BuildExt(build_ext):
             ext.extra_compile_args = cflags
             ext.extra_link_args = ldflags
             ext.define_macros.append(("RESNORM_BUILD_FLAGS", '"%s"' % " ".join(cflags)))
+        # An up-to-date build in build/ is reused (a second `pip install ".[extra]"` compiles
+        # nothing), but only if it was made with these flags: RESNORM_OPENMP=0 or sanitizer
+        # flags after a plain build must rebuild everything.
+        stamp = os.path.join(self.build_temp, "resnorm-build-flags.txt")
+        flags = "\n".join(cflags + ["--link"] + ldflags + [sys.version]) + "\n"
+        if _read(stamp) != flags:
+            self.force = True
         super().build_extensions()
+        os.makedirs(self.build_temp, exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write(flags)
+
+
+def _read(path):
+    """The text of a file, or None when there is none."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cython_outputs_current(module):
+    """True when resnorm_c/<module>.c was generated after the last change of any Cython
+    source of resnorm_c (.pyx, .pxd, .pxi): then it is compiled as it is.  Cython's own
+    dependency check also counts NumPy's and Cython's declarations, which pip's build
+    isolation installs afresh for every build, so each `pip install` regenerated every
+    module and recompiled the whole core."""
+    generated = f"resnorm_c/{module}.c"
+    if not os.path.exists(generated):
+        return False
+    sources = [p for ext in ("pyx", "pxd", "pxi") for p in glob.glob(f"resnorm_c/*.{ext}")]
+    return os.path.getmtime(generated) > max(os.path.getmtime(p) for p in sources)
 
 
 def _extension(name, sources):
@@ -173,11 +207,17 @@ def _extension(name, sources):
                      define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])
 
 
+def _cython(module):
+    """The source of a Cython module: its generated C when that is current, else the .pyx
+    (cythonize then generates the C)."""
+    return f"resnorm_c/{module}.{'c' if _cython_outputs_current(module) else 'pyx'}"
+
+
 primitives.generate()  # resnorm_c/core/primitives.h and resnorm_c/primitives.pxd
-extensions = [_extension("core", ["resnorm_c/core.pyx"] + CORE_SOURCES)]
-extensions += [_extension(name, [f"resnorm_c/{name}.pyx"]) for name in KERNEL_MODULES]
+extensions = [_extension("core", [_cython("core")] + CORE_SOURCES)]
+extensions += [_extension(name, [_cython(name)]) for name in KERNEL_MODULES]
 # resnorm.torch's NumPy views of tensor memory (no torch headers: it sees addresses)
-extensions += [Extension("resnorm.torch._storage", ["resnorm_c/torch_storage.pyx"],
+extensions += [Extension("resnorm.torch._storage", [_cython("torch_storage")],
                          include_dirs=[numpy.get_include()],
                          define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")])]
 
