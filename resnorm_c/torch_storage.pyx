@@ -93,10 +93,18 @@ _grad_enabled = torch.is_grad_enabled
 _torch_threads = torch.get_num_threads
 
 
-cpdef int threads() except -1:
-    """n_threads for resnorm: torch's thread count, so torch.set_num_threads sets both
-    libraries' (resnorm still runs inputs under 2**14 elements on one thread)."""
-    return _torch_threads()
+# torch's thread count when resnorm.torch was imported: its default, unless the program
+# set one before
+_torch_default_threads = _torch_threads()
+
+
+cpdef object threads():
+    """n_threads for resnorm, by the NumPy API's rule: None (OpenMP's default count, sized to
+    the cores other processes leave free) while torch's thread count is its default, and
+    the count torch.set_num_threads gave it otherwise (an explicit count, as n_threads=k
+    is: then it sets both libraries').  Inputs under 2**14 elements run on one thread."""
+    cdef int n = _torch_threads()
+    return None if n == _torch_default_threads else n
 
 
 cpdef bint transforms_active() except -1:

@@ -57,3 +57,20 @@ def test_default_team_leaves_out_cores_others_keep_busy():
         for p in busy:
             p.kill()
             p.wait()
+
+
+def test_resnorm_torch_follows_the_same_rule():
+    """resnorm.torch passes n_threads=None (sized to the free cores) while torch's thread
+    count is its default, and torch.set_num_threads's count once it is changed."""
+    torch = pytest.importorskip("torch")
+    from resnorm.torch import _tensors
+
+    default = torch.get_num_threads()
+    assert _tensors.threads() is None
+    other = 1 if default > 1 else 2
+    torch.set_num_threads(other)
+    try:
+        assert _tensors.threads() == other
+    finally:
+        torch.set_num_threads(default)
+    assert _tensors.threads() is None

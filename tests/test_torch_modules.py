@@ -243,6 +243,57 @@ def test_module_pickles_without_its_cached_views(tmp_path):
     torch.testing.assert_close(copy(x), norm(x))
 
 
+@pytest.mark.parametrize("torch_cls,ours", PAIRS)
+def test_inference_tensor_beside_a_weight_requiring_grad_as_torchs(torch_cls, ours):
+    # torch's RMSNorm saves no tensor of x's (x needs no gradient) and takes an inference
+    # tensor; torch's LayerNorm saves x, which autograd refuses for one
+    with torch.inference_mode():
+        x = torch.randn(3, 8)
+    theirs, mine = torch_cls(8), ours(8)
+    if torch_cls is nn.LayerNorm:
+        for module in (theirs, mine):
+            with pytest.raises(RuntimeError, match="Inference tensors cannot be saved"):
+                module(x)
+        return
+    y_ref, y = theirs(x), mine(x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(torch.autograd.grad(y.square().sum(), mine.weight),
+                               torch.autograd.grad(y_ref.square().sum(), theirs.weight))
+
+
+def _patched_layer_norm(d, dtype):
+    norm = nn.LayerNorm(d, dtype=dtype)
+    rt.patch(norm)
+    return norm
+
+
+@pytest.mark.parametrize("make,torch_cls", [
+    (rt.RMSNorm, nn.RMSNorm), (rt.LayerNorm, nn.LayerNorm), (_patched_layer_norm, nn.LayerNorm)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_per_sample_gradients_of_the_parameters_as_torchs(make, torch_cls, dtype):
+    # torch.func's recipe: the parameters are the transformed input (functional_call)
+    g = torch.Generator().manual_seed(5)
+    theirs, mine = torch_cls(6, dtype=dtype), make(6, dtype=dtype)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
+    mine.load_state_dict(theirs.state_dict())
+    params = {name: p.detach() for name, p in theirs.named_parameters()}
+    xb = torch.randn(4, 3, 6, generator=g, dtype=dtype)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else {}
+
+    def per_sample(module):
+        def loss(params, x):
+            return torch.func.functional_call(module, params, (x,)).square().sum()
+        return (torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, xb),
+                torch.func.grad(loss)(params, xb))
+    for got, want in zip(per_sample(mine), per_sample(theirs)):
+        assert got.keys() == want.keys() == params.keys()
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], **tol)
+    assert type(mine).forward is not torch_cls.forward   # resnorm computed them
+
+
 # --------------------------------------------------------------------------- patch
 
 class Block(nn.Module):
@@ -483,6 +534,66 @@ def test_patch_skips_parameters_resnorm_cannot_use():
     assert handle.swapped == [] and type(model[0]) is nn.LayerNorm
 
 
+class GatedRMSNorm(LlamaStyleRMSNorm):
+    """Mamba-2's gated RMSNorm: without a gate, an RMSNorm; with one, x * silu(gate) first."""
+
+    def forward(self, h, gate=None):
+        if gate is not None:
+            h = h * nn.functional.silu(gate)
+        return super().forward(h)
+
+
+class GatedBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.gate = nn.Linear(d, d)
+        self.norm = GatedRMSNorm(d)
+        self.final_norm = LlamaStyleRMSNorm(d)
+
+    def forward(self, x):
+        return self.final_norm(self.norm(x, self.gate(x)))
+
+
+def test_patch_leaves_a_norm_whose_forward_takes_more_than_the_input():
+    model = GatedBlock(8)
+    _randomise(model)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        ref = model(x)
+    with pytest.warns(UserWarning, match=r"norm: its forward takes gate besides the input"):
+        handle = rt.patch(model)
+    assert [name for name, _ in handle.swapped] == ["final_norm"]
+    assert [name for name, _ in handle.skipped] == ["norm"] and type(model.norm) is GatedRMSNorm
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref)
+
+
+def test_patch_fires_no_hook_of_the_model():
+    model = nn.Sequential(nn.LayerNorm(8), LlamaStyleRMSNorm(8))
+    calls = []
+    for m in model:
+        m.register_forward_pre_hook(lambda *a: calls.append("pre"))
+        m.register_forward_hook(lambda *a: calls.append("post"))
+    with nn.modules.module.register_module_forward_hook(lambda *a: calls.append("global")):
+        assert len(rt.patch(model).swapped) == 2
+    assert calls == []
+    model(torch.ones(2, 8))
+    assert calls == ["pre", "post"] * 2      # the patched modules keep their hooks
+
+
+def test_patched_norm_takes_an_inference_tensor_as_its_own_forward():
+    with torch.inference_mode():
+        x = torch.randn(3, 8)
+    norm = LlamaStyleRMSNorm(8)
+    _randomise(norm)
+    y_ref = norm(x)
+    ref = torch.autograd.grad(y_ref.square().sum(), norm.weight)
+    rt.patch(norm)
+    y = norm(x)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(torch.autograd.grad(y.square().sum(), norm.weight), ref)
+
+
 def test_patch_rejects_non_modules():
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         rt.patch([nn.LayerNorm(4)])
@@ -528,3 +639,16 @@ def test_transformer_trains_the_same_with_resnorm_norms(norm):
     losses = _train(model)
     assert losses[-1] < 0.8 * losses[0]       # it did learn
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(reference), rtol=1e-5, atol=0)
+
+
+def test_patch_shows_no_warning_of_the_probe():
+    """The probe's own inputs may make a module warn (torch.nn.RMSNorm on a dtype its weight
+    does not have): those warnings are not the user's."""
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RMSNorm(8),
+                                torch.nn.LayerNorm(8))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rt.patch(model)
+    assert [str(w.message) for w in caught] == []

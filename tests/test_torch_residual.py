@@ -126,6 +126,42 @@ def test_dropout_is_the_identity_in_eval_and_for_p_zero():
     assert rt.dropout(x, 0.0, seed=1) is x
 
 
+DROPPING = [
+    ("add_rms_norm", "AddRMSNorm", lambda x, **kw: rt.add_rms_norm(x, x, **kw)),
+    ("add_layer_norm", "AddLayerNorm", lambda x, **kw: rt.add_layer_norm(x, x, **kw)),
+    ("add_rms_norm_post", "AddRMSNormPost", lambda x, **kw: rt.add_rms_norm_post(x, x, **kw)),
+    ("add_layer_norm_post", "AddLayerNormPost",
+     lambda x, **kw: rt.add_layer_norm_post(x, x, **kw)),
+    ("dropout", None, lambda x, **kw: rt.dropout(x, **kw)),
+]
+
+
+@pytest.mark.parametrize("name, module, call", DROPPING)
+def test_seed_is_required_when_a_mask_is_drawn(name, module, call):
+    x = torch.randn(4, 8, requires_grad=True)
+    with pytest.raises(TypeError, match=rf"resnorm\.torch\.{name}\b.*seed is required when "
+                                        r"p > 0 in training.*same elements on every call") as e:
+        call(x, p=0.1)
+    assert (f"resnorm.torch.{module}" in str(e.value)) == (module is not None)
+    with pytest.raises(TypeError, match="seed is required"):
+        call(x, p=0.1, training=True)
+    # no mask drawn (p = 0, or eval mode): no seed needed
+    want = x if name == "dropout" else call(x, p=0.0, seed=1)
+    for kw in ({"p": 0.0}, {"p": 0.1, "training": False}):
+        torch.testing.assert_close(call(x, **kw), want)
+
+
+def test_a_tensor_seed_gives_the_mask_of_the_int_it_holds():
+    x = torch.randn(3, 40)
+    for seed in (5, 2 ** 63 + 9):
+        held = torch.tensor(seed - 2 ** 64 if seed >= 2 ** 63 else seed)
+        assert torch.equal(rt.dropout(x, 0.3, seed=held), rt.dropout(x, 0.3, seed=seed))
+        assert torch.equal(rt.add_rms_norm(x, x, p=0.3, seed=held)[1],
+                           rt.add_rms_norm(x, x, p=0.3, seed=seed)[1])
+    with pytest.raises(TypeError, match=r"seed must be an int or a 0-d torch\.int64 tensor"):
+        rt.dropout(x, 0.3, seed=torch.tensor([1]))
+
+
 # --------------------------------------------------------------------------- memory
 
 def _ptr(a):
@@ -162,12 +198,14 @@ def test_add_rms_norm_reads_and_writes_tensor_storage_in_place(monkeypatch):
 
 def test_x_is_kept_only_for_a_learnable_alpha():
     x, r, w, _, alpha = _inputs((4, 8), torch.float32, "channel")
+    # saved: (h, weight, x or None, alpha or None); a tensor alpha is saved either way
     y, _ = rt.add_rms_norm(x, r, w, alpha=alpha)
-    assert y.grad_fn.saved_tensors[-1].data_ptr() == x.data_ptr()
+    assert y.grad_fn.saved_tensors[2].data_ptr() == x.data_ptr()
     y, _ = rt.add_rms_norm(x, r, w, alpha=alpha.detach())
-    assert y.grad_fn.saved_tensors[-1] is None
+    assert y.grad_fn.saved_tensors[2] is None
+    assert y.grad_fn.saved_tensors[3].data_ptr() == alpha.data_ptr()
     y, _ = rt.add_layer_norm(x, r, w, alpha=0.5)
-    assert y.grad_fn.saved_tensors[-1] is None
+    assert y.grad_fn.saved_tensors[2:] == (None, None)
 
 
 def test_unused_h_gradient_reaches_the_kernel_as_none(monkeypatch):
@@ -177,6 +215,18 @@ def test_unused_h_gradient_reaches_the_kernel_as_none(monkeypatch):
     y, h = rt.add_layer_norm(x, r, w, b)
     y.sum().backward()
     assert seen["add_layer_norm_backward"][0][1] is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_h_used_gives_no_weight_gradient_as_torch(kind):
+    # torch's composition: y unused, so the weight and bias are not in the loss's graph
+    x, r, w, b, alpha = _inputs((4, 8), torch.float32, "channel")
+    params = [x, r, w, b, alpha]
+    for y, h in (_fused(kind, x, r, w, b, alpha), _composite(kind, x, r, w, b, alpha)):
+        grads = torch.autograd.grad(h.square().sum(), params, allow_unused=True)
+        assert grads[2] is None and grads[3] is None
+        for g, ref in zip(grads[:2] + grads[4:], (2 * h * alpha, 2 * h, (2 * h * x).sum(0))):
+            torch.testing.assert_close(g, ref)
 
 
 def test_threads_bitwise_reproducible():

@@ -1,6 +1,8 @@
 """resnorm.torch's Post-Norm functions, scaled and gated residual functions, and the modules
 of the residual family (AddRMSNorm, AddLayerNorm, their Post-Norm forms, ScaledResidual,
 GatedResidual): gradcheck in float64 and agreement with torch's own composition."""
+import copy
+
 import numpy as np
 import pytest
 
@@ -169,18 +171,128 @@ def test_fused_modules_match_torch_and_gradcheck(cls, layer, prenorm):
 
 @pytest.mark.parametrize("cls, layer, prenorm", MODULES)
 def test_fused_modules_dropout_follows_torch_seed_and_mode(cls, layer, prenorm):
-    module = cls(8, p=0.5)
     x, r = torch.randn(4, 8), torch.randn(4, 8)
-    torch.manual_seed(3)
-    a = module(x, r)
-    torch.manual_seed(3)
-    b = module(x, r)
-    c = module(x, r)
     first = (lambda o: o[0]) if prenorm else (lambda o: o)
-    assert torch.equal(first(a), first(b)) and not torch.equal(first(b), first(c))
+    torch.manual_seed(3)
+    module = cls(8, p=0.5)
+    a = first(module(x, r))
+    torch.manual_seed(3)
+    again = cls(8, p=0.5)
+    assert torch.equal(first(again(x, r)), a)               # torch.manual_seed: a repeat
+    b = first(module(x, r))
+    assert not torch.equal(a, b)                             # each call: another mask
     module.eval()
     want = (nn.LayerNorm if layer else nn.RMSNorm)(8)(r + x)
     torch.testing.assert_close(first(module(x, r)), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls, layer, prenorm", MODULES)
+def test_checkpointing_recomputes_the_same_mask(cls, layer, prenorm):
+    """torch.utils.checkpoint recomputes the forward in backward, after restoring torch's
+    generator: the recomputed mask must be the first one, else the gradients are of
+    another function."""
+    first = (lambda o: o[0]) if prenorm else (lambda o: o)
+    module = cls(8, p=0.5)
+    x, r, dy = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8), torch.randn(4, 8)
+
+    def grads(y):
+        x.grad = module.weight.grad = None
+        y.backward(dy)    # (the reentrant form refuses autograd.grad)
+        return x.grad, module.weight.grad
+
+    torch.manual_seed(3)
+    want = grads(first(module(x, r)))
+    for reentrant in (False, True):
+        torch.manual_seed(3)
+        y = torch.utils.checkpoint.checkpoint(lambda a, b: first(module(a, b)), x, r,
+                                              use_reentrant=reentrant)
+        for g, w in zip(grads(y), want):
+            assert torch.equal(g, w), reentrant
+    assert list(module.state_dict()) == list((nn.LayerNorm if layer else nn.RMSNorm)(8)
+                                             .state_dict())
+
+
+class _Block(nn.Module):
+    """Two fused modules with dropout, as a Pre-Norm block and a Post-Norm one."""
+
+    def __init__(self, d, p):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.pre = rt.AddRMSNorm(d, p=p)
+        self.post = rt.AddLayerNormPost(d, p=p)
+
+    def forward(self, x, h):
+        y, h = self.pre(self.fc(x), h)
+        return self.post(self.fc(y), h)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fused_modules_compile_fullgraph_with_the_eager_masks(backend, monkeypatch):
+    # inductor draws random numbers its own way unless told to call torch's (as eager does)
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    torch.manual_seed(0)
+    eager = _Block(16, 0.3)
+    block = copy.deepcopy(eager)
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    x, h, dy = torch.randn(4, 16, requires_grad=True), torch.randn(4, 16), torch.randn(4, 16)
+    outputs = []
+    for step, training in enumerate((True, True, False)):
+        eager.train(training), block.train(training)
+        torch.manual_seed(step)
+        want = eager(x, h)
+        torch.manual_seed(step)
+        got = compiled(x, h)
+        assert torch.equal(got, want)                        # the same masks, bit for bit
+        for g, r in zip(torch.autograd.grad(got, [x, *block.parameters()], dy),
+                        torch.autograd.grad(want, [x, *eager.parameters()], dy)):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+        outputs.append(want)
+    assert not torch.equal(outputs[0], outputs[1])           # each step: other masks
+    torch._dynamo.reset()
+
+
+class _Everything(nn.Module):
+    """Every module and function of resnorm.torch, dropout on; seed: the functions' (an
+    int, or a 0-d int64 tensor)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.norms = nn.ModuleList([rt.RMSNorm(d), rt.LayerNorm(d), rt.GemmaRMSNorm(d),
+                                    nn.LayerNorm(d)])
+        rt.patch(self.norms[3])
+        self.fused = nn.ModuleList([cls(d, p=0.2) for cls, _, _ in MODULES])
+        self.scaled = rt.ScaledResidual(d, alpha=0.5, learnable=True)
+        self.gated = rt.GatedResidual(d)
+
+    def forward(self, x, seed):
+        h = x
+        for norm in self.norms:
+            x = norm(x)
+        for module, (_, _, prenorm) in zip(self.fused, MODULES):
+            if prenorm:
+                x, h = module(x, h)
+            else:
+                x = module(x, h)
+        x = self.gated(self.scaled(x, h), h)
+        w, b, t = self.norms[1].weight, self.norms[1].bias, self.training
+        x = rt.rms_norm(x, w) + rt.layer_norm(x, w, b)
+        x, h = rt.add_rms_norm(x, h, w, p=0.2, seed=seed, training=t)
+        x, h = rt.add_layer_norm(x, h, w, b, p=0.2, seed=seed + 1, training=t)
+        x = rt.add_rms_norm_post(x, h, w, p=0.2, seed=seed + 2, training=t) + \
+            rt.add_layer_norm_post(x, h, w, b, p=0.2, seed=seed + 3, training=t)
+        x = rt.dropout(x, 0.2, seed=seed + 4, training=t)
+        return rt.gated_residual(rt.scaled_residual(x, h, 0.5), h, self.gated.gate)
+
+
+@pytest.mark.parametrize("seed", [7, torch.tensor(7)], ids=["int", "tensor"])
+def test_every_module_and_function_records_one_graph(seed):
+    model, x = _Everything(8), torch.randn(3, 8, requires_grad=True)
+    for training in (True, False):
+        model.train(training)
+        explanation = torch._dynamo.explain(model)(x, seed)
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1, \
+            explanation.break_reasons
+    torch._dynamo.reset()
 
 
 def test_fused_module_zero_centered_weight_starts_at_the_identity():

@@ -171,6 +171,57 @@ def test_more_architectures_have_every_norm_swapped(name):
         torch.testing.assert_close(model(**batch).logits, ref, rtol=1e-5, atol=1e-5)
 
 
+# Hybrid models whose Mamba-2 mixer ends in a gated RMSNorm, forward(hidden_states,
+# gate=None): name: the Config's arguments (the model class is <name>ForCausalLM)
+_MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
+              mamba_chunk_size=8)
+GATED = {
+    "Mamba2": dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4,
+                   head_dim=16, state_size=8, n_groups=1, chunk_size=8, bos_token_id=1,
+                   eos_token_id=2, pad_token_id=0),
+    "Bamba": dict(_DECODER, **_MAMBA, attn_layer_indices=[1]),
+    "GraniteMoeHybrid": dict(_DECODER, **_MAMBA, layer_types=["mamba", "attention"],
+                             num_local_experts=2, num_experts_per_tok=1),
+    "FalconH1": dict(_DECODER, mamba_rms_norm=True),
+    "Zamba2": dict(_DECODER, mamba_d_state=8, n_mamba_heads=4,
+                   layers_block_type=["mamba", "hybrid"]),
+}
+
+
+@pytest.mark.parametrize("name", list(GATED))
+def test_gated_norms_stay_on_torch_and_the_model_runs_as_before(name):
+    torch.manual_seed(0)
+    model = getattr(tf, f"{name}ForCausalLM")(getattr(tf, f"{name}Config")(**GATED[name]))
+    model.eval()
+    gated = [n for n, m in model.named_modules() if type(m).__name__ == f"{name}RMSNormGated"]
+    batch = _batch(name)
+    with torch.no_grad():
+        ref = model(**batch).logits
+        with pytest.warns(UserWarning, match="its forward takes gate besides the input"):
+            handle = rt.patch(model)
+        assert gated and [n for n, _ in handle.skipped] == gated
+        assert handle.swapped                     # the plain RMSNorms are swapped
+        torch.testing.assert_close(model(**batch).logits, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_falcon_mamba_weightless_norms_are_skipped_for_their_buffer():
+    # its mixer's weightless RMSNorms keep an unused weight of ones as a buffer
+    config = tf.FalconMambaConfig(vocab_size=VOCAB, hidden_size=32, state_size=8,
+                                  num_hidden_layers=2, bos_token_id=1, eos_token_id=2,
+                                  pad_token_id=0)
+    torch.manual_seed(0)
+    model = tf.FalconMambaForCausalLM(config).eval()
+    batch = _batch("falcon_mamba")
+    with torch.no_grad():
+        ref = model(**batch).logits
+        with pytest.warns(UserWarning, match=r"keeps buffers \(weight\)"):
+            handle = rt.patch(model)
+        skipped = {type(model.get_submodule(n)).__name__ for n, _ in handle.skipped}
+        assert skipped == {"FalconMambaWeightlessRMSNorm"}
+        assert not any("batch norm" in reason for _, reason in handle.skipped)
+        torch.testing.assert_close(model(**batch).logits, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_swapped_modules_run_resnorm(monkeypatch):
     """The patched model calls resnorm's functions (and not torch's norm) for every norm."""
     import resnorm

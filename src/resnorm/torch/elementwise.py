@@ -5,9 +5,9 @@ shape () or (D,) of x's dtype (a learnable scalar, LayerScale).
 Gated (resnorm.gated_residual):  h = x + sigmoid(g) * F, g of F's shape or (D,) (a gate per
 channel).
 
-Backward runs resnorm's backward kernel on the forward's cache (which keeps F, and g, by
-reference; ctx saves them too, so that autograd catches an in-place change before
-backward).  A backward asked to build a graph (create_graph=True) returns the same formulas
+Backward runs resnorm's backward kernel on the forward's cache (which keeps F, g and a
+tensor alpha by reference; ctx saves them too, so that autograd catches an in-place change
+before backward).  A backward asked to build a graph (create_graph=True) returns the same formulas
 in torch operations, so double backward is exact.  Inside torch.func transforms, a
 forward-mode AD level or while torch.compile / torch.jit.trace record a graph, the
 functions compute the same formula with torch's own operations (elementwise, they fuse
@@ -19,7 +19,7 @@ import resnorm
 
 from . import _tensors as T
 from .composite import channel_sum
-from .residual import alpha_arg
+from .residual import alpha_arg, saved_scale
 
 
 def _inputs(x, F):
@@ -62,16 +62,18 @@ class ScaledResidualFunction(torch.autograd.Function):
         wanted = ctx.needs_input_grad[2]
         h, ctx.cache = resnorm.scaled_residual_forward(
             T.view(x), T.view(F), alpha_arg(alpha, x, wanted), n_threads=T.threads())
-        ctx.alpha = alpha
-        ctx.save_for_backward(F if wanted else None)
+        # dF = alpha * dh: a tensor alpha is saved, so that an in-place change of it before
+        # backward is refused by autograd instead of read
+        ctx.alpha, alpha_t = saved_scale(alpha)
+        ctx.save_for_backward(F if wanted else None, alpha_t)
         return T.tensor(h)
 
     @staticmethod
     def backward(ctx, dh):
-        (F,) = ctx.saved_tensors
+        F, alpha = ctx.saved_tensors
         want = ctx.needs_input_grad
         if torch.is_grad_enabled():
-            alpha = ctx.alpha
+            alpha = ctx.alpha if alpha is None else alpha
             grads = (dh, alpha * dh, _summed_like(dh * F, alpha) if want[2] else None)
         else:
             dx, dF, dalpha = resnorm.scaled_residual_backward(T.view(dh), ctx.cache,

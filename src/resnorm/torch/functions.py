@@ -97,6 +97,13 @@ class RMSNormFunction(_NormFunction):
     Supports double backward, forward-mode AD (jvp) and torch.func.vmap.
     """
 
+    @classmethod
+    def apply(cls, x, *args):
+        # torch.nn.RMSNorm saves no tensor of an x that needs no gradient, so it takes an
+        # inference tensor beside a weight that requires grad; this Function saves x (and
+        # its cache views x), which autograd refuses for an inference tensor: a normal copy
+        return super().apply(x.clone() if x.is_inference() else x, *args)
+
     @staticmethod
     def forward(x, weight, eps, views=None, normalized_shape=None, zero_centered=False):
         return kernels.rms_norm_forward(x, weight, eps, views and views[0],

@@ -80,8 +80,15 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
             return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
         if normalized_shape is not None:
             T.trailing_axes(x, tuple(normalized_shape))
-        views = module.__dict__[_VIEWS] = T.param_views(layer, weight, bias, x,
-                                                        normalized_shape, zero_centered)
+        try:
+            views = module.__dict__[_VIEWS] = T.param_views(layer, weight, bias, x,
+                                                            normalized_shape, zero_centered)
+        except T.NoStorage:
+            # parameters wrapped by a torch.func transform (functional_call's inside grad
+            # or vmap: per-sample gradients) have no storage to view; the Function's
+            # transform rules take them
+            return _checked_norm(layer, x, weight, bias, eps, normalized_shape,
+                                 zero_centered)
     if eps is None:
         eps = views.default_eps
     ns = views.row

@@ -15,6 +15,9 @@ resnorm.torch.kernels directly (resnorm.torch.functions).
     resnorm::layer_norm_backward(dy, x, weight?, has_bias, mean, rstd, axes=1,
                                  zero_centered=False) -> [dx, dweight?, dbias?]
     resnorm::dropout(x, p, seed) -> y      (its own backward: the same mask on dy)
+    resnorm::seeded_dropout(x, p, seed) -> (y, seed)   (seed a 0-d int64 tensor, read
+        when the operator runs, so that a graph takes a seed that changes between calls, a
+        module's buffer; the second output is the copy of it that backward reads)
 
 eps None: torch.finfo(dtype).eps (float32's for the 16-bit dtypes); axes: how many trailing
 axes of x a row spans (weight and bias have their shape); zero_centered: the gain is 1 + w.
@@ -189,6 +192,51 @@ def _dropout_backward(ctx, dy):
 
 
 dropout.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+
+
+@torch.library.custom_op("resnorm::seeded_dropout", mutates_args=(), device_types="cpu")
+def seeded_dropout(x: torch.Tensor, p: float,
+                   seed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """resnorm::dropout with the seed held by a 0-d int64 tensor (tensor_seed): y, and a
+    copy of the seed it read, which its backward reads.  The copy is an output, not the
+    input saved, because a graph may advance the seed's tensor in place (a module's
+    buffer) before backward runs, and a compiler may drop a copy made in the graph."""
+    return kernels.dropout(T.input_tensor(x), p, tensor_seed(seed)), seed.clone()
+
+
+@seeded_dropout.register_fake
+def _(x, p, seed):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(seed)
+
+
+def _seeded_dropout_setup(ctx, inputs, output):
+    ctx.p = inputs[1]
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(output[1])
+
+
+def _seeded_dropout_backward(ctx, dy, _dseed):
+    (seed,) = ctx.saved_tensors
+    return seeded_dropout(dy, ctx.p, seed)[0], None, None
+
+
+seeded_dropout.register_autograd(_seeded_dropout_backward, setup_context=_seeded_dropout_setup)
+
+
+def checked_seed_tensor(seed):
+    """seed checked as a dropout seed's tensor form: a 0-d torch.int64 tensor."""
+    if not (isinstance(seed, torch.Tensor) and seed.dim() == 0 and seed.dtype == torch.int64):
+        got = (f"a tensor of shape {tuple(seed.shape)} and dtype {seed.dtype}"
+               if isinstance(seed, torch.Tensor) else type(seed).__name__)
+        raise TypeError(f"seed must be an int or a 0-d torch.int64 tensor, got {got}")
+    return seed
+
+
+def tensor_seed(seed):
+    """The dropout seed in [0, 2**64) a 0-d int64 tensor holds (its bits: a seed in
+    [2**63, 2**64) is held as the negative int64 with the same bits).  Reads the tensor's
+    value: eager code, and the operator's own implementation."""
+    return int(checked_seed_tensor(seed)) % _SEED_WRAP
 
 
 def dropout_seed(seed):

@@ -8,8 +8,9 @@ parameters, buffers, hooks, state_dict keys and every reference to it stay as th
 so an optimizer built before the patch keeps training the same tensors.
 torch.nn.RMSNorm / LayerNorm become resnorm.torch.RMSNorm / LayerNorm; any other class C
 becomes a subclass of C made once per class (same name, isinstance(m, C) still true).
-undo() switches the classes back.  Modules that do not match, or that resnorm cannot run
-(complex or integer parameters, CUDA, ...), stay on torch and are listed in Patch.skipped with the reason,
+undo() switches the classes back.  Modules that do not match, that resnorm cannot run
+(complex or integer parameters, CUDA, ...), or whose forward takes more than the input (a
+gated RMSNorm's gate), stay on torch and are listed in Patch.skipped with the reason,
 and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
 swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
 float16/bfloat16 models are patched like the others.  Half-precision input to float32
@@ -167,9 +168,10 @@ def patch(model):
     ----------
     model : torch.nn.Module
         Patched in place.  Its norm-like modules (leaf modules whose class name contains
-        "norm", and torch's norms) are run on a probe input and compared with resnorm's
-        RMSNorm, (1 + w) RMSNorm and LayerNorm, over their normalised axes (one or
-        several); those that match are switched to resnorm.
+        "norm", and torch's norms) whose forward takes the input alone are run on a probe
+        input (their class's forward, so that none of their hooks fires) and compared
+        with resnorm's RMSNorm, (1 + w) RMSNorm and LayerNorm, over their normalised axes
+        (one or several); those that match are switched to resnorm.
 
     Returns
     -------

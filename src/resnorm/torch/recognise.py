@@ -3,14 +3,15 @@
 patch() hands every norm-like module of a model (a leaf module whose class name contains
 "norm", or any torch norm) to recognise(), which
 
-1. reads what resnorm would need: a weight and/or bias of one shape (the normalised
+1. reads what resnorm would need: a forward that takes the input alone (not a gated
+   RMSNorm's forward(x, gate=None)), a weight and/or bias of one shape (the normalised
    axes: (D,), or several, e.g. (5, 64); a module with neither and no normalized_shape
    normalises whatever last axis it is given), no buffers, an eps attribute (``eps``,
    ``variance_epsilon`` or ``epsilon``; a module without one, such as OLMo's LayerNorm,
    is probed with each eps of EPS_GUESSES), float32/float64/float16/bfloat16 on the CPU;
-2. runs the module on a probe input (with random parameters, through
-   torch.func.functional_call, so the module's own tensors are not touched) in training
-   and in eval mode, and compares the outputs with each formula resnorm computes:
+2. runs its class's forward (so that no hook fires) on a probe input, with random
+   parameters in place of its own (which are put back untouched), in training and in
+   eval mode, and compares the outputs with each formula resnorm computes:
 
    ``rms``       y = x / sqrt(mean(x^2) + eps) * w          (Llama, Mistral, Qwen, Phi-3, T5)
    ``rms_1p``    y = x / sqrt(mean(x^2) + eps) * (1 + w)    (Gemma)
@@ -28,6 +29,8 @@ without parameters is probed in every dtype and runs on resnorm in those it matc
 float32 among them (its own forward in the others: OLMo's computes float64 input in
 float32).  What does not match is not swapped, and the reason says why.
 """
+import inspect
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -190,28 +193,58 @@ def _mismatch(y, ref, dtype):
 
 def _run(module, params, x):
     """The module's output on x with params in place of its own, in training and in eval
-    mode (its mode is restored); no gradient is recorded."""
-    outputs, mode = [], module.training
+    mode (its parameters and mode are restored); no gradient is recorded.  Its class's
+    forward is called, not the module: no hook (the module's, a global one, or a wrapper
+    set on the instance) sees the probe.  Warnings the module gives on the probe's inputs
+    (torch.nn.RMSNorm's dtype mismatch, for the probe's float64 x) are not the user's, and
+    are not shown."""
+    outputs, mode, own = [], module.training, dict(module._parameters)
+    forward = type(module).forward
     try:
+        module._parameters.update(params)
         for training in (True, False):
             module.training = training
-            with torch.no_grad():
-                outputs.append(torch.func.functional_call(module, params, (x,)))
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                outputs.append(forward(module, x))
     finally:
+        module._parameters.update(own)
         module.training = mode
     return outputs
 
 
+def _other_arguments(module):
+    """The arguments its class's forward takes besides the input (a gated RMSNorm's gate),
+    as names ("*args" and "**kwargs" for the variadic ones)."""
+    try:
+        arguments = list(inspect.signature(type(module).forward).parameters.values())[1:]
+    except (TypeError, ValueError):   # no signature to read: taken as forward(input)
+        return []
+    if arguments and arguments[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                           inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        arguments = arguments[1:]     # the input
+    stars = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}
+    return [stars.get(a.kind, "") + a.name for a in arguments]
+
+
 def recognise(module):
     """(NormSpec, None) when resnorm computes what module computes, else (None, reason)."""
+    others = _other_arguments(module)
+    if others:
+        # a patched forward takes the input alone: the model's call with the others
+        # (a gated RMSNorm's gate) would fail, and a probe without them does not show
+        # what the module computes with them
+        return None, (f"its forward takes {', '.join(others)} besides the input; "
+                      f"resnorm's norms take the input alone")
     params = dict(module.named_parameters(recurse=False))
     if any(name not in ("weight", "bias") for name in params):
         return None, (f"it has parameters {sorted(params)}; resnorm's norms have a weight "
                       f"and a bias at most")
     buffers = [name for name, _ in module.named_buffers(recurse=False)]
     if buffers:
-        return None, (f"it keeps buffers ({', '.join(buffers)}); resnorm's norms keep no "
-                      f"state (running statistics are a batch norm's)")
+        return None, (f"it keeps buffers ({', '.join(buffers)}), and the probe cannot tell "
+                      f"what its forward does with them; resnorm's norms have a weight and "
+                      f"a bias at most")
     for name, p in params.items():
         if not p.is_cpu:
             return None, f"its {name} is on '{p.device}'; resnorm runs on the CPU"

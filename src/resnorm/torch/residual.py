@@ -14,8 +14,8 @@ x's dtype (a learnable scalar / LayerScale vector: it gets a gradient when it re
 grad).  The norms' options: normalized_shape (a row spans those trailing axes; weight,
 bias and a per-channel alpha have their shape) and zero_centered_weight (the gain 1 + w).
 ctx keeps resnorm's cache (by reference: Pre-Norm h, Post-Norm x and residual; the float64
-row statistics; x for a tensor alpha) and saves those tensors and the weight, so that
-autograd catches an in-place change of any of them before backward.
+row statistics; x and alpha for a tensor alpha) and saves those tensors, the weight and a
+tensor alpha, so that autograd catches an in-place change of any of them before backward.
 
 Second derivatives: a backward asked to build a graph (create_graph=True) returns
 differentiable torch expressions of the same formulas (resnorm.torch.composite).
@@ -23,6 +23,8 @@ torch.compile / torch.jit.trace see the fused call as torch's add and resnorm's 
 norm operators.  torch.func transforms (vmap, grad, jvp) and forward-mode AD are refused
 with a message that names the alternative.
 """
+import numbers
+
 import numpy as np
 import torch
 
@@ -47,6 +49,33 @@ def _resnorm_name(layer, prenorm):
 def _refuse_transforms(name, norm_name):
     if T.functorch_active():
         raise RuntimeError(_NO_TRANSFORMS.format(name=f"resnorm.torch.{name}", norm=norm_name))
+
+
+def saved_scale(alpha):
+    """(the number alpha or None, the tensor alpha or None): a Function keeps a number on
+    ctx and saves a tensor with save_for_backward, whose version check then covers it."""
+    return (None, alpha) if isinstance(alpha, torch.Tensor) else (alpha, None)
+
+
+def checked_seed(seed, p, training, name, module=None):
+    """The seed of a dropout call of resnorm.torch.<name>, checked: required (not None)
+    when a mask is drawn (p > 0 in training); a tensor seed (a 0-d int64 tensor, as the
+    modules hold theirs) stays a tensor while a graph is recorded, which reads it when it
+    runs, and is read as the int it holds otherwise.  module: the module that draws its
+    own seeds, named in the message."""
+    if seed is None:
+        # a p out of [0, 1] is left to resnorm's own message
+        if training and isinstance(p, numbers.Real) and 0 < p <= 1:
+            also = f", or use resnorm.torch.{module}, which draws its own" if module else ""
+            raise TypeError(
+                f"resnorm.torch.{name}: seed is required when p > 0 in training: the "
+                f"dropout mask is a function of (seed, element index), so one seed drops "
+                f"the same elements on every call; pass a fresh seed per step and "
+                f"layer{also}")
+        return None
+    if isinstance(seed, torch.Tensor):
+        return ops.checked_seed_tensor(seed) if T.graph_capture() else ops.tensor_seed(seed)
+    return seed
 
 
 def alpha_arg(alpha, x, wanted):
@@ -80,14 +109,18 @@ def _forward(ctx, layer, prenorm, x, residual, weight, bias, alpha, eps, p, seed
     params = (T.view(weight),) + ((T.view(bias),) if layer else ())
     forward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_forward")
     out, ctx.cache = forward(T.view(x), T.view(residual), *params, eps, **options)
-    ctx.alpha, ctx.eps, ctx.p, ctx.seed, ctx.training = alpha, eps, p, seed, training
+    ctx.eps, ctx.p, ctx.seed, ctx.training = eps, p, seed, training
     ctx.has_bias, ctx.axes, ctx.zero_centered = bias is not None, len(row), zero_centered
     ctx.set_materialize_grads(False)   # an unused h must not cost a tensor of zeros
+    # backward reads alpha (dx = gh * alpha * ...): a tensor alpha is saved like the other
+    # inputs it reads, so that autograd refuses a backward after an in-place change of it
+    # (an optimizer step between forward and backward) instead of using the new values
+    ctx.alpha, alpha_t = saved_scale(alpha)
     if prenorm:
         y, h = T.tensor(out[0]), T.tensor(out[1])
-        ctx.save_for_backward(h, weight, x if wants_alpha else None)
+        ctx.save_for_backward(h, weight, x if wants_alpha else None, alpha_t)
         return y, h
-    ctx.save_for_backward(residual, weight, x)
+    ctx.save_for_backward(residual, weight, x, alpha_t)
     return T.tensor(out)
 
 
@@ -95,17 +128,19 @@ def _backward(ctx, layer, prenorm, dy, dh):
     """The gradients of the Function's inputs (x, residual, weight, alpha, [bias,] then
     None for the rest), None where autograd wants none: resnorm's fused backward, or
     differentiable torch expressions when a graph is to be built."""
-    saved = ctx.saved_tensors   # also autograd's in-place check of what backward reads
+    *saved, alpha = ctx.saved_tensors   # also autograd's in-place check of what it reads
+    alpha = ctx.alpha if alpha is None else alpha
     want = ctx.needs_input_grad
+    dy_used = dy is not None
     drop = lambda t: dropout(t, ctx.p, seed=ctx.seed, training=ctx.training)  # noqa: E731
     if torch.is_grad_enabled():
         if prenorm:
             h, weight, x = saved
         else:   # h recomputed in torch operations, differentiable in x, residual, alpha
             residual, weight, x = saved
-            h = residual + ctx.alpha * drop(x)
+            h = residual + alpha * drop(x)
         grads = composite.add_norm_backward(
-            dy, dh, h, x if want[3] else None, weight, ctx.has_bias, ctx.alpha, ctx.eps,
+            dy, dh, h, x if want[3] else None, weight, ctx.has_bias, alpha, ctx.eps,
             layer, drop, ctx.axes, ctx.zero_centered)
     else:
         dy = torch.zeros_like(saved[0]) if dy is None else dy
@@ -115,7 +150,9 @@ def _backward(ctx, layer, prenorm, dy, dh):
         dx, dres, dw, *rest = result
         db, dalpha = (rest[0], rest[1]) if layer else (None, rest[0])
         grads = tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
-    wanted = (*want[:4], layer and want[4])
+    # y unused (only h reaches the loss): the weight and bias are not in the loss's graph,
+    # so they get no gradient, as from torch's composition (not one of zeros)
+    wanted = (*want[:2], want[2] and dy_used, want[3], layer and want[4] and dy_used)
     grads = tuple(g if w else None for g, w in zip(grads, wanted))
     return (grads if layer else grads[:4]) + (None,) * (len(want) - (5 if layer else 4))
 
@@ -224,7 +261,10 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
           alpha, p, seed, training):
     """One fused add + norm: (y, h) for Pre-Norm, y for Post-Norm (what every fused
     function and module of resnorm.torch runs)."""
-    _refuse_transforms(_resnorm_name(layer, prenorm), "layer_norm" if layer else "rms_norm")
+    name = _resnorm_name(layer, prenorm)
+    _refuse_transforms(name, "layer_norm" if layer else "rms_norm")
+    seed = checked_seed(seed, p, training, name,
+                        ("AddLayerNorm" if layer else "AddRMSNorm") + ("" if prenorm else "Post"))
     # Gemma's 16-bit gain, formed in float32: the fused kernels take it as a float32 weight
     gain = zero_centered and T.float32_gain(layer, x, weight)
     if gain:
@@ -243,7 +283,7 @@ def fused(layer, prenorm, x, residual, weight, bias, eps, normalized_shape, zero
 
 
 def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
+                 zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = rms_norm(h, weight, eps).
 
     Differentiable (AddRMSNormFunction), also twice.
@@ -268,9 +308,18 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
         layer_norm's).
     alpha : float or torch.Tensor
         A number (fixed), or a tensor of shape () or (D,) of x's dtype (learnable).
-    p, seed, training
-        Dropout of x: probability in [0, 1], an int seed in [0, 2**64) (the mask is a
-        function of (seed, element index)), training=False turns it off.
+    p : float
+        Dropout probability of x, in [0, 1].
+    seed : int, torch.Tensor or None
+        The dropout seed, an int in [0, 2**64) (or a 0-d torch.int64 tensor holding its
+        bits, which torch.compile reads inside the graph): the mask is a function of
+        (seed, element index), so one seed drops the same elements on every call.
+        Required when p > 0 in training (TypeError without it): pass a fresh seed per
+        step and layer, or use the module (AddRMSNorm, AddLayerNorm, AddRMSNormPost,
+        AddLayerNormPost), which draws its own.  None (the default) for p = 0 or
+        training=False.
+    training : bool
+        False turns dropout off.
 
     Returns
     -------
@@ -280,7 +329,8 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+        A bad argument, named in the message (TypeError: no seed with p > 0 in
+        training); RuntimeError inside torch.func transforms.
 
     Examples
     --------
@@ -288,6 +338,11 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
     >>> y, h = rt.add_rms_norm(torch.ones(1, 2), torch.tensor([[2.0, 3.0]]), eps=1e-12)
     >>> h
     tensor([[3., 4.]])
+    >>> x, r = torch.ones(2, 4), torch.zeros(2, 4)
+    >>> for step in range(2):   # dropout: a fresh seed per step (and per layer)
+    ...     y, h = rt.add_rms_norm(x, r, p=0.5, seed=1000 * step)
+    >>> sorted(set(h.flatten().tolist()))   # dropped, or kept and scaled by 1 / (1 - p)
+    [0.0, 2.0]
 
     NumPy reference: resnorm.reference.add_rms_norm_forward.
     """
@@ -296,7 +351,7 @@ def add_rms_norm(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
 
 
 def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_shape=None,
-                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
+                   zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True):
     """Pre-Norm:  h = residual + alpha * dropout(x),  y = layer_norm(h, weight, bias, eps).
 
     Differentiable (AddLayerNormFunction), also twice.  Arguments as add_rms_norm, plus
@@ -310,7 +365,8 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+        A bad argument, named in the message (TypeError: no seed with p > 0 in
+        training); RuntimeError inside torch.func transforms.
 
     Examples
     --------
@@ -326,7 +382,7 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, normalized_
 
 
 def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=None,
-                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=0, training=True):
+                      zero_centered_weight=False, alpha=1.0, p=0.0, seed=None, training=True):
     """Post-Norm:  y = rms_norm(residual + alpha * dropout(x), weight, eps).
 
     Differentiable (AddRMSNormPostFunction), also twice.  Arguments as add_rms_norm.
@@ -339,7 +395,8 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=No
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+        A bad argument, named in the message (TypeError: no seed with p > 0 in
+        training); RuntimeError inside torch.func transforms.
 
     Examples
     --------
@@ -355,7 +412,7 @@ def add_rms_norm_post(x, residual, weight=None, eps=1e-6, *, normalized_shape=No
 
 def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *,
                         normalized_shape=None, zero_centered_weight=False, alpha=1.0, p=0.0,
-                        seed=0, training=True):
+                        seed=None, training=True):
     """Post-Norm:  y = layer_norm(residual + alpha * dropout(x), weight, bias, eps).
 
     Differentiable (AddLayerNormPostFunction), also twice.  Arguments as add_layer_norm.
@@ -368,7 +425,8 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *,
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named in the message; RuntimeError inside torch.func transforms.
+        A bad argument, named in the message (TypeError: no seed with p > 0 in
+        training); RuntimeError inside torch.func transforms.
 
     Examples
     --------
@@ -382,7 +440,7 @@ def add_layer_norm_post(x, residual, weight=None, bias=None, eps=1e-5, *,
                  zero_centered_weight, alpha, p, seed, training)
 
 
-def dropout(x, p, *, seed, training=True):
+def dropout(x, p, *, seed=None, training=True):
     """Inverted dropout: y = x * keep / (1 - p) in training; x itself in eval mode and for
     p = 0 (as torch.nn.functional.dropout).
 
@@ -394,9 +452,12 @@ def dropout(x, p, *, seed, training=True):
         float32/float64 CPU tensor of any shape.
     p : float
         Probability in [0, 1] of dropping an element.
-    seed : int
-        In [0, 2**64): the mask is a function of (seed, element index), the same on any
-        thread count; draw a fresh one per call and step.
+    seed : int, torch.Tensor or None
+        In [0, 2**64) (or a 0-d torch.int64 tensor holding its bits, which torch.compile
+        reads inside the graph): the mask is a function of (seed, element index), the
+        same on any thread count, so one seed drops the same elements on every call.
+        Required when p > 0 in training (TypeError without it): draw a fresh one per call
+        and step.  None (the default) for p = 0 or training=False.
     training : bool
         False: no dropout.
 
@@ -408,21 +469,27 @@ def dropout(x, p, *, seed, training=True):
     Raises
     ------
     TypeError, ValueError
-        A bad argument, named in the message.
+        A bad argument, named in the message (TypeError: no seed with p > 0 in
+        training).
 
     Examples
     --------
     >>> import torch, resnorm.torch as rt
     >>> x = torch.ones(4)
-    >>> rt.dropout(x, 0.5, seed=1, training=False) is x
+    >>> rt.dropout(x, 0.5, training=False) is x
     True
+    >>> sorted(set(rt.dropout(torch.ones(100), 0.5, seed=7).tolist()))
+    [0.0, 2.0]
 
     NumPy reference: resnorm.reference.dropout_forward.
     """
     x = T.input_tensor(x)
+    seed = checked_seed(seed, p, training, "dropout")
     if T.graph_capture():
         if not training or p == 0:
             return x
+        if isinstance(seed, torch.Tensor):
+            return ops.seeded_dropout(x, p, seed)[0]
         return ops.dropout(x, p, ops.dropout_seed(seed))
     if training is False or p == 0:
         # no kernel runs: resnorm checks p, seed and training on a one-element array

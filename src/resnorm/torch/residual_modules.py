@@ -9,8 +9,13 @@ LayerNorm of the same shape.  Their forward takes (x, residual):
                y = rms_norm(h); h is the new residual stream, y the next sublayer's input.
     Post-Norm  y = AddRMSNormPost(...)(x, residual) = rms_norm(residual + alpha * dropout(x)).
 
-Dropout (p > 0) is active in training mode only; each call draws its mask seed from torch's
-default generator, so torch.manual_seed makes a run repeatable.
+Dropout (p > 0) is active in training mode only.  Each training call draws its mask's seed
+from torch's default generator, as torch's own dropout draws its mask, so
+torch.manual_seed makes a run repeatable, and torch.utils.checkpoint, which restores the
+generator before it recomputes a forward, recomputes the same mask.  The seed stays a
+0-d int64 tensor (never read with .item() in the module): torch.compile records the draw
+and the dropout in its graph, without a break (a compiled graph draws its random numbers
+its own way, so its masks are not the eager ones, as for torch's dropout).
 """
 import torch
 from torch import nn
@@ -56,9 +61,9 @@ class _AddNorm(nn.Module):
                 self.bias.zero_()
 
     def forward(self, x, residual):
-        seed = 0
+        seed = None
         if self.training and self.p > 0:
-            seed = int(torch.randint(0, _SEEDS, ()).item())
+            seed = torch.randint(0, _SEEDS, (), dtype=torch.int64)
         return fused(self.layer, self.prenorm, x, residual, self.weight, self.bias, self.eps,
                      self.normalized_shape, self.zero_centered_weight, self.alpha, self.p,
                      seed, self.training)
@@ -93,7 +98,8 @@ class AddRMSNorm(_AddNorm):
     alpha : float
         A fixed scale of the branch x.
     p : float
-        Dropout probability of x in training mode.
+        Dropout probability of x in training mode; each such call draws its seed from
+        torch's default generator (see resnorm.torch.residual_modules).
     device, dtype
         Of the weight (resnorm runs float32/float64 on the CPU).
 
@@ -104,6 +110,12 @@ class AddRMSNorm(_AddNorm):
     >>> y, h = norm(torch.ones(1, 2), torch.tensor([[2.0, 3.0]]))
     >>> h
     tensor([[3., 4.]], grad_fn=<AddRMSNormFunctionBackward>)
+    >>> drop = rt.AddRMSNorm(4, p=0.5)
+    >>> _ = torch.manual_seed(0)
+    >>> y, h = drop(torch.ones(2, 4), torch.zeros(2, 4))
+    >>> _ = torch.manual_seed(0)
+    >>> torch.equal(drop(torch.ones(2, 4), torch.zeros(2, 4))[1], h)   # the same mask
+    True
 
     NumPy reference: resnorm.reference.add_rms_norm_forward.
     """
