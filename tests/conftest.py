@@ -1,8 +1,11 @@
 """Shared helpers of the resnorm test suite: seeded inputs, kernel/reference runners and
 tolerance checks scaled by the size of the terms (never by the result itself)."""
+import ast
 import collections
+import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -64,6 +67,67 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# --------------------------------------------------------------------------- torch
+
+# README's test command installs neither torch nor transformers (whose tests need torch
+# too): there the tests that need them skip, or check less.  CI runs the tests marked
+# `torch` again with torch installed (`pytest -m torch`, .ci/run).  The mark is set on every
+# test whose own code (decorators included) names torch or transformers (an importorskip,
+# an import, a check of whether one is installed), and on every test of a file whose shared
+# code (imports, helpers, fixtures) names them: so a new test that needs torch is never left
+# out of CI, and a large file with one torch test does not run whole a second time.
+TORCH_PACKAGES = {"torch", "transformers"}
+DOTTED_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "torch: needs torch or transformers, or checks more with them (set by "
+                   "conftest.py; CI runs these again with torch installed: pytest -m torch)")
+
+
+def _names_torch(tree):
+    """Whether code names torch or transformers, as a name, a module or a string such as
+    "torch" or "resnorm.torch" (comments and prose do not count)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            dotted = node.id
+        elif isinstance(node, ast.Attribute):
+            dotted = node.attr
+        elif isinstance(node, ast.alias):
+            dotted = node.name
+        elif isinstance(node, ast.ImportFrom):
+            dotted = node.module or ""
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            dotted = node.value if DOTTED_NAME.fullmatch(node.value) else ""
+        else:
+            continue
+        if TORCH_PACKAGES & set(dotted.split(".")):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def torch_tests(path):
+    """The tests of a Python file to mark `torch`: all of them (True) when its shared code
+    names torch or transformers, else the names of the test functions and classes that do."""
+    with open(path, encoding="utf-8") as f:
+        body = ast.parse(f.read()).body
+    tests = [node for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+             and node.name.startswith(("test", "Test"))]
+    if any(_names_torch(node) for node in body if node not in tests):
+        return True
+    return {node.name for node in tests if _names_torch(node)}
+
+
+def pytest_itemcollected(item):
+    if item.path.suffix != ".py":
+        return
+    marked = torch_tests(item.path)
+    if marked is True or item.nodeid.split("::")[1].split("[")[0] in marked:
+        item.add_marker(pytest.mark.torch)
 
 
 @pytest.fixture

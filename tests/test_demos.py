@@ -1,8 +1,9 @@
 """Every demo at its tiny size: output structure and the qualitative claim it makes; the
 hand-written backward passes against finite differences; the CLI and its PNG.
 
-Needs the 'demos' (statsmodels) and 'plot' (matplotlib) extras: these tests do not skip
-without them, they fail, because the demos they check would not run."""
+The tests of the real time series and of the PNG need the 'demos' (statsmodels) and 'plot'
+(matplotlib) extras, which README's test command installs; without one, they skip, naming
+it."""
 import functools
 import socket
 
@@ -207,6 +208,7 @@ def test_causal_attention_does_not_see_the_future():
 
 
 def test_convergence():
+    pytest.importorskip("statsmodels")   # the sunspot numbers of its real time series
     res = tiny("convergence")
     assert not res.missing, res.missing
     _structure(res, "convergence", 4)
@@ -246,6 +248,7 @@ def test_sunspots_load_from_the_installed_package_without_network(monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("the dataset must not touch the network")
 
+    pytest.importorskip("statsmodels")
     monkeypatch.setattr(socket.socket, "connect", no_network)
     series = convergence.sunspots_series()
     assert series.shape == (309,) and np.all(np.isfinite(series))
@@ -278,12 +281,14 @@ def test_convergence_says_when_statsmodels_is_missing(monkeypatch, capsys, tmp_p
 
 @pytest.mark.parametrize("name", sorted(demos.DEMOS))
 def test_png(name, tmp_path):
+    pytest.importorskip("matplotlib")
     path = tmp_path / f"{name}.png"
     assert demos.save_png(tiny(name), path), "matplotlib is missing: pip install 'resnorm[plot]'"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cli_demo(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
     path = tmp_path / "depth.png"
     assert main(["demo", "depth", "--size", "tiny", "--png", str(path), "--seed", "1"]) == 0
     out = capsys.readouterr().out

@@ -2,7 +2,7 @@
 reports, checked on its numbers; the character-level model's backward against finite
 differences; the data split; the message when the bundled text is missing.
 
-Needs the 'plot' (matplotlib) extra for the PNG test, like tests/test_demos.py."""
+The PNG test needs the 'plot' (matplotlib) extra and skips without it, like tests/test_demos.py."""
 import functools
 
 import numpy as np
@@ -64,6 +64,7 @@ def test_deepnorm_trains_where_post_ln_stalls():
 
 @pytest.mark.parametrize("name", ["warmup", "deepnorm"])
 def test_png(name, tmp_path):
+    pytest.importorskip("matplotlib")
     path = tmp_path / f"{name}.png"
     assert demos.save_png(tiny(name), path), "matplotlib is missing: pip install 'resnorm[plot]'"
     assert path.stat().st_size > 10_000
