@@ -5,6 +5,7 @@ check reads the rows correctly.  No timing is asserted anywhere."""
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 import resnorm
 from resnorm import bench
-from resnorm.bench import _check, _peers, _peers_torch, _report, _run
+from resnorm.bench import _check, _machine, _peers, _peers_torch, _plot, _report, _run
 from resnorm.bench._cases import fixed, parts
 from resnorm.bench._copy import CopyReference
 from resnorm.bench._results import fastest, peer_result
@@ -244,8 +245,38 @@ def test_peers_appear_only_when_installed(monkeypatch):
     res = _small_run(peers=None, use_torch=False)
     assert {name for r in res.rows for name in r.peers} == {"numpy"}
     assert res.meta["peers"]["numba"]["left_out"] == \
-        "not installed (pip install 'resnorm[bench]')"
-    assert "left out: not installed (pip install 'resnorm[bench]')" in bench.report(res)
+        'not installed (pip install "resnorm[bench]")'
+    assert 'left out: not installed (pip install "resnorm[bench]")' in bench.report(res)
+
+
+def test_the_headline_names_the_peers_beaten_and_those_missing(monkeypatch):
+    # as if NumPy were the only peer installed: the headline must not read as a win over
+    # every library, and says how to add the others
+    real = _peers.installed
+    monkeypatch.setattr(_peers, "installed", lambda name: name == "numpy" and real(name))
+    res = _small_run(peers=None, quick=True)
+    headline = bench.report(res).split("## resnorm and its peers\n\n")[1].split("\n")[0]
+    assert headline.startswith("resnorm (preallocated outputs where the op takes them) "
+                               "against NumPy: faster than the fastest of them in ")
+    assert "; faster than NumPy in " in headline
+    assert ("Not compared: torch and torch.compile: not installed (pip install torch "
+            "--index-url https://download.pytorch.org/whl/cpu, then pip install "
+            '"resnorm[torch]"); numba and ONNX Runtime: not installed (pip install '
+            '"resnorm[bench]").') in headline
+
+
+def test_the_headline_counts_the_cells_won_against_each_peer():
+    rows = [_row("rms_norm", (8, 64), 1, True, vs_best=2.0),
+            _row("rms_norm", (8, 64), 2, True, vs_best=0.5),
+            _row("layer_norm", (8, 64), 1, True, vs_best=3.0)]
+    rows[0].peers["numpy"] = peer_result("ok", us=5.0)
+    rows[1].peers["numpy"] = peer_result("ok", us=0.8)
+    text = _report.standing(rows, {"torch": {"left_out": "--no-torch"},
+                                   "torch.compile": {"left_out": "--no-torch"}})
+    assert text.startswith("resnorm (preallocated outputs where the op takes them) against "
+                           "NumPy and numba: faster than the fastest of them in 2 of 3 cells")
+    assert "faster than NumPy in 1 of 2, numba in 2 of 3." in text
+    assert "Not compared: torch and torch.compile: --no-torch." in text
 
 
 def test_a_wrong_peer_is_reported_as_wrong_and_not_timed():
@@ -497,7 +528,11 @@ def test_cli_quick_writes_table_json_and_png_for_users(tmp_path):
         p = _cli(*args)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[4] == "## resnorm and its peers"
-    assert "| rms_norm | 8x64 | float32 | 1 | yes |" in p.stdout
+    # "1 (busy)" when other processes kept every core busy while it was timed (CI runs
+    # the suite beside a build)
+    assert re.search(r"\| rms_norm \| 8x64 \| float32 \| 1( \(busy\))? \| yes \|", p.stdout)
+    assert ("resnorm (preallocated outputs where the op takes them) against NumPy: faster "
+            "than the fastest of them in ") in p.stdout
     assert "## Goals" not in p.stdout
     # progress on a pipe: plain lines, never a carriage return
     assert "\r" not in p.stdout + p.stderr and "benchmark: " in p.stderr
@@ -555,7 +590,8 @@ def test_make_results_renders_every_section(tmp_path):
     for part in ("**provisional**", "python -m resnorm bench --test", "load average",
                  "| simd_level |", "![achieved bandwidth", "## resnorm and its peers",
                  "## Peers", "## Thread scaling", "## Small-call latency",
-                 "## All rows, float32", "RESULTS_residual.md", "faster than the fastest peer"):
+                 "## All rows, float32", "RESULTS_residual.md",
+                 "faster than the fastest of them"):
         assert part in text, part
     assert "## Goals" not in text and "issue" not in text.lower()
     assert "## Goals" in make_results.render(results, goals=True)
@@ -576,3 +612,152 @@ def test_make_results_adds_the_rows_of_further_runs(tmp_path):
     for part in ("## All rows, float32", "## All rows, float64",
                  "python -m resnorm bench --dtype float32\npython -m resnorm bench --dtype float64"):
         assert part in text, part
+
+
+# --------------------------------------------------------------------------- busy rows, caches
+
+def test_free_cores_count_other_processes_as_the_thread_rule_does():
+    cores = len(os.sched_getaffinity(0))
+    # one second in which this process's CPUs were busy 1.5 s, 0.5 s of it this process's
+    assert _machine.free_cores((0.0, 100.0, 1.0), (1.0, 101.5, 1.5)) == max(0, cores - 1)
+    assert _machine.free_cores((0.0, 100.0, 1.0), (1.0, 100.0 + 9 * cores, 1.0)) == 0
+    # too short to tell from 10 ms clock ticks, or no /proc/stat: not measured
+    assert _machine.free_cores((0.0, 100.0, 1.0), (0.01, 100.0, 1.0)) is None
+    assert _machine.free_cores((0.0, None, 1.0), (1.0, None, 1.5)) is None
+    start = _machine.cpu_sample()
+    time.sleep(0.06)
+    free = _machine.free_cores(start, _machine.cpu_sample())
+    assert free is None or 0 <= free <= cores
+
+
+def test_rows_record_the_free_cores_and_whether_the_data_fits_in_cache():
+    case = bench.setup("rms_norm", (16, 64), "float32")
+    copies = CopyReference(1)
+    budget = Budget(seconds=0.08, lo=3, hi=2000, calls=10, latency_repeats=3,
+                    latency_seconds=1e-5)
+    try:
+        fits = _run.measure_case(case, 1, budget, copies, ["numpy"], cache_bytes=1 << 20)
+        spills = _run.measure_case(case, 1, TINY, copies, ["numpy"], cache_bytes=1024)
+    finally:
+        copies.close()
+    cores = len(os.sched_getaffinity(0))
+    for r in fits:
+        assert r.in_cache is True
+        assert r.free_cores is None or 0 <= r.free_cores <= cores
+        assert r.busy == (r.free_cores is not None and r.free_cores < 1)
+    assert all(r.in_cache is False and r.free_cores is None for r in spills)   # short rounds
+
+
+def test_busy_rows_and_x_copy_from_cache_are_marked():
+    quiet = _row("rms_norm", (8, 768), 1, True, x_copy=1.4, vs_best=2.0)
+    quiet.in_cache, quiet.free_cores = True, 2
+    busy = _row("rms_norm", (2048, 4096), 2, True, x_copy=1.2, vs_best=2.0)
+    busy.in_cache, busy.free_cores = False, 1
+    table = bench.markdown_table([quiet, busy]).splitlines()
+    assert table[2].startswith("| rms_norm | 8x768 | float32 | 1 | yes | 1.00 | 1.0 | "
+                               "1.40 (in cache) |")
+    assert table[3].startswith("| rms_norm | 2048x4096 | float32 | 2 (busy) | yes | 1.00 | "
+                               "1.0 | 1.20 |")
+    text = _report.standing([quiet, busy])
+    assert "1 of 2 cells were timed while other processes kept busy more of this " \
+           "process's cores than its threads left free" in text
+    note = _report.X_COPY_NOTE.replace("\n", " ")
+    assert "x copy above 1 marked in cache: the op's data fits in the CPU's largest cache" \
+           in note and "cache bandwidth, not memory bandwidth" in note
+    # rows from before these fields read back unmarked
+    old = {k: v for k, v in vars(busy).items() if k not in ("free_cores", "in_cache")}
+    assert not bench.Row(**old).busy and bench.Row(**old).in_cache is None
+
+
+def test_cache_sizes_read_as_bytes():
+    assert _machine.cache_bytes("48K") == 48 << 10
+    assert _machine.cache_bytes("32M") == 32 << 20
+    assert _machine.cache_bytes("4096") == 4096
+    assert _machine.cache_bytes("big") is None
+    assert _machine.largest_cache({"L1d": "32K", "L2": "512K", "L3": "32768K"}) == 32 << 20
+    assert _machine.largest_cache({}) is None
+
+
+# --------------------------------------------------------------------------- machine facts
+
+def test_cpu_flags_are_those_the_simd_level_is_chosen_from(monkeypatch):
+    bf16_cpu = {"sse2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                "avx512dq", "avx512_bf16", "avx512_vnni"}
+    monkeypatch.setattr(_machine, "_cpuinfo", lambda: ("a CPU", bf16_cpu))
+    flags = bench.machine_info()["cpu_simd_flags"]
+    assert {"avx512_bf16", "avx512dq", "avx512vl", "f16c"} <= set(flags)
+    assert "avx512_vnni" not in flags and "avx" not in flags   # not part of the choice
+    monkeypatch.undo()
+    # on this machine: the chosen level's flags are all listed
+    needs = {"sse2": {"sse2"}, "avx2": {"avx2", "fma", "f16c"},
+             "avx512": {"avx512f", "avx512bw", "avx512vl", "f16c"},
+             "avx512bf16": {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}}
+    info = bench.machine_info()
+    if info["simd_level"] in needs and info["cpu_simd_flags"]:
+        assert needs[info["simd_level"]] <= set(info["cpu_simd_flags"])
+
+
+def test_cpu_flags_cover_every_flag_the_dispatch_tests():
+    dispatch = os.path.join(ROOT, "resnorm_c", "core", "dispatch.c")
+    if not os.path.exists(dispatch):
+        pytest.skip("not run from a checkout: resnorm_c/ is not here")
+    import re
+    with open(dispatch) as f:
+        tested = set(re.findall(r'__builtin_cpu_supports\("(\w+)"\)', f.read()))
+    # /proc/cpuinfo spells AVX512-BF16 avx512_bf16
+    assert {f.replace("avx512bf16", "avx512_bf16") for f in tested} == \
+        set(_machine.LEVEL_FLAGS) - {"sse2"}
+
+
+# --------------------------------------------------------------------------- the chart
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
+                    reason="the chart needs matplotlib")
+@pytest.mark.parametrize("with_scaling", [True, False])
+def test_chart_draws_every_shape_and_keeps_legend_and_caveat_inside(with_scaling):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes, threads = [(8, 768), (2048, 768), (8192, 4096)], [1, 2]
+    rows = []
+    for shape in shapes:
+        for t in threads:
+            for op in ("rms_norm", "layer_norm_backward", "add_rms_norm_backward"):
+                r = _row(op, shape, t, True, vs_best=2.0)
+                r.in_cache, r.free_cores = shape[0] * shape[1] < 1 << 20, 0 if t == 2 else 2
+                rows.append(r)
+    scaling = [bench.ScalingRow("rms_norm", (8192, 4096), "float32", t, 10.0 / t, 1.0, 1.0,
+                                float(t), 3) for t in (1, 2, 4)]
+    res = bench.Results(rows=rows, scaling=scaling if with_scaling else [],
+                        meta={"load_average_start": 3.5, "load_average_end": 4.0},
+                        machine={"cores": 2})
+    fig = _plot.figure(res)
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        titles = [ax.get_title() for ax in fig.axes]
+        for shape in shapes:
+            for t in threads:
+                name = f"{shape[0]}x{shape[1]}, {t} thread{'s' if t > 1 else ''}"
+                assert any(title.startswith(name) for title in titles), name
+        assert "8x768, 2 threads (in cache, busy)" in titles
+        texts = [t for ax in fig.axes for t in ax.texts]
+        words = [" ".join(t.get_text().split()) for t in texts]
+        assert any("load average was 3.5" in w for w in words)   # the caveat
+        assert any("Panels marked busy" in w for w in words)
+        legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+        labels = {t.get_text() for legend in legends for t in legend.get_texts()}
+        assert {"resnorm", "numba", "np.copyto of the same bytes"} <= labels
+        assert ("rms_norm" in labels) == with_scaling     # the scaling panel's legend
+        inside = fig.bbox.padded(1)
+        for artist in legends + texts + [fig._suptitle]:
+            box = artist.get_window_extent(renderer)
+            assert (inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+                    and box.y1 <= inside.y1), artist
+        for ax in fig.axes:
+            for label in ax.get_yticklabels() + ax.get_xticklabels():
+                assert label.get_fontsize() >= 8
+                assert "$" not in label.get_text()    # plain numbers, not 10^k
+    finally:
+        plt.close(fig)

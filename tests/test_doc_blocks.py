@@ -1,4 +1,5 @@
-"""Every ```python block of README.md and docs/*.md runs on its own, in a fresh interpreter.
+"""Every ```python block of README.md and docs/*.md runs on its own, in a fresh interpreter,
+exactly as written (as a reader copies it: a block indented under a list item would not).
 
 A block that imports an optional package (torch, matplotlib, ...) is skipped, with that
 reason, when the package is not installed; any other failure fails the test, naming the
@@ -11,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,7 +27,8 @@ _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`
 
 
 def python_blocks(path):
-    """(first line of the code, 1-based; dedented code) of every python block in path."""
+    """(first line of the code, 1-based; the code as written) of every python block in
+    path."""
     lines = path.read_text(encoding="utf-8").splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -35,15 +36,13 @@ def python_blocks(path):
         if not m:
             i += 1
             continue
-        fence, indent = m["fence"], len(m["indent"].expandtabs())
+        fence = m["fence"]
         close = re.compile(r"^[ \t]*" + re.escape(fence[0]) + "{%d,}[ \t]*$" % len(fence))
         j = i + 1
         while j < len(lines) and not close.match(lines[j]):
             j += 1
         if m["info"].lower() in ("python", "py", "python3"):
-            body = "\n".join(line.expandtabs()[indent:] if line.strip() else ""
-                             for line in lines[i + 1:j])
-            blocks.append((i + 2, textwrap.dedent(body) + "\n"))
+            blocks.append((i + 2, "\n".join(lines[i + 1:j]) + "\n"))
         i = j + 1
     return blocks
 
@@ -116,8 +115,17 @@ def test_blocks_are_found():
         assert code.splitlines()[0] == text[line - 1].strip()
 
 
-def test_indented_blocks_are_dedented(tmp_path):
+def test_blocks_are_taken_as_written(tmp_path):
+    # an indented block is kept indented, so that it fails to run as it would for a reader
     doc = tmp_path / "x.md"
     doc.write_text("* item\n\n  ```python\n  import os\n  if os:\n      pass\n  ```\n"
                    "```text\n```python inside text is not code\n```\n")
-    assert python_blocks(doc) == [(4, "import os\nif os:\n    pass\n")]
+    assert python_blocks(doc) == [(4, "  import os\n  if os:\n      pass\n")]
+
+
+def test_the_thread_pool_example_runs_as_written():
+    doc = ROOT / "docs" / "reliability.md"
+    text = doc.read_text(encoding="utf-8").splitlines()
+    (line, code), = [b for b in python_blocks(doc) if "ThreadPoolExecutor" in b[1]]
+    assert text[line - 2] == "```python" and code.splitlines()[0] == text[line - 1]
+    compile(code, str(doc), "exec")

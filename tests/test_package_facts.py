@@ -37,6 +37,22 @@ def test_checks_command_prints_the_reference():
     assert "TypeError" in proc.stdout and "ValueError" in proc.stdout
 
 
+def test_checks_command_cites_only_what_an_installed_package_has():
+    proc = run_cli("checks")
+    assert proc.returncode == 0, proc.stderr
+    for cited in ("tests/", "tools/", "benchmarks/", "resnorm_c/", "src/", "docs/",
+                  "`test_"):
+        assert cited not in proc.stdout, cited
+    # nothing else is lost: every check of the table is printed
+    doc = files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8")
+    ids = [line.split("|")[1].strip() for line in doc.splitlines()
+           if line.startswith("| `")]
+    assert len(ids) > 30
+    for check in ids:
+        assert f"| {check} |" in proc.stdout, check
+    assert "tested in the project's tests" in proc.stdout
+
+
 def test_packaged_reference_is_the_documented_one():
     """The package's copy is docs/input-checks.md itself (a link), not a second text."""
     doc = ROOT / "docs" / "input-checks.md"
@@ -71,6 +87,17 @@ def test_metadata_declares_mit_and_one_version():
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "resnorm.__version__"}
     shipped = set(project["tool"]["setuptools"]["package-data"]["resnorm"])
     assert {"py.typed", "input-checks.md"} <= shipped
+
+
+def test_classifiers_name_only_tested_systems():
+    """Linux is where the tests and benchmarks run; no other operating system is claimed."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")
+    pyproject = ROOT / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("not run from a checkout: pyproject.toml is not here")
+    classifiers = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["classifiers"]
+    systems = [c for c in classifiers if c.startswith("Operating System ::")]
+    assert systems == ["Operating System :: POSIX :: Linux"]
 
 
 def test_source_distribution_carries_every_build_input():

@@ -11,8 +11,12 @@ the same machine state:
 Every output (resnorm's and each peer's) is checked against the float64 reference first;
 a wrong one is reported as wrong and not timed.  Times are medians after warm-up.  GB/s
 counts the op's minimum traffic (each input read once, each output written once); "x copy"
-is that bandwidth divided by copy bandwidth of the same bytes; "vs best" is the fastest
-peer's time over resnorm's.  Besides the table: thread scaling, small-call latency and,
+is that bandwidth divided by copy bandwidth of the same bytes (marked where the op's data
+fits in the CPU's caches: there it compares cache bandwidth); "vs best" is the fastest
+peer's time over resnorm's.  Each row records the cores other processes left free while it
+was timed, counted as resnorm's thread rule counts them; a row whose threads needed more
+is marked busy.  The report's first paragraph names the peers compared and those left out
+(with how to install them).  Besides the table: thread scaling, small-call latency and,
 when asked, the library's speed goals.
 
 Modules: _cases (what a case is; the op registry), _ops_norms / _ops_residual (the ops),

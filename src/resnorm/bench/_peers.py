@@ -1,7 +1,8 @@
 """Which peers there are, which are installed, and a case's calls of each.
 
-A peer takes part only when its packages are installed (``pip install 'resnorm[bench]'``
-for numba, onnxruntime and onnx; ``'resnorm[torch]'`` for torch).  Nothing is imported
+A peer takes part only when its packages are installed (INSTALL: ``pip install
+"resnorm[bench]"`` for numba, onnxruntime and onnx; torch's CPU-only wheel, then
+``"resnorm[torch]"``, for torch).  Nothing is imported
 to find out: the run imports a peer's package when it first makes one of its calls.
 """
 import importlib.util
@@ -29,8 +30,15 @@ HOW = {
                    "com.microsoft SkipLayerNormalization / SkipSimplifiedLayerNormalization), "
                    "io_binding into preallocated outputs, intra_op_num_threads = threads",
 }
-INSTALL = {"numpy": "numpy", "torch": "resnorm[torch]", "torch.compile": "resnorm[torch]",
-           "numba": "resnorm[bench]", "onnxruntime": "resnorm[bench]"}
+# how a user installs each peer; torch: the CPU-only wheel first, as a plain
+# `pip install torch` on Linux brings the CUDA build (several GB) to a CPU-only library
+_TORCH = ('pip install torch --index-url https://download.pytorch.org/whl/cpu, then '
+          'pip install "resnorm[torch]"')
+INSTALL = {"numpy": "pip install numpy", "torch": _TORCH, "torch.compile": _TORCH,
+           "numba": 'pip install "resnorm[bench]"', "onnxruntime": 'pip install "resnorm[bench]"'}
+# what the report's prose calls each peer
+NAMES = {"numpy": "NumPy", "torch": "torch", "torch.compile": "torch.compile", "numba": "numba",
+         "onnxruntime": "ONNX Runtime"}
 
 
 def installed(name):
@@ -58,7 +66,7 @@ def select(names, use_torch=True, quick=False):
         elif not use_torch and name.startswith("torch"):
             left_out[name] = "--no-torch"
         elif not installed(name):
-            left_out[name] = f"not installed (pip install '{INSTALL[name]}')"
+            left_out[name] = f"not installed ({INSTALL[name]})"
         elif quick and names is None and name == "torch.compile":
             left_out[name] = "not in --quick runs (compiling every case takes minutes)"
         else:

@@ -8,7 +8,7 @@ from . import _check, _peers
 from ._machine import OPENBLAS_VARS
 from ._timing import BURST_SECONDS
 from ._results import (FORMS, OK, PEERS, UNSUPPORTED, WRONG, form_name, one_per_cell,
-                       own_form, resnorm_in_rounds)
+                       own_form, ratios, resnorm_in_rounds)
 
 
 def _us(t):
@@ -23,6 +23,11 @@ def _ratio(v):
 
 def _shape(s):
     return f"{s[0]}x{s[1]}"
+
+
+def _and(names):
+    """'a', 'a and b', 'a, b and c'."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _table(header, lines):
@@ -52,6 +57,13 @@ def _columns(rows):
     return [name for name in PEERS if name in seen]
 
 
+def _x_copy(r):
+    """x copy, marked where it is above 1 on data that fits in the CPU's caches."""
+    if r.x_copy is None:
+        return "-"
+    return f"{r.x_copy:.2f} (in cache)" if r.in_cache and r.x_copy > 1 else f"{r.x_copy:.2f}"
+
+
 def markdown_table(rows):
     """One line per Row: resnorm, copy, each peer's time and the fastest peer."""
     peers = _columns(rows)
@@ -61,30 +73,64 @@ def markdown_table(rows):
     for r in rows:
         resnorm = "WRONG" if r.resnorm_us is None else _us(r.resnorm_us)
         lines.append(
-            [r.op, _shape(r.shape), r.dtype, r.threads, "yes" if r.preallocated else "no",
-             resnorm, "-" if r.gbps is None else f"{r.gbps:.1f}",
-             "-" if r.x_copy is None else f"{r.x_copy:.2f}"]
+            [r.op, _shape(r.shape), r.dtype, f"{r.threads} (busy)" if r.busy else r.threads,
+             "yes" if r.preallocated else "no", resnorm,
+             "-" if r.gbps is None else f"{r.gbps:.1f}", _x_copy(r)]
             + [_peer_cell(r.peers.get(p), p == r.best_peer, form_name(r.preallocated))
                for p in peers]
             + [r.best_peer or "-", _ratio(r.vs_best)])
     return _table(header, lines)
 
 
-def standing(rows, worst=5):
-    """One paragraph: in how many cells resnorm is ahead of the fastest peer, the median
-    ratio, the cells where it is furthest behind, and the peers whose output was wrong."""
-    judged = [r for r in one_per_cell(rows) if r.vs_best is not None]
+def _against_each(judged):
+    """{peer's name in prose: (cells where resnorm was faster than it, cells where it was
+    timed)}, in table order; each against resnorm's time from that peer's rounds."""
+    won, seen = {}, {}
+    for r in judged:
+        for name, ratio in ratios(r.peers, form_name(r.preallocated), r.resnorm_us).items():
+            seen[name] = seen.get(name, 0) + 1
+            won[name] = won.get(name, 0) + (ratio > 1)
+    return {_peers.NAMES[n]: (won[n], seen[n]) for n in PEERS if n in seen}
+
+
+def _not_compared(peers):
+    """'numba and ONNX Runtime: not installed (pip install ...)': the peers of a run's
+    meta["peers"] that were left out, grouped by why."""
+    why = {}
+    for name in PEERS:
+        reason = (peers.get(name) or {}).get("left_out")
+        if reason:
+            why.setdefault(reason, []).append(_peers.NAMES[name])
+    return [f"{_and(names)}: {reason}" for reason, names in why.items()]
+
+
+def standing(rows, peers=None, worst=5):
+    """One paragraph: the peers resnorm was compared with; in how many cells it is ahead of
+    the fastest of them and of each, the median ratio, the cells where it is furthest
+    behind, the cells timed while other processes held the cores they needed, the peers
+    whose output was wrong and (peers: the run's meta["peers"]) the peers left out, why,
+    and how to install the missing ones."""
+    cells = one_per_cell(rows)
+    judged = [r for r in cells if r.vs_best is not None]
     text = ""
     if judged:
+        each = _against_each(judged)
         ahead = sum(r.vs_best > 1 for r in judged)
         behind = sorted((r for r in judged if r.vs_best <= 1), key=lambda r: r.vs_best)[:worst]
-        text = (f"resnorm (preallocated outputs where the op takes them) is faster than the "
-                f"fastest peer in {ahead} of {len(judged)} cells (op, shape, dtype, threads); "
-                f"median vs best {median(r.vs_best for r in judged):.2f}x.")
+        text = (f"resnorm (preallocated outputs where the op takes them) against "
+                f"{_and(list(each))}: faster than the fastest of them in {ahead} of "
+                f"{len(judged)} cells (op, shape, dtype, threads), median vs best "
+                f"{median(r.vs_best for r in judged):.2f}x; faster than "
+                + ", ".join(f"{name} in {won} of {n}" for name, (won, n) in each.items())
+                + ".")
         if behind:
             text += " Furthest behind: " + "; ".join(
                 f"{r.op} {_shape(r.shape)} {r.dtype} {r.threads} thr {r.vs_best:.2f}x "
                 f"({r.best_peer})" for r in behind) + "."
+    busy = sum(r.busy for r in cells)
+    if busy:
+        text += (f" {busy} of {len(cells)} cells were timed while {BUSY} (threads marked "
+                 "busy); time them again on an idle machine.")
     own = sorted({f"{r.op} {_shape(r.shape)} {r.dtype}" for r in rows if r.resnorm_us is None})
     if own:
         text += f" resnorm's own output failed the check, so not timed: {'; '.join(own)}."
@@ -92,8 +138,18 @@ def standing(rows, worst=5):
     if wrong:
         text += (f" Output failed the check, so not timed: {', '.join(wrong)} "
                  "(see the rows marked wrong).")
+    missing = _not_compared(peers or {})
+    if missing:
+        text += f" Not compared: {'; '.join(missing)}."
     return text.strip() + "\n" if text else ""
 
+
+# what the table's and the chart's marks mean
+BUSY = ("other processes kept busy more of this process's cores than its threads left free "
+        "(counted from /proc/stat as resnorm's thread rule counts them), so the times "
+        "include waiting for a core")
+IN_CACHE = ("the op's data fits in the CPU's largest cache, so the op and the copy both ran "
+            "from cache: this compares cache bandwidth, not memory bandwidth")
 
 X_COPY_NOTE = (
     f"Medians of interleaved rounds, in microseconds per call (a call under "
@@ -105,11 +161,14 @@ X_COPY_NOTE = (
     f"was off the float64 reference by more than {_check.TOLERANCE['float32']:g} of the "
     "output's scale (float32), so it was not timed; 'n/a': it could not run this case.  "
     f"threads: the n_threads asked for; calls on fewer than {PARALLEL_MIN_ELEMENTS} "
-    "elements run on one thread (and so do their copy and the numba loop).\n")
+    f"elements run on one thread (and so do their copy and the numba loop); busy: while the "
+    f"row was timed, {BUSY}.  x copy above 1 marked in cache: {IN_CACHE}.\n")
 
 
-def kernels_section(rows, title="resnorm and its peers"):
-    return (f"## {title}\n\n" + standing(rows) + "\n" + markdown_table(rows) + "\n"
+def kernels_section(rows, title="resnorm and its peers", peers=None):
+    """The table of rows under a paragraph of where resnorm stands (standing); peers: the
+    run's meta["peers"], to name the peers left out."""
+    return (f"## {title}\n\n" + standing(rows, peers) + "\n" + markdown_table(rows) + "\n"
             + X_COPY_NOTE)
 
 
@@ -279,7 +338,7 @@ def report(results, goals=None):
     """The whole run as Markdown sections (what the CLI prints); goals: with --goals."""
     parts = [f"# resnorm benchmark\n\n{headline(results.machine)}\n"]
     if results.rows:
-        parts.append(kernels_section(results.rows))
+        parts.append(kernels_section(results.rows, peers=results.meta.get("peers")))
     if results.latency:
         parts.append(latency_section(results.latency))
     parts.append(peers_section(results))

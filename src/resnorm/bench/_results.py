@@ -56,12 +56,21 @@ def fastest(peers, form, resnorm_us):
         return None, None
     if resnorm_us is None:
         return min(timed, key=lambda name: timed[name]["us"]), None
-    ratio = {}
-    for name, p in timed.items():
-        own = resnorm_in_rounds(p, form)
-        ratio[name] = p["us"] / (resnorm_us if own is None else own)
+    ratio = ratios(peers, form, resnorm_us)
     best = min(ratio, key=ratio.get)
     return best, ratio[best]
+
+
+def ratios(peers, form, resnorm_us):
+    """{name: the peer's time over resnorm's `form` (timed at resnorm_us in the same
+    rounds as the peers)} of the peers that were timed, each against resnorm's time from
+    that peer's rounds: above 1, resnorm was faster."""
+    found = {}
+    for name, p in peers.items():
+        if p["status"] == OK:
+            own = resnorm_in_rounds(p, form)
+            found[name] = p["us"] / (resnorm_us if own is None else own)
+    return found
 
 
 @dataclass
@@ -88,6 +97,15 @@ class Row:
     best_peer: str | None   # the fastest peer that was timed
     vs_best: float | None   # best peer's time / resnorm's time (above 1: resnorm is faster)
     repeats: int
+    # the cores other processes left free while the row's rounds ran (None: not measured,
+    # e.g. rounds too short to tell); fewer than copy_threads: the times include waits
+    free_cores: int | None = None
+    in_cache: bool | None = None   # the op's traffic fits in the CPU's largest cache
+
+    @property
+    def busy(self):
+        """Other processes held cores this row's threads needed while it was timed."""
+        return self.free_cores is not None and self.copy_threads > self.free_cores
 
 
 def one_per_cell(rows):

@@ -24,7 +24,7 @@ from .._parallel import threads_for
 from . import _cases, _check, _peers, _peers_torch
 from ._cases import parts
 from ._copy import CopyReference
-from ._machine import load_average, machine_info
+from ._machine import cpu_sample, free_cores, largest_cache, load_average, machine_info
 from ._results import (OK, PEERS, UNSUPPORTED, WRONG, LatencyRow, Results, Row, ScalingRow,
                        fastest, form_name, note_of, peer_result)
 from ._timing import per_call_seconds, time_budgeted
@@ -136,16 +136,20 @@ def checked_resnorm(case, forms):
 
 # --------------------------------------------------------------------------- sections
 
-def measure_case(case, threads, budget, copies, peers, compiled=None):
+def measure_case(case, threads, budget, copies, peers, compiled=None, cache_bytes=None):
     """Rows of one case on `threads` threads: one per output form of resnorm, with the peers
-    timed in the same rounds; `compiled`: this case's torch.compile result, if measured."""
+    timed in the same rounds; `compiled`: this case's torch.compile result, if measured;
+    cache_bytes: the CPU's largest cache (None: unknown), to tell whether the case's data
+    fits in it.  Each row records the cores other processes left free during the rounds."""
     shape, dtype = case.shape, case.dtype
     copy, copy_bytes, used = copies.make(case.traffic, dtype, threads, shape[0] * shape[1])
     forms = checked_resnorm(case, [(pre, partial(fn, threads)) for pre, fn in case.variants()])
     results, timed = checked_peers(case, peers, threads, used)
     ok_forms = [(pre, call, err) for pre, call, err in forms if _check.is_right(dtype, err)]
     fns = [call for _, call, _ in ok_forms] + [copy] + [call for _, call, _ in timed]
+    start = cpu_sample()
     times, repeats = time_budgeted(fns, budget.seconds, budget.lo, budget.hi)
+    free = free_cores(start, cpu_sample())
     k = len(ok_forms)
     t_resnorm = {pre: t for (pre, _, _), t in zip(ok_forms, times[:k])}
     t_copy = times[k]
@@ -165,7 +169,8 @@ def measure_case(case, threads, budget, copies, peers, compiled=None):
             preallocated=pre, resnorm_us=None if t is None else t * 1e6, resnorm_error=err,
             traffic_bytes=case.traffic, gbps=gbps, copy_us=t_copy * 1e6, copy_gbps=copy_gbps,
             copy_threads=used, x_copy=None if gbps is None else gbps / copy_gbps,
-            peers=results, best_peer=best, vs_best=vs_best, repeats=repeats))
+            peers=results, best_peer=best, vs_best=vs_best, repeats=repeats, free_cores=free,
+            in_cache=None if cache_bytes is None else case.traffic <= cache_bytes))
     return rows
 
 
@@ -261,12 +266,13 @@ def run(ops=None, shapes=None, dtypes=None, threads=None, quick=False, peers=Non
                 for n in (threads if to_compile else [])}
     res = Results(machine=machine_info())
     copies = CopyReference(max(threads + scaling_threads()))
+    cache = largest_cache(res.machine["caches"])
     for shape, dtype, op in table:
         case = _cases.setup(op, shape, dtype, torch)
         for n in threads:
             bar.step(f"{op} {shape[0]}x{shape[1]} {dtype.name} t={n}")
             res.rows += measure_case(case, n, budget, copies, chosen,
-                                     compiled.get(n, {}).get((op, shape, dtype.name)))
+                                     compiled.get(n, {}).get((op, shape, dtype.name)), cache)
         del case
     for shape, dtype, op in scaling:
         bar.step(f"scaling {op} {shape[0]}x{shape[1]}")
