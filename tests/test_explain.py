@@ -1,6 +1,7 @@
 """Explain mode: the steps, their numbers (kernel outputs and reference intermediates),
 the agreement verdict, the CLI text, and bad input."""
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -365,7 +366,7 @@ def test_every_kind_agrees_and_checks_every_gradient(kind, kwargs, dtype):
     for c in e.gradient_checks:
         np.testing.assert_array_equal(c.kernel.reshape(np.shape(e[c.name])), e[c.name])
     text = str(e)
-    assert "finite differences: an independent check" in text and "verdict: AGREE" in text
+    assert "finite differences: every gradient" in text and "verdict: AGREE" in text
 
 
 def test_gradient_check_is_independent_of_the_reference(monkeypatch):
@@ -552,7 +553,7 @@ def test_cli_other_kinds(capsys):
                  "--learnable-alpha", "--dh", "1,1"]) == 0
     out = capsys.readouterr().out
     assert "alpha = 0.5  -- residual scale (learnable scalar)" in out
-    assert "dalpha (with respect to alpha): max |kernel - finite difference|" in out
+    assert "dalpha (with respect to alpha): worst |kernel - finite difference|" in out
     assert main(["explain", "add-layer", "--x", "1,2,3", "--residual=-1,0,1", "--alpha",
                  "0.5,1,2", "--dy", "1,0,0", "--dh", "0,1,0"]) == 0
     out = capsys.readouterr().out
@@ -669,3 +670,121 @@ def test_half_default_dtype_follows_x_and_cli(capsys):
     assert main(["explain", "layer", "--x", "1,2,6", "--dy", "1,0,0", "--dtype", "float16"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("LayerNorm (float16)") and "y_0 = round(" in out
+
+
+# ----------------------------------------------------------------- how strict the checks are
+
+GATED_20 = dict(F=[3.0, -4.0], g=[-1.0, 20.0], dh=[1.0, 1.0])
+
+
+def _wrong_in_both(monkeypatch, name, wrong):
+    """The kernel's and the reference's function `name` both changed by wrong (a backward
+    wrong in the same way as its reference: only the independent checks can see it)."""
+    for module in (resnorm, reference):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real: wrong(_real(*a)))
+
+
+def test_gradient_check_is_relative_per_component(monkeypatch):
+    """dg at g = 20 is 8e-9: an error of 1e-5 of it must be caught, though it is far below
+    any absolute tolerance taken at the scale of 1."""
+    e = explain("gated", [1.0, 2.0], **GATED_20)
+    check = {c.name: c for c in e.gradient_checks}["dg"]
+    assert e.agree and abs(check.kernel[1]) < 1e-8
+    assert abs(check.kernel[1] - check.finite_difference[1]) < 1e-6 * abs(check.kernel[1])
+
+    def tiny_error(grads):
+        dx, dF, dg = grads
+        return dx, dF, dg * np.array([1.0, 1.0 + 1e-5])
+    _wrong_in_both(monkeypatch, "gated_residual_backward", tiny_error)
+    e = explain("gated", [1.0, 2.0], **GATED_20)
+    assert all(c.agree for c in e.checks)
+    assert not {c.name: c for c in e.gradient_checks}["dg"].agree and not e.agree
+
+
+def test_components_zero_by_cancellation_are_judged_at_the_gradient_scale():
+    # dy = 1 everywhere: LayerNorm's dx is 0 up to rounding (sum dx = 0 and dy is constant)
+    e = explain("layer", [1.0, 2.0, 6.0], dy=[1.0, 1.0, 1.0])
+    assert np.max(np.abs(e["dx"])) < 1e-12 and e.agree
+
+
+@pytest.mark.parametrize("kind, x, dy", [("layer", [5.0, 5.0, 5.0, 5.0], [1.0, 0, 0, 0]),
+                                         ("rms", [0.0, 0.0, 0.0], [1.0, 0, 0]),
+                                         ("layer", [[5.0, 5.0, 5.0], [1.0, 2.0, 6.0]],
+                                          [[1.0, 0, 0], [0, 1.0, 0]])])
+def test_constant_and_zero_rows_agree(kind, x, dy, capsys):
+    """The kernel is right on a constant row (var = 0) and a zero row (ms = 0): the checks
+    must say so; the finite-difference step follows the row's spread sqrt(var + eps)."""
+    e = explain(kind, x, dy=dy)
+    assert e.agree, [c for c in (*e.gradient_checks, *e.jacobians) if not c.agree]
+    rows = ";".join(",".join(str(v) for v in row) for row in np.atleast_2d(x))
+    dys = ";".join(",".join(str(v) for v in row) for row in np.atleast_2d(dy))
+    assert main(["explain", kind, "--x", rows]) == 0
+    assert main(["explain", kind, "--x", rows, "--dy", dys]) == 0
+    assert "verdict: AGREE" in capsys.readouterr().out
+
+
+def test_a_wrong_backward_on_a_constant_row_is_still_caught(monkeypatch):
+    _wrong_in_both(monkeypatch, "layer_norm_backward",
+                   lambda grads: (grads[0] * 1.0001, *grads[1:]))
+    e = explain("layer", [5.0, 5.0, 5.0, 5.0], dy=[1.0, 0, 0, 0])
+    assert all(c.agree for c in e.checks)
+    assert not {c.name: c for c in e.gradient_checks}["dx"].agree and not e.agree
+
+
+# --------------------------------------------------------------------------- forward invariants
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_forward_invariants_hold(dtype):
+    e = explain("layer", [[1.0, 2.0, 6.0], [5.0, 5.0, 5.0]], weight=[1.0, 0.5, 2.0],
+                bias=[0.0, 1.0, -1.0], dtype=dtype)
+    assert [i.name for i in e.forward_invariants] == ["mean xhat", "rms xhat", "y(2x) - y(x)",
+                                                      "y(x + c) - y(x)"]
+    assert e.agree and all(i.agree for i in e.forward_invariants)
+    rms = {i.name: i for i in e.forward_invariants}["rms xhat"]
+    # eps-aware: the constant row's xhat is 0, not of unit RMS
+    assert rms.exact[1] == 0.0 and 0.999 < rms.exact[0] < 1.0
+    e = explain("rms", [0.0, 0.0, 0.0], dtype=dtype)
+    assert [i.name for i in e.forward_invariants] == ["rms xn", "y(2x) - y(x)"] and e.agree
+
+
+def test_forward_invariants_catch_a_forward_wrong_like_its_reference(monkeypatch):
+    """A y wrong in the same way in the kernel and the reference passes the comparison but
+    not the invariants, which need neither."""
+    for name in ("rms_norm_forward", "layer_norm_forward"):
+        _wrong_in_both(monkeypatch, name, lambda out: (out[0] * 1.001, *out[1:]))
+    for kind in ("rms", "layer"):
+        e = explain(kind, [1.0, 2.0, 6.0])
+        assert all(c.agree for c in e.checks)
+        rms = {i.name: i for i in e.forward_invariants}[f"rms x{'n' if kind == 'rms' else 'hat'}"]
+        assert not rms.agree and not e.agree
+
+
+def test_forward_invariants_catch_a_norm_that_is_not_shift_invariant(monkeypatch):
+    # a kernel (and reference) that forgets part of the mean: y changes when x is shifted
+    def leaky(out):
+        mean = out[1] if len(out) == 3 else out[1].mean      # the reference's, the kernel's
+        return (out[0] + 1e-3 * mean[..., None], *out[1:])
+    _wrong_in_both(monkeypatch, "layer_norm_forward", leaky)
+    e = explain("layer", [1.0, 2.0, 6.0])
+    shift = {i.name: i for i in e.forward_invariants}["y(x + c) - y(x)"]
+    assert all(c.agree for c in e.checks) and not shift.agree and not e.agree
+
+
+def test_forward_invariants_are_printed_and_their_independence_said(capsys):
+    assert main(["explain", "layer", "--x", "1,2,6", "--dy", "1,0,0"]) == 0
+    out = capsys.readouterr().out
+    for line in ("mean_i xhat_i", "y(2x) - y(x)", "y(x + c) - y(x)",
+                 "independent of the kernel's formula", "not independent"):
+        assert line in out, line
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "explain.md").read_text()
+    assert "independent of the kernel's formula" in doc and "y(2x)" in doc
+
+
+def test_docs_do_not_say_the_sigmoid_of_20_rounds_to_1():
+    e = explain("gated", [1.0, 2.0], **GATED_20)
+    s = float(e["s"][1])
+    assert s < 1.0 and 1.0 - s == pytest.approx(2.06e-9, rel=1e-2)
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "explain.md").read_text()
+    assert "rounds to 1" not in doc
+    assert "rounds to 1" not in str(e)

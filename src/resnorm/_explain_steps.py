@@ -25,10 +25,12 @@ class Built:
     cache_why: str = ""
     forward64: object = None          # values (name -> float64 array) -> outputs
     inputs64: dict = field(default_factory=dict)       # the differentiable inputs
+    fd_spread: dict = field(default_factory=dict)      # input name -> its rows' spread
     upstream: dict = field(default_factory=dict)       # output name -> its gradient
     gradients: list = field(default_factory=list)      # (gradient, input name, kernel value)
     jacobian: dict | None = None
     invariants: list = field(default_factory=list)     # see _norm_invariants
+    forward_invariants: list = field(default_factory=list)   # see _forward_invariants
     philox: dict | None = None
 
 
@@ -260,6 +262,85 @@ def _norm_invariants(norm, v_name, grad_name, value_rows, v64, stats, g, eps):
              f"eps", scale)]
 
 
+def _norm_spread(stats):
+    """The spread of each row as the norm sees it, 1 / rstd = sqrt(var + eps) (LayerNorm) or
+    sqrt(ms + eps) (RMSNorm), shape (N,): never 0, and eps's scale on a constant row."""
+    return 1.0 / np.asarray(stats["rstd"], dtype=np.float64)
+
+
+# y(SCALE * v) against y(v): a power of two, so SCALE * v is exact in every dtype.
+SCALE = 2.0
+
+
+def _mean_square(norm, v64):
+    """What the norm divides by before eps, from its definition: var (LayerNorm, biased) or
+    ms (RMSNorm) of each row."""
+    centred = v64 - v64.mean(axis=1, keepdims=True) if norm == "layer" else v64
+    return (centred * centred).mean(axis=1)
+
+
+def _eps_effect(spread2, eps):
+    """The factor y - b grows by when v is multiplied by SCALE, exactly: xhat(SCALE v) =
+    xhat(v) * sqrt((s2 + eps) / (s2 + eps / SCALE^2)), 1 up to eps / s2."""
+    return np.sqrt((spread2 + eps) / (spread2 + eps / SCALE**2)) - 1.0
+
+
+def _shift_of(v):
+    """The constant added to v for LayerNorm's shift invariance: the power of two at most
+    max |v| (1 for a zero row), so v + c loses at most about one bit."""
+    top = float(np.max(np.abs(_f64(v)), initial=0.0))
+    return 2.0 ** np.floor(np.log2(top)) if top > 0 else 1.0
+
+
+def _forward_invariants(norm, v_name, run, v, w, b, eps):
+    """Properties any correct norm's output has, checked on the kernel's outputs alone:
+    xhat (y without w and b) has mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 +
+    eps)); y(2 v) = y(v) up to eps's effect; LayerNorm: y(v + c) = y(v).  The expectations
+    come from the input's mean square or variance s2 and eps, never from the kernel's steps
+    or the reference.  run(v, w, b): the kernel's y.  Each: (name, formula, value per row,
+    exact value per row, note, the kernel values compared (their rounding is allowed for),
+    allowance beyond that rounding)."""
+    v64 = _f64(v)
+    spread2 = _mean_square(norm, v64)
+    hat_name = f"{v_name}hat" if norm == "layer" else f"{v_name}n"
+    hat_kernel = run(v, None, None)
+    hat = _f64(hat_kernel)
+    out = []
+    if norm == "layer":
+        out.append((f"mean {hat_name}", f"mean_i {hat_name}_i", hat.mean(axis=1),
+                    np.zeros(len(v64)), "exact: 0; the norm removes the row's mean", hat_kernel,
+                    0.0))
+    out.append((f"rms {hat_name}", f"sqrt(mean_i {hat_name}_i^2)",
+                np.sqrt((hat * hat).mean(axis=1)), np.sqrt(spread2 / (spread2 + eps)),
+                f"exact: sqrt(s2 / (s2 + eps)), s2 = {'var' if norm == 'layer' else 'ms'}"
+                f"({v_name}): 1 up to eps", hat_kernel, 0.0))
+    y_kernel = run(v, w, b)
+    y = _f64(y_kernel)
+    bias = 0.0 if b is None else _f64(b)
+    scaled = _f64(run(v * np.asarray(SCALE, dtype=v.dtype), w, b))
+    out.append((f"y(2{v_name}) - y({v_name})", f"max_i |y_i(2{v_name}) - y_i({v_name})|",
+                np.max(np.abs(scaled - y), axis=1),
+                np.max(np.abs(y - bias), axis=1) * _eps_effect(spread2, eps),
+                f"exact: max_i |y_i - b_i| * (sqrt((s2 + eps) / (s2 + eps/4)) - 1): y does "
+                f"not change when {v_name} is scaled, but for eps", y_kernel, 0.0))
+    if norm == "layer":
+        c = _shift_of(v)
+        moved = (v64 + c).astype(v.dtype)
+        # the rounding of v + c moves each element by up to delta: y moves by at most
+        # |w| * rstd * delta * (2 + max |xhat|) (the centred value, and rstd through var)
+        delta = float(np.max(np.abs(_f64(moved) - c - v64))) + float(np.spacing(
+            np.max(np.abs(_f64(moved)))))
+        wmax = 1.0 if w is None else float(np.max(np.abs(_f64(w))))
+        allowance = float(np.max(wmax * delta * (2.0 + np.max(np.abs(hat), axis=1))
+                                 / np.sqrt(spread2 + eps)))
+        out.append((f"y({v_name} + c) - y({v_name})",
+                    f"max_i |y_i({v_name} + c) - y_i({v_name})|, c = {c:g}",
+                    np.max(np.abs(_f64(run(moved, w, b)) - y), axis=1), np.zeros(len(v64)),
+                    f"exact: 0; y does not change when a constant is added to {v_name} (up "
+                    f"to the rounding of {v_name} + c)", y_kernel, allowance))
+    return out
+
+
 def _jacobian(norm, v_name, v64, w, b, eps, stats, through_norm, dy):
     """The Jacobian dy/dv of each row in closed form (reference statistics) and the
     function finite differences need, for rows of at most JACOBIAN_MAX_D elements."""
@@ -288,8 +369,8 @@ def _jacobian(norm, v_name, v64, w, b, eps, stats, through_norm, dy):
                                   else _f64(b), eps)
 
     return {"of": "y", "wrt": v_name, "formula": formula, "closed": closed,
-            "norm_row": norm_row, "rows": v64, "through_norm": _f64(through_norm),
-            "dy": _f64(dy)}
+            "norm_row": norm_row, "rows": v64, "spread": _norm_spread(stats),
+            "through_norm": _f64(through_norm), "dy": _f64(dy)}
 
 
 # --------------------------------------------------------------------------- the norms
@@ -304,6 +385,8 @@ def rms(t, inp):
                   "backward needs xn = x * rstd: x is the input (kept by reference, no copy) "
                   "and rstd one float64 per row, so recomputing xn costs one multiply per "
                   "element instead of storing and re-reading an N x D array")
+    built.forward_invariants = _forward_invariants(
+        "rms", "x", lambda v, w_, b_: resnorm.rms_norm_forward(v, w_, eps)[0], x, w, None, eps)
     if inp.dy is None:
         return built
     dx, dw = resnorm.rms_norm_backward(inp.dy, cache)
@@ -320,6 +403,7 @@ def rms(t, inp):
     x64 = _f64(x)
     built.forward64 = lambda v: {"y": resnorm.rms_norm(v["x"], v.get("w"), eps)}
     built.inputs64 = {"x": x64, "w": _f64(w)}
+    built.fd_spread = {"x": _norm_spread({"rstd": rstd_ref})[:, None]}
     built.upstream = {"y": _f64(inp.dy)}
     built.jacobian = _jacobian("rms", "x", x64, w, None, eps, {"rstd": rstd_ref}, dx, inp.dy)
     built.invariants = _norm_invariants("rms", "x", "dx", _f64(dx), x64, {"rstd": rstd_ref},
@@ -339,6 +423,9 @@ def layer(t, inp):
                   "reference) and mean, rstd one float64 each per row, so recomputing xhat "
                   "costs two flops per element instead of storing and re-reading an N x D "
                   "array")
+    built.forward_invariants = _forward_invariants(
+        "layer", "x", lambda v, w_, b_: resnorm.layer_norm_forward(v, w_, b_, eps)[0], x, w, b,
+        eps)
     if inp.dy is None:
         return built
     dx, dw, db = resnorm.layer_norm_backward(inp.dy, cache)
@@ -360,6 +447,7 @@ def layer(t, inp):
     stats = {"mean": mean_ref, "rstd": rstd_ref}
     built.forward64 = lambda v: {"y": resnorm.layer_norm(v["x"], v.get("w"), v.get("b"), eps)}
     built.inputs64 = {"x": x64, "w": _f64(w), "b": _f64(b)}
+    built.fd_spread = {"x": _norm_spread(stats)[:, None]}
     built.upstream = {"y": _f64(inp.dy)}
     built.jacobian = _jacobian("layer", "x", x64, w, b, eps, stats, dx, inp.dy)
     built.invariants = _norm_invariants("layer", "x", "dx", _f64(dx), x64, stats, g, eps)
@@ -490,6 +578,9 @@ def add_norm(t, inp):
     built.forward64 = _fused_forward64(inp.kind, eps, inp.p, inp.seed, inp.training)
     built.inputs64 = {"x": _f64(x), "residual": _f64(res), "w": _f64(w), "b": _f64(b),
                       "alpha": _f64(alpha) if _learnable(alpha) else alpha}
+    # x reaches the norm as alpha * dropout(x): the row's spread of h is the scale for both
+    spread = _norm_spread(stats_ref)[:, None]
+    built.fd_spread = {"x": spread, "residual": spread}
     built.upstream = {"y": _f64(inp.dy)}
     if prenorm and dh is not None:
         built.upstream["h"] = _f64(dh)
@@ -605,6 +696,8 @@ def gated(t, inp):
     built.gradients.append(("dg", "g", dg))
     built.forward64 = lambda v: {"h": resnorm.gated_residual(v["x"], v["F"], v["g"])}
     built.inputs64 = {"x": _f64(x), "F": _f64(F), "g": _f64(g)}
+    # g enters through sigmoid, which bends over about one unit of g whatever g's spread
+    built.fd_spread = {"g": 1.0}
     built.upstream = {"h": _f64(inp.dh)}
     return built
 

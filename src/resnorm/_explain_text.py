@@ -156,21 +156,32 @@ class _Printer:
         e = self.e
         if not e.gradient_checks:
             return
-        from .explain import FD_STEP
-        self.lines += ["", "finite differences: an independent check of every gradient "
-                       f"(central differences of the float64 forward kernel, step {FD_STEP:g} "
-                       f"* max(1, |value|), of the loss {e.gradient_loss})"]
+        from .explain import FD_LEVELS, FD_STEP
+        self.lines += ["", "finite differences: every gradient, component by component "
+                       "(independent of the backward formula; they differentiate the forward "
+                       "kernel, which the forward checks cover)",
+                       "  central differences of the float64 forward kernel at the step "
+                       f"{FD_STEP:g} * spread, halved {FD_LEVELS - 1} times, "
+                       "Richardson-extrapolated, of "
+                       f"the loss {e.gradient_loss}; spread: sqrt(var + eps) or sqrt(ms + eps) "
+                       "of the row a norm normalises, else the row's root mean square",
+                       "  each component within tolerance * scale + resolution: scale = the "
+                       "size of the terms it sums (itself, unless they cancel), resolution = "
+                       "what the float64 loss can show over the finest step"]
         for c in e.gradient_checks:
             mark = "ok" if c.agree else "DIFFERENT"
-            self.lines.append(f"  {c.name} (with respect to {c.wrt}): max |kernel - finite "
-                              f"difference| = {c.max_abs_diff:.3g}   (tolerance "
-                              f"{c.tolerance:.3g})  {mark}")
+            self.lines.append(f"  {c.name} (with respect to {c.wrt}): worst |kernel - finite "
+                              f"difference| / its tolerance = {c.worst:.3g}   (tolerance "
+                              f"{c.tolerance:.3g} relative)  {mark}")
             per = self.steps[c.name].per
             for idx in np.ndindex(c.kernel.shape):
                 r, i = (idx + (0, 0))[:2] if per == "element" else (0, idx[0] if idx else 0)
                 label = self.label(c.name, per, r, i)
+                diff = abs(c.kernel[idx] - c.finite_difference[idx])
                 self.lines.append(f"    {label}: kernel {_num(c.kernel[idx], self.digits)}   "
-                                  f"finite difference {_num(c.finite_difference[idx], self.digits)}")
+                                  f"finite difference {_num(c.finite_difference[idx], self.digits)}"
+                                  f"   |diff| {diff:.2g} <= {c.allowed[idx]:.2g}"
+                                  + ("" if diff <= c.allowed[idx] else "  DIFFERENT"))
 
     def jacobians(self):
         e = self.e
@@ -178,7 +189,10 @@ class _Printer:
             return
         j0 = e.jacobians[0]
         self.lines += ["", f"Jacobian d{j0.of}/d{j0.wrt} of each row (closed form from the "
-                       f"reference statistics): {j0.formula}"]
+                       f"reference statistics): {j0.formula}",
+                       "  (the closed form follows the backward's derivation: its agreement with "
+                       "finite differences is independent of it, J^T dy against the gradient is "
+                       "not)"]
         for j in e.jacobians:
             prefix = "" if self.n_rows == 1 else f"row {j.row}: "
             self.lines.append(f"  {prefix}J =")
@@ -192,33 +206,49 @@ class _Printer:
                               f"max diff {j.max_abs_diff_backward:.3g}   (tolerance "
                               f"{j.tolerance:.3g})  {mark}")
 
-    def invariants(self):
-        e = self.e
-        if not e.invariants:
-            return
-        self.lines += ["", "invariants of the gradient through the norm"]
-        for inv in e.invariants:
+    def invariant_lines(self, invariants):
+        for inv in invariants:
             mark = "ok" if inv.agree else "DIFFERENT"
             self.lines.append(f"  {inv.formula}  -- {inv.note}")
             for r, (v, x) in enumerate(zip(inv.value, inv.exact)):
                 prefix = "" if self.n_rows == 1 else f"row {r}: "
                 self.lines.append(f"    {prefix}{inv.name} = {v:.3g}   (exact arithmetic: "
-                                  f"{x:.3g})  {mark}")
+                                  f"{x:.3g}, tolerance {inv.tolerance:.2g})  {mark}")
+
+    def forward_invariants(self):
+        e = self.e
+        if not e.forward_invariants:
+            return
+        self.lines += ["", "invariants of the forward: properties of any correct norm, "
+                       "independent of the kernel's formula (the expectations use only the "
+                       "input's var or ms and eps)"]
+        self.invariant_lines(e.forward_invariants)
+
+    def invariants(self):
+        e = self.e
+        if not e.invariants:
+            return
+        self.lines += ["", "invariants of the gradient through the norm: properties of any "
+                       "correct gradient, independent of the backward formula"]
+        self.invariant_lines(e.invariants)
 
     def checks(self):
         e = self.e
-        self.lines.append("kernel vs reference (resnorm.reference, float64 NumPy)")
+        self.lines.append("kernel vs reference (resnorm.reference, float64 NumPy): the same "
+                          "formulas coded twice, not independent of the kernel's formula")
         for c in e.checks:
             mark = "ok" if c.agree else "DIFFERENT"
             self.lines.append(f"  {c.name:<9} max |kernel - reference| = {c.max_abs_diff:.3g}"
                               f"   (tolerance {c.tolerance:.3g})  {mark}")
         from .explain import tolerance_rule
         self.lines.append(f"  tolerance = {tolerance_rule(e.dtype, e.param_dtype)}")
-        extra = (", every gradient matches finite differences" if e.gradient_checks else "") + \
+        extra = (", the forward invariants hold" if e.forward_invariants else "") + \
+            (", every gradient matches finite differences" if e.gradient_checks else "") + \
             (", the Jacobians and invariants hold" if e.jacobians or e.invariants else "")
         verdict = (f"AGREE: the kernel outputs match the reference{extra}" if e.agree else
                    "DISAGREE: at least one kernel output differs from the reference, or a "
-                   "gradient from finite differences, or a Jacobian or invariant fails")
+                   "forward invariant fails, or a gradient differs from finite differences, "
+                   "or a Jacobian or invariant fails")
         self.lines.append(f"  verdict: {verdict}")
 
     def render(self):
@@ -242,6 +272,7 @@ class _Printer:
             if phase == "input":
                 self.philox()
         self.cache()
+        self.forward_invariants()
         self.gradient_checks()
         self.jacobians()
         self.invariants()

@@ -65,12 +65,18 @@ HALF_TOLERANCE_ULPS = 1
 # kinds keep h unrounded inside the kernel and return it rounded: explained in float32 and
 # float64.)
 HALF_KINDS = ("rms", "layer", "dropout", "scaled", "gated")
-# Finite differences: central, step FD_STEP * max(1, |value|), on the float64 forward
-# kernel.  Their error (step^2 truncation, rounding / step) stays far below FD_RELATIVE *
-# max(1, max |gradient|), the tolerance added to the kernel's own rounding tolerance.
-FD_STEP = 1e-5
+# Finite differences: central differences of the float64 forward kernel at the steps
+# FD_STEP * spread, / 2, ..., / 2^(FD_LEVELS - 1), Richardson-extrapolated (error of order
+# step^(2 FD_LEVELS)).  spread is the row's: sqrt(var + eps) or sqrt(ms + eps) for what a norm
+# normalises (so a constant or zero row keeps eps's scale, where y bends), the root mean
+# square of the row for any other input (1 for a zero row).
+FD_STEP = 0.1
+FD_LEVELS = 3
+# A gradient component agrees with its finite difference when they differ by at most
+# FD_RELATIVE of its scale, plus the kernel's rounding at that scale, plus the resolution of
+# the finite difference.  The scale is the size of the terms it sums, sum_j |d(loss term j) /
+# d value|: the component itself, unless it is (nearly) zero because its terms cancel.
 FD_RELATIVE = 1e-6
-
 
 @dataclass(frozen=True)
 class Step:
@@ -160,24 +166,35 @@ _check_fields = complete_parameters(parameter_entries(Check.__doc__))
 @_check_fields
 @dataclass(frozen=True)
 class GradientCheck(Check):
-    """A kernel gradient against central finite differences of the float64 forward kernel,
-    element by element (in `Explanation.gradient_checks`).
+    """A kernel gradient against finite differences of the float64 forward kernel, component
+    by component (in `Explanation.gradient_checks`).
 
     The finite differences differentiate the loss `Explanation.gradient_loss`
-    (``sum(dy * y)``, plus ``sum(dh * h)`` where h has a gradient), with the step
-    ``FD_STEP * max(1, |value|)``; no backward formula is involved.
+    (``sum(dy * y)``, plus ``sum(dh * h)`` where h has a gradient): central differences at a
+    step scaled to the row's spread, Richardson-extrapolated; no backward formula is
+    involved.  Each component is held to its own tolerance, relative to its scale (the size
+    of the terms it sums, so a component that is zero because its terms cancel is judged at
+    their size, not at its own).
 
     Parameters
     ----------
+    max_abs_diff : float
+        The largest |kernel - finite difference| of a component.
     tolerance : float
-        The kernel's rounding tolerance (as `Check`'s) plus ``FD_RELATIVE * max(1,
-        max |finite difference|)`` for the error of the differences themselves.
+        The relative tolerance: ``FD_RELATIVE`` plus the kernel's rounding (``TOLERANCE_ULPS *
+        eps(dtype)``, or the 16-bit rule), as a fraction of each component's scale.
     wrt : str, default ""
         The input the gradient belongs to, e.g. ``"x"`` for dx.
     kernel : ndarray, optional
         The kernel's gradient (float64).
     finite_difference : ndarray, optional
         Its finite-difference twin, the same shape.
+    scale : ndarray, optional
+        The scale of each component: ``sum_j |d(loss term j) / d value|``, by the same
+        finite differences.
+    resolution : ndarray, optional
+        The smallest change the finite difference of each component can show: eps(float64)
+        times the loss's terms, over the finest step.
 
     Examples
     --------
@@ -186,12 +203,33 @@ class GradientCheck(Check):
     >>> [(c.name, c.wrt, c.agree) for c in e.gradient_checks]
     [('dx', 'x', True), ('dw', 'w', True)]
     >>> c = e.gradient_checks[0]
-    >>> bool(abs(c.kernel - c.finite_difference).max() < 1e-8)
-    True
+    >>> bool((abs(c.kernel - c.finite_difference) < 1e-8 * c.scale).all()), c.worst < 1
+    (True, True)
     """
     wrt: str = ""
     kernel: NDArray[np.float64] | None = None
     finite_difference: NDArray[np.float64] | None = None
+    scale: NDArray[np.float64] | None = None
+    resolution: NDArray[np.float64] | None = None
+
+    @property
+    def allowed(self) -> NDArray[np.float64]:
+        """The tolerance of each component: ``tolerance * scale + resolution``."""
+        return self.tolerance * self.scale + self.resolution
+
+    @property
+    def worst(self) -> float:
+        """The largest |kernel - finite difference| / allowed of a component (0 when both
+        are exactly equal): at most 1 when the check agrees."""
+        diff = np.abs(self.kernel - self.finite_difference)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(diff == 0, 0.0, diff / self.allowed)
+        return float(np.max(ratio, initial=0.0))
+
+    @property
+    def agree(self) -> bool:
+        """True when every component is within its own tolerance."""
+        return self.worst <= 1.0
 
 
 @_check_fields
@@ -201,7 +239,7 @@ class Jacobian(Check):
     v = x, or h for the fused kinds.
 
     The closed form, from the reference's row statistics, is checked two ways: against
-    its finite-difference twin (central differences of the forward kernel in float64),
+    its finite-difference twin (the finite differences of `GradientCheck`),
     and, as ``J^T dy``, against the kernel's gradient through the norm.
 
     Parameters
@@ -211,7 +249,7 @@ class Jacobian(Check):
     max_abs_diff : float
         The larger of max_abs_diff_fd and max_abs_diff_backward.
     tolerance : float
-        ``FD_RELATIVE * max(1, max |J|)`` plus the kernel's rounding tolerance.
+        ``FD_RELATIVE * max |J|`` plus the kernel's rounding tolerance.
     row : int, default 0
         The row r.
     of : str, default "y"
@@ -248,9 +286,10 @@ class Jacobian(Check):
 
 @dataclass(frozen=True)
 class Invariant:
-    """An identity the gradient of a norm obeys, per row (in `Explanation.invariants`):
-    the kernel's value against the value exact arithmetic gives (0, or a term
-    proportional to eps).
+    """An identity a norm obeys, per row: of its gradient (in `Explanation.invariants`) or
+    of its output (in `Explanation.forward_invariants`); the kernel's value against the
+    value exact arithmetic gives (0, or a term of eps).  The identities hold for any correct
+    norm: they check the kernel without its formula.
 
     Parameters
     ----------
@@ -259,14 +298,15 @@ class Invariant:
     formula : str
         What is computed per row, e.g. ``"sum_i dx_i"``.
     value : ndarray
-        Its value from the kernel's gradient, one per row (float64).
+        Its value from the kernel's outputs, one per row (float64).
     exact : ndarray
         The value exact arithmetic gives, the same shape.
     note : str
         Why the identity holds.
     tolerance : float
-        The largest difference that counts as agreement (the kernel's rounding
-        tolerance, as `Check`'s).
+        The largest difference that counts as agreement: the kernel's rounding tolerance,
+        as `Check`'s (twice it where two kernel outputs are compared), and for the shift of
+        a LayerNorm the effect of rounding x + c.
 
     Examples
     --------
@@ -316,6 +356,10 @@ class Explanation:
         The norm's Jacobian of each row (the norm kinds, with a gradient given).
     invariants : tuple of Invariant, default ()
         The identities the norm's gradient obeys (the norm kinds, with a gradient given).
+    forward_invariants : tuple of Invariant, default ()
+        The properties the norm's output has, whatever its formula ("rms" and "layer"):
+        xhat's mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 + eps)), y(2x) = y(x)
+        up to eps's effect, LayerNorm's y(x + c) = y(x).
     cache : tuple of (str, str), default ()
         (field, what it holds) of the forward's cache.
     cache_why : str, default ""
@@ -350,6 +394,7 @@ class Explanation:
     gradient_checks: tuple[GradientCheck, ...] = ()
     jacobians: tuple[Jacobian, ...] = ()
     invariants: tuple[Invariant, ...] = ()
+    forward_invariants: tuple[Invariant, ...] = ()
     cache: tuple[tuple[str, str], ...] = ()
     cache_why: str = ""
     philox: dict[str, Any] | None = None
@@ -360,8 +405,8 @@ class Explanation:
     def agree(self) -> bool:
         """True when every kernel output matches the reference, every gradient matches
         finite differences, and every Jacobian and invariant holds, within tolerance."""
-        return all(c.agree for c in (*self.checks, *self.gradient_checks, *self.jacobians,
-                                     *self.invariants))
+        return all(c.agree for c in (*self.checks, *self.forward_invariants,
+                                     *self.gradient_checks, *self.jacobians, *self.invariants))
 
     @property
     def names(self) -> list[str]:
@@ -698,34 +743,69 @@ def _with_rounding(steps, comparisons, dtype):
     return out
 
 
-def _loss(built, values):
+def _spread(values):
+    """The spread a finite-difference step is scaled to, when the builder gives none: the
+    root mean square of each row ((N, 1) for rows, one number for a vector or a scalar), 1
+    where it is 0 (a zero row has no scale of its own)."""
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    rms = np.sqrt(np.mean(v * v, axis=-1, keepdims=True)) if v.ndim == 2 else \
+        np.sqrt(np.mean(v * v))
+    return np.where(rms > 0, rms, 1.0)
+
+
+def _derivative(f, base, idx, step):
+    """d f(base) / d base[idx], every output of f at once: central differences at step,
+    step / 2, ..., Richardson-extrapolated (each level removes the next even power of the
+    step from the error).  Returns it and the finest step."""
+    table = []
+    for level in range(FD_LEVELS):
+        hi, lo = base.copy(), base.copy()
+        hi[idx] += step / 2**level
+        lo[idx] -= step / 2**level
+        # divide by the step as represented: base +- step may round
+        row = [(f(hi) - f(lo)) / (hi[idx] - lo[idx])]
+        for m in range(1, level + 1):
+            row.append(row[m - 1] + (row[m - 1] - table[-1][m - 1]) / (4**m - 1))
+        table.append(row)
+    return table[-1][-1], step / 2**(FD_LEVELS - 1)
+
+
+def _loss_terms(built, values):
+    """Every term of the loss, upstream gradient times output, as one flat array (kept apart,
+    so that a difference of two losses is taken term by term, without the rounding of the
+    terms a step does not move)."""
     out = built.forward64(values)
-    return sum(float(np.sum(built.upstream[k] * out[k])) for k in built.upstream)
+    return np.concatenate([np.ravel(built.upstream[k] * out[k]) for k in built.upstream])
 
 
 def _finite_difference(built, wrt):
-    """d loss / d values[wrt], element by element, by central differences."""
-    base = built.inputs64[wrt]
-    grad = np.empty(np.shape(base))
-    for idx in np.ndindex(grad.shape):
-        step = FD_STEP * max(1.0, abs(float(base[idx])))
-        sides = []
-        for sign in (1.0, -1.0):
-            moved = np.array(base, dtype=np.float64, copy=True)
-            moved[idx] += sign * step
-            sides.append(_loss(built, {**built.inputs64, wrt: moved}))
-        grad[idx] = (sides[0] - sides[1]) / (2 * step)
-    return grad
+    """d loss / d values[wrt], component by component; with the scale of each component
+    (the size of the terms it sums) and the resolution of its finite difference."""
+    base = np.array(built.inputs64[wrt], dtype=np.float64)
+    spread = np.broadcast_to(built.fd_spread.get(wrt, _spread(base)), base.shape)
+    # the loss is known to about eps(float64) of the size of its terms
+    rounding = np.finfo(np.float64).eps * np.sum(np.abs(_loss_terms(built, built.inputs64)))
+    grad, scale, resolution = (np.empty(base.shape) for _ in range(3))
+    for idx in np.ndindex(base.shape):
+        terms, finest = _derivative(
+            lambda v: _loss_terms(built, {**built.inputs64, wrt: v}), base, idx,
+            FD_STEP * float(spread[idx]))
+        grad[idx] = np.sum(terms)
+        scale[idx] = np.sum(np.abs(terms))
+        resolution[idx] = rounding / finest
+    return grad, scale, resolution
 
 
 def _gradient_checks(built, dtype):
     checks = []
     for name, wrt, kernel in built.gradients:
-        fd = _finite_difference(built, wrt)
+        fd, scale, resolution = _finite_difference(built, wrt)
         k = np.asarray(kernel, dtype=np.float64).reshape(fd.shape)
-        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(fd), initial=0.0))) + \
-            _tolerance(fd, _rule(kernel, dtype))
-        checks.append(GradientCheck(name, float(np.max(np.abs(k - fd))), tol, wrt, k, fd))
+        rule = _rule(kernel, dtype)
+        ulps = HALF_TOLERANCE_ULPS if _is_half(rule) else TOLERANCE_ULPS
+        checks.append(GradientCheck(name, float(np.max(np.abs(k - fd))),
+                                    FD_RELATIVE + ulps * _eps(rule), wrt, k, fd, scale,
+                                    resolution))
     return tuple(checks)
 
 
@@ -735,18 +815,14 @@ def _jacobians(built, dtype):
         return ()
     out = []
     for r, (closed, v) in enumerate(zip(jac["closed"], jac["rows"])):
-        d = len(v)
-        fd = np.empty((d, d))
-        for j in range(d):
-            step = FD_STEP * max(1.0, abs(v[j]))
-            hi, lo = v.copy(), v.copy()
-            hi[j] += step
-            lo[j] -= step
-            fd[:, j] = (jac["norm_row"](hi[None]) - jac["norm_row"](lo[None]))[0] / (2 * step)
+        fd = np.empty_like(closed)
+        for j in range(len(v)):
+            fd[:, j], _ = _derivative(lambda row: jac["norm_row"](row[None])[0], v, j,
+                                      FD_STEP * jac["spread"][r])
         backward = jac["dy"][r] @ closed
         # a 16-bit gradient through the norm is rounded at its own scale, which can pass J's
         rounded = np.concatenate([closed.ravel(), backward]) if _is_half(dtype) else closed
-        tol = FD_RELATIVE * max(1.0, float(np.max(np.abs(closed)))) + _tolerance(rounded, dtype)
+        tol = FD_RELATIVE * float(np.max(np.abs(closed))) + _tolerance(rounded, dtype)
         diff_fd = float(np.max(np.abs(fd - closed)))
         diff_backward = float(np.max(np.abs(backward - jac["through_norm"][r])))
         out.append(Jacobian(f"J row {r}", max(diff_fd, diff_backward), tol, r, jac["of"],
@@ -760,6 +836,16 @@ def _invariants(built, dtype):
         out.append(Invariant(name, formula, np.asarray(value, dtype=np.float64),
                              np.asarray(exact, dtype=np.float64), note,
                              _tolerance(scale, dtype)))
+    return tuple(out)
+
+
+def _forward_invariants(built, dtype):
+    out = []
+    for name, formula, value, exact, note, compared, allowance in built.forward_invariants:
+        # each side is a kernel output, rounded on its own: twice the rounding of one
+        tolerance = 2 * _tolerance(compared, _rule(compared, dtype)) + allowance
+        out.append(Invariant(name, formula, np.asarray(value, dtype=np.float64),
+                             np.asarray(exact, dtype=np.float64), note, tolerance))
     return tuple(out)
 
 
@@ -896,6 +982,7 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         gradient_checks=_gradient_checks(built, inp.dtype) if backward else (),
         jacobians=_jacobians(built, inp.dtype) if backward else (),
         invariants=_invariants(built, inp.dtype) if backward else (),
+        forward_invariants=_forward_invariants(built, inp.dtype),
         cache=_cache(built), cache_why=built.cache_why, philox=built.philox,
         gradient_loss=" + ".join(f"sum(d{k} * {k})" for k in built.upstream),
         param_dtype=None if inp.param_dtype == inp.dtype else inp.param_dtype)
