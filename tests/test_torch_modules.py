@@ -426,7 +426,9 @@ def test_patch_recognises_norms_by_what_they_compute():
     assert "keeps buffers (running_mean, running_var, num_batches_tracked)" in reasons["7"]
     for i, cls in enumerate((LlamaStyleRMSNorm, GemmaStyleRMSNorm, CastingLayerNorm)):
         assert isinstance(model[i], cls) and type(model[i]) is not cls
-        assert type(model[i]).__name__ == cls.__name__ and repr(model[i]) == repr(cls(16))
+        assert type(model[i]).__name__ == cls.__name__
+        own = repr(cls(16))[len(cls.__name__) + 1:-1]          # its extra_repr
+        assert repr(model[i]) == f"{cls.__name__}({own}{', ' if own else ''}computed by resnorm)"
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref, rtol=1e-5, atol=1e-6)
     handle.undo()
@@ -652,3 +654,14 @@ def test_patch_shows_no_warning_of_the_probe():
         warnings.simplefilter("always")
         rt.patch(model)
     assert [str(w.message) for w in caught] == []
+
+
+def test_a_patched_module_says_so_when_printed():
+    """A patched model's own norm class keeps its name: its repr says resnorm computes it
+    (torch's norm classes become resnorm.torch's, whose repr is torch's)."""
+    model = torch.nn.Sequential(LlamaStyleRMSNorm(8), torch.nn.Linear(8, 8))
+    before = repr(model)
+    patch = rt.patch(model)
+    assert "(0): LlamaStyleRMSNorm(computed by resnorm)" in repr(model)
+    patch.undo()
+    assert repr(model) == before

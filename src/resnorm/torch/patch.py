@@ -46,6 +46,11 @@ class _Patched:
                                "resnorm's custom operators")
         return _forward(self, x)
 
+    def extra_repr(self):
+        # print(model) shows which norms resnorm computes (the class keeps its name)
+        own = super().extra_repr()
+        return f"{own}, computed by resnorm" if own else "computed by resnorm"
+
     def __reduce_ex__(self, protocol):
         # pickles (and deep-copies) as a patched instance of the original class
         state = self.__dict__.copy()
