@@ -62,6 +62,15 @@ cdef inline bint native_float_array(object a, bint halves=False) noexcept:
     return is_float_type(t) or (halves and is_half_type(t))
 
 
+cdef str dtype_text(dt):
+    """A dtype as every message spells it: its name (float64), and the byte order when
+    that is not the machine's (float32, big-endian '>f4')."""
+    if dt.isnative:
+        return dt.name
+    order = "big" if dt.byteorder == ">" else "little"
+    return f"{dt.name}, {order}-endian {dt.str!r}"
+
+
 cdef converted(a, str name, str wanted):
     """a (not an ndarray) converted by np.asarray, or a TypeError that names the argument and
     what was wanted.  A conversion can fail with any exception: a torch tensor that requires
@@ -97,9 +106,9 @@ cpdef cnp.ndarray float_array(x, str name, bint halves=False):
         x = converted(x, name, f"a {accepted} array")
     not_masked(x, name)
     if not is_element_dtype(x.dtype, halves):
-        raise TypeError(f"{name} must have dtype {accepted}, got {x.dtype}")
+        raise TypeError(f"{name} must have dtype {accepted}, got {dtype_text(x.dtype)}")
     if not x.dtype.isnative:
-        raise TypeError(f"{name} must be in native byte order, got dtype {x.dtype.str!r}")
+        raise TypeError(f"{name} must be in native byte order, got {dtype_text(x.dtype)}")
     if x.ndim == 0:
         raise ValueError(f"{name} must have at least one axis (shape (..., D)), got a scalar")
     if x.shape[-1] == 0:
@@ -131,7 +140,8 @@ cpdef cnp.ndarray like_array(a, str name, shape, dtype):
         a = converted(a, name, f"a {dtype} array of shape {shape}")
     not_masked(a, name)
     if a.dtype != dtype or not a.dtype.isnative:
-        raise TypeError(f"{name} must have dtype {dtype} (native byte order), got {a.dtype.str!r}")
+        raise TypeError(f"{name} must have dtype {dtype} (native byte order), got "
+                        f"{dtype_text(a.dtype)}")
     if a.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape}")
     return a
@@ -288,7 +298,7 @@ cpdef out_array(out, shape, dtype, dict inputs, str name="out"):
         raise TypeError(f"{name} must be a plain ndarray, got a masked array (the kernels "
                         f"would write under its mask)")
     if out.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype}, got {out.dtype.str!r}")
+        raise TypeError(f"{name} must have dtype {dtype}, got {dtype_text(out.dtype)}")
     if out.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {out.shape}")
     if not out.flags.writeable:
@@ -486,7 +496,8 @@ cpdef tuple residual_scale(alpha, d, dtype, str name="alpha"):
                         f"{shape}, got {type(alpha).__name__}")
     not_masked(alpha, name)
     if alpha.dtype != dtype or not alpha.dtype.isnative:
-        raise TypeError(f"{name} must have dtype {dtype} (the input's), got {alpha.dtype.str!r}")
+        raise TypeError(f"{name} must have dtype {dtype} (the input's), got "
+                        f"{dtype_text(alpha.dtype)}")
     if alpha.shape == ():
         return "scalar", alpha
     if alpha.shape == shape:

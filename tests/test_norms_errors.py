@@ -263,3 +263,19 @@ def test_backward_dy_wrong_dtype_is_type_error(good, dtype):
         resnorm.rms_norm_backward(dy, rc)
     with pytest.raises(TypeError, match="dy"):
         resnorm.layer_norm_backward(dy, lc)
+
+
+def test_dtypes_are_spelled_one_way_in_messages():
+    """Every message names a dtype as NumPy names it (float64), with the byte order when it
+    is not the machine's, whichever argument it is about."""
+    x = np.ones((2, 4), np.float32)
+    swapped = np.ones(4, np.dtype(np.float32).newbyteorder())
+    for call, got in [
+            (lambda: resnorm.rms_norm(x.astype(np.int64)), "got int64"),
+            (lambda: resnorm.rms_norm(x, np.ones(4)), "got float64"),
+            (lambda: resnorm.rms_norm(x, out=np.ones((2, 4))), "got float64"),
+            (lambda: resnorm.scaled_residual(x, x, np.ones(4)), "got float64"),
+            (lambda: resnorm.rms_norm(x, swapped), "got float32, big-endian '>f4'")]:
+        with pytest.raises(TypeError) as error:
+            call()
+        assert str(error.value).endswith(got), error.value
