@@ -40,6 +40,7 @@ DOCUMENTED = [
     "resnorm.norms",
     "resnorm.residual",
     "resnorm.inverted_dropout",
+    "resnorm.accuracy",
 ]
 PUBLIC_PACKAGES = ["resnorm.nn"]  # whose __all__ must be covered by DOCUMENTED
 

@@ -1,11 +1,14 @@
-"""The resnorm command line: ``python -m resnorm {bench,explain,demo,info,checks}`` (also
-the ``resnorm`` script)."""
+"""The resnorm command line: ``python -m resnorm {bench,accuracy,explain,demo,info,checks}``
+(also the ``resnorm`` script)."""
 import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
+
+_NO_PROGRESS_HELP = "do not report progress on stderr"
 
 
 def _shape(text):
@@ -43,6 +46,24 @@ def _bench(args):
     if args.png:
         if save_png(results, args.png):
             print(f"figure: {args.png}")
+    return 0
+
+
+def _accuracy(args):
+    from . import accuracy
+
+    try:
+        results = accuracy.run(args.ops, args.dtype, args.cases or accuracy.CASES,
+                               quick=args.quick, n_threads=args.threads or [None],
+                               peers=[] if args.no_peers else None,
+                               progress=None if args.no_progress else
+                               lambda name: print(f"measuring {name}", file=sys.stderr))
+    except ValueError as err:
+        args.parser.error(str(err))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**results, "command": " ".join(["resnorm"] + args.argv)}, f, indent=1)
+    print(accuracy.report(results))
     return 0
 
 
@@ -125,14 +146,69 @@ def _info(args):
 def _input_checks(args):
     from importlib.resources import files
 
-    print(files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8"), end="")
+    text = files("resnorm").joinpath("input-checks.md").read_text(encoding="utf-8")
+    print(_for_installed_package(text), end="")
     return 0
 
 
-def main(argv=None):
+# Citations of the project's repository in the input-check reference, which an installed
+# package does not have, and what `checks` prints instead.
+_TEST_SENTENCE = re.compile(r"[^.]*`(?:test_|[^`]*::test_)[^`]*`[^.]*\.\s*")
+_REPOSITORY = [
+    (re.compile(r"\s*\(`(?:tests|tools|benchmarks)/[^`]*`\)"), ""),
+    (re.compile(r"`(tests|tools|benchmarks)/[^`]*`"), r"the project's \1"),
+    (re.compile(r"`src/(resnorm/[^`]*)`"), r"`\1`"),
+    (re.compile(r"`resnorm_c/([^`]*)`"), r"`\1` in the source distribution"),
+    (re.compile(r"`?docs/([\w.-]+)`?"), r"\1 in the project's documentation"),
+]
+
+
+def _for_installed_package(text):
+    """The input-check reference as a user of the installed package reads it: sentences
+    naming a test function (which keep the document in step with the tests) left out, and
+    the repository's files (tests, tools, benchmarks, the C sources, docs) named by what a
+    user has.  text: the reference as the repository has it (Markdown)."""
+    paragraphs = []
+    for paragraph in text.split("\n\n"):
+        if not paragraph.startswith("|"):   # table rows hold no sentence about tests
+            paragraph = _TEST_SENTENCE.sub("", paragraph).rstrip()
+        for pattern, replacement in _REPOSITORY:
+            paragraph = pattern.sub(replacement, paragraph)
+        if paragraph:
+            paragraphs.append(paragraph)
+    return "\n\n".join(paragraphs) + "\n"
+
+
+# a value that argparse would take for an option: a minus sign, then a number (or inf, nan)
+_NEGATIVE = re.compile(r"-(\d|\.\d|inf|nan)", re.IGNORECASE)
+
+
+def _negative_values_joined(argv, parser):
+    """argv with each value that starts with a minus sign joined to its option ('--x',
+    '-1,2,3' -> '--x=-1,2,3'): argparse takes '-1,2,3' for an option, as it is not a single
+    negative number, unless it is written with '='."""
+    options = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                options.update(s for a in sub._actions if a.nargs is None
+                               for s in a.option_strings)
+    joined = []
+    for token in argv:
+        if joined and joined[-1] in options and _NEGATIVE.match(token):
+            joined[-1] += "=" + token
+        else:
+            joined.append(token)
+    return joined
+
+
+def _parser():
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="resnorm", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="resnorm", description="resnorm's command line (also the resnorm script): time "
+        "the kernels, measure their accuracy, explain a kernel step by step, run a demo, "
+        "print build facts or the reference of the argument checks.")
     parser.add_argument("--version", action="version", version=f"resnorm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -144,9 +220,10 @@ def main(argv=None):
         "torch.compile, numba, ONNX Runtime when installed) and np.copyto of the same bytes, "
         "interleaved, after checking every output against the float64 reference; prints "
         "Markdown tables: resnorm and its peers, small-call latency, thread scaling.",
-        epilog="Peers: pip install 'resnorm[bench]' (numba, onnxruntime, onnx) and "
-        "'resnorm[torch]'.  OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, when set, are left out "
-        "of the run (the report says so).")
+        epilog='Peers: pip install "resnorm[bench]" (numba, onnxruntime, onnx); torch: '
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU-only "
+        'wheel), then pip install "resnorm[torch]".  OPENBLAS_CORETYPE and '
+        "OPENBLAS_L2_SIZE, when set, are left out of the run (the report says so).")
     b.add_argument("--quick", action="store_true",
                    help="main ops, 8x768 and 2048x4096 float32, table + latency, no "
                    "torch.compile: about half a minute")
@@ -169,8 +246,30 @@ def main(argv=None):
                    help="also check the measured rows against resnorm's speed goals")
     b.add_argument("--json", help="also write the results and machine info to this file")
     b.add_argument("--png", help="also draw the bandwidth / scaling chart (needs matplotlib)")
-    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS_HELP)
     b.set_defaults(func=_bench, parser=b)
+
+    from .accuracy import CASES, FUNCTIONS
+
+    a = sub.add_parser(
+        "accuracy", help="measure every kernel's error in ulp against the float64 reference",
+        description="Measures every output of every function, forward and backward, on the "
+        "accuracy contract's cases, in units in the last place of the output's dtype against "
+        "the float64 reference rounded to it, beside torch eager, a numba fastmath row loop "
+        "and ONNX Runtime when installed; prints Markdown tables marking where a bound of "
+        "the contract fails (FAILS) and where a peer is more accurate (*).")
+    a.add_argument("--quick", action="store_true",
+                   help="row lengths up to 4096 and fewer rows (default: up to 65536)")
+    a.add_argument("--ops", nargs="+", choices=list(FUNCTIONS), help="default: all")
+    a.add_argument("--dtype", nargs="+", choices=["float32", "float64", "float16", "bfloat16"],
+                   help="default: all (bfloat16 needs ml_dtypes)")
+    a.add_argument("--cases", nargs="+", choices=list(CASES), help="default: all")
+    a.add_argument("--threads", nargs="+", type=int,
+                   help="resnorm's thread counts, the worst reported (default: its default)")
+    a.add_argument("--no-peers", action="store_true", help="measure resnorm only")
+    a.add_argument("--json", help="also write the measurements and machine info to this file")
+    a.add_argument("--no-progress", action="store_true", help=_NO_PROGRESS_HELP)
+    a.set_defaults(func=_accuracy, parser=a)
 
     from .explain import KINDS
 
@@ -180,8 +279,7 @@ def main(argv=None):
         "element by element, with the float64 reference's intermediate values, finite-"
         "difference checks of every gradient, and a verdict (exit status 1 when a check "
         "fails).",
-        epilog="Values: --x 1,2,3,4 (one row) or --x '1,2;3,4' (two rows). "
-        "A list starting with a minus sign needs '=': --x=-1,2,3.")
+        epilog="Values: --x 1,2,3,4 (one row), --x -1,2,3 or --x '1,2;3,4' (two rows).")
     e.add_argument("kind", choices=list(KINDS))
     e.add_argument("--x", type=_values, required=True, help="input row(s)")
     e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
@@ -224,7 +322,8 @@ def main(argv=None):
                    help="tiny: a few seconds, for tests")
     d.add_argument("--png", help="where to save the figure (default resnorm-demo-NAME.png)")
     d.add_argument("--no-png", action="store_true", help="do not draw the figure")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0,
+                   help="seed of the experiment's random numbers (default 0)")
     d.set_defaults(func=_demo)
 
     i = sub.add_parser("info", help="print build and machine facts as JSON")
@@ -234,9 +333,14 @@ def main(argv=None):
                        description="Prints which argument checks every public function "
                        "makes and the exception each raises (Markdown).")
     c.set_defaults(func=_input_checks)
+    return parser
 
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+
+def main(argv=None):
+    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_negative_values_joined(argv, parser))
+    args.argv = argv
     return args.func(args)
 
 
