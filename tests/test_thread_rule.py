@@ -63,14 +63,15 @@ def test_resnorm_torch_follows_the_same_rule():
     """resnorm.torch passes n_threads=None (sized to the free cores) while torch's thread
     count is its default, and torch.set_num_threads's count once it is changed."""
     torch = pytest.importorskip("torch")
-    from resnorm.torch import _tensors
+    from resnorm.torch import _storage, _tensors
 
-    default = torch.get_num_threads()
-    assert _tensors.threads() is None
+    now = torch.get_num_threads()     # (another test may have changed it)
+    default = _storage._torch_default_threads   # torch's count when resnorm.torch came in
     other = 1 if default > 1 else 2
-    torch.set_num_threads(other)
     try:
+        torch.set_num_threads(default)
+        assert _tensors.threads() is None
+        torch.set_num_threads(other)
         assert _tensors.threads() == other
     finally:
-        torch.set_num_threads(default)
-    assert _tensors.threads() is None
+        torch.set_num_threads(now)

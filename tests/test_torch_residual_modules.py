@@ -227,9 +227,15 @@ class _Block(nn.Module):
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_fused_modules_compile_fullgraph_with_the_eager_masks(backend, monkeypatch):
+def test_fused_modules_compile_fullgraph_with_the_eager_masks(backend):
     # inductor draws random numbers its own way unless told to call torch's (as eager does)
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    from torch._inductor import config
+
+    with config.patch(fallback_random=True):
+        _compile_block_like_eager(backend)
+
+
+def _compile_block_like_eager(backend):
     torch.manual_seed(0)
     eager = _Block(16, 0.3)
     block = copy.deepcopy(eager)
