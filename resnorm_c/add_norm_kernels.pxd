@@ -26,13 +26,14 @@ from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, first_row, rn_sfence, row
 from dropout_masks cimport SEGMENT, active, extend_bits, mask_words, rn_dropout
 from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward_group,
                            mixed_forward_row)
-from primitives cimport (element, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
+from primitives cimport (element, real, rn_bf16, rn_f16, rn_residual_add, rn_residual_add_reduce,
                          rn_residual_reduce, rn_residual_shifted_sums,
                          rn_residual_add_shifted_sums, rn_residual_norm_apply,
-                         rn_residual_norm_apply_mixed, rn_residual_bwd, rn_rms_apply)
+                         rn_residual_bwd, rn_rms_apply)
 from norm_kernels cimport (backward_prefetch_dx, forward_prefetch, layer_backward_group,
-                          layer_forward_row_stats, ln_moments_from, one_group,
-                          rms_backward_group, rms_forward_row_from, shifted_moments)
+                          layer_forward_row, layer_forward_row_stats, ln_moments_from,
+                          one_group, rms_backward_group, rms_forward_row,
+                          rms_forward_row_from, shifted_moments)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -44,33 +45,23 @@ cdef inline Py_ssize_t add_norm_mask_words(Py_ssize_t d, const rn_dropout *dp) n
 
 # --------------------------------------------------------------------------- forward
 
-cdef inline void apply_row(element *y, element *h, const element *residual, const element *x,
-                           const element *alpha, const element *w, const element *b,
-                           const float *wf, const float *bf, double mean, double rstd,
-                           const uint8_t *keep, Py_ssize_t kpos, uint64_t *next_words,
-                           const rn_dropout *dp, uint64_t next_start, Py_ssize_t d,
-                           int stream) noexcept nogil:
+cdef inline void apply_row(real *y, real *h, const real *residual, const real *x,
+                           const real *alpha, const real *w, const real *b,
+                           double mean, double rstd, const uint8_t *keep, Py_ssize_t kpos,
+                           uint64_t *next_words, const rn_dropout *dp, uint64_t next_start,
+                           Py_ssize_t d, int stream) noexcept nogil:
     """y (and h) of one row from its cached x and residual, slice by slice; between
     slices the keep bits of the next row (flat elements from next_start) go into next_words
-    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k.  wf,
-    bf (16-bit rows only; NULL: none): w and b widened to float32, read in their place
-    (the same bits)."""
+    (when it is not NULL).  keep, kpos: this row's bits, element k at bit kpos + k.  float
+    and double (the 16-bit types store h first)."""
     cdef Py_ssize_t k = 0, length
     cdef double scale = dp.scale if dp != NULL else 1.0
     cdef uint64_t first = next_start // 64, made = next_start // 64
-    cdef bint widened = wf != NULL or bf != NULL
     while k < d:
         length = min(<Py_ssize_t>SEGMENT, d - k)
-        if (element is rn_bf16 or element is rn_f16) and widened:
-            rn_residual_norm_apply_mixed(y + k, h + k if h != NULL else NULL, residual + k,
-                                         x + k, at(alpha, k), keep, kpos + k, scale,
-                                         wf + k if wf != NULL else NULL,
-                                         bf + k if bf != NULL else NULL, mean, rstd, length,
-                                         stream)
-        else:
-            rn_residual_norm_apply(y + k, h + k if h != NULL else NULL, residual + k, x + k,
-                                   at(alpha, k), keep, kpos + k, scale, at(w, k), at(b, k),
-                                   mean, rstd, length, stream)
+        rn_residual_norm_apply(y + k, h + k if h != NULL else NULL, residual + k, x + k,
+                               at(alpha, k), keep, kpos + k, scale, at(w, k), at(b, k), mean,
+                               rstd, length, stream)
         if next_words != NULL:
             made = extend_bits(next_words, dp, first, made, next_start + k + length)
         k += length
@@ -121,11 +112,15 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     the pass that takes the norm's first reduction (residual_add_reduce: RMSNorm's sum of
     squares; residual_add_shifted_sums: LayerNorm's shifted sums), and the norm kernels
     finish the row from it: fewer operations per element, and the same bits, as the
-    residual reductions reduce h exactly as the norms' reductions do.  (The 16-bit types
-    keep the fused pass: it normalises h before h is rounded to 16 bits; with float32
-    parameters, h is rounded and stored first, then normalised by the mixed kernel.)  Each
-    row prefetches the next of this range (ahead = hi - 1 - i), none past it, but for the
-    streamed rows that forward_prefetch leaves to the CPU."""
+    residual reductions reduce h exactly as the norms' reductions do.  The 16-bit types
+    always store h first, rounded, and normalise that stored h with the norm's own row
+    kernel (the mixed kernel for float32 parameters): y is then bitwise the norm of the h
+    the caller gets, as in the unfused h = residual + alpha*x; y = norm(h), and the
+    backward, which reads that h with these statistics, differentiates the function that
+    was computed (statistics of the unrounded h beside the rounded h made xhat = (h16 -
+    h32)*rstd where it is 0, up to inf on near-constant rows).  Each row prefetches the
+    next of this range (ahead = hi - 1 - i), none past it, but for the streamed rows that
+    forward_prefetch leaves to the CPU."""
     cdef Py_ssize_t i, nw = mask_words(d)
     cdef Py_ssize_t pf = forward_prefetch(stream, d * <Py_ssize_t>sizeof(element))
     cdef int unfenced = RN_STREAM_UNFENCED if stream else 0
@@ -136,21 +131,35 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
     cdef uint64_t *keep = masks if dp != NULL else NULL
     cdef uint64_t *keep_next = masks + nw if dp != NULL else NULL
     cdef uint64_t *swap
+    cdef uint64_t *next_words
     cdef element *hrow
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
     for i in range(lo, hi):
-        if buf != NULL or (not stream and (element is float or element is double)):
-            # h stored first (into y for Post-Norm): by the pass that takes the norm's
-            # first reduction, or (16-bit rows, float32 parameters) rounded, then
-            # normalised by the mixed kernel
+        # the next row's keep bits, made after this row (unless the apply pass makes them)
+        next_words = keep_next if dp != NULL and i + 1 < hi else NULL
+        if element is rn_bf16 or element is rn_f16:
+            # h stored first (into y for Post-Norm), rounded, then normalised by the norm's
+            # row kernel (h is not streamed: the norm reads it back)
             hrow = h + i * d if h != NULL else y + i * d
-            if element is rn_bf16 or element is rn_f16:
-                rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                i * d % 64, scale, d, False, hi - 1 - i)
+            rn_residual_add(hrow, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
+                            i * d % 64, scale, d, False, hi - 1 - i)
+            if buf != NULL:
                 mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
                                   hrow, wf, bf, NULL, NULL, False, d, eps, unfenced, 0, buf)
+            elif wf != NULL or bf != NULL:   # w, b widened once per call
+                mixed_forward_row(layer, y + i * d, &mean[i] if layer else NULL, &rstd[i],
+                                  hrow, wf, bf, w, b, True, d, eps, unfenced, hi - 1 - i, NULL)
             elif layer:
+                layer_forward_row(y + i * d, &mean[i], &rstd[i], hrow, w, b, d, eps, unfenced,
+                                  hi - 1 - i)
+            else:
+                rms_forward_row(y + i * d, &rstd[i], hrow, w, d, eps, unfenced, hi - 1 - i)
+        elif not stream:
+            # h stored first (into y for Post-Norm), by the pass that takes the norm's first
+            # reduction
+            hrow = h + i * d if h != NULL else y + i * d
+            if layer:
                 if element is float:   # one branch per type: the primitives have no 16-bit form
                     rn_residual_add_shifted_sums(sums, hrow, residual + i * d, x + i * d, alpha,
                                                  <uint8_t *>keep, i * d % 64, scale, d,
@@ -173,42 +182,40 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                                                    hi - 1 - i)
                 rms_forward_row_from(y + i * d, &rstd[i], hrow, w, d, eps, total, False,
                                      hi - 1 - i)
-            if dp != NULL and i + 1 < hi:
-                extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
-                            (i + 1) * d + d)
-            swap = keep
-            keep = keep_next
-            keep_next = swap
-            continue
-        # the reductions: LayerNorm's mean and variance as ln_moments takes them (in one
-        # pass about a shift, else two-pass); RMSNorm's mean of h^2
-        mu = 0.0
-        if layer:
-            rn_residual_shifted_sums(sums, residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                     i * d % 64, scale, d, pf * (hi - 1 - i))
-            if not shifted_moments(&mu, &var, sums, d):
-                # (the first pass prefetched the next row)
-                mu = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                        i * d % 64, scale, d, False, 0.0, 0) / d
+        else:
+            # the reductions: LayerNorm's mean and variance as ln_moments takes them (in one
+            # pass about a shift, else two-pass); RMSNorm's mean of h^2
+            mu = 0.0
+            if layer:
+                rn_residual_shifted_sums(sums, residual + i * d, x + i * d, alpha,
+                                         <uint8_t *>keep, i * d % 64, scale, d,
+                                         pf * (hi - 1 - i))
+                if not shifted_moments(&mu, &var, sums, d):
+                    # (the first pass prefetched the next row)
+                    mu = rn_residual_reduce(residual + i * d, x + i * d, alpha,
+                                            <uint8_t *>keep, i * d % 64, scale, d, False, 0.0,
+                                            0) / d
+                    var = rn_residual_reduce(residual + i * d, x + i * d, alpha,
+                                             <uint8_t *>keep, i * d % 64, scale, d, True, mu,
+                                             0) / d
+                mean[i] = mu
+            else:
                 var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                         i * d % 64, scale, d, True, mu, 0) / d
-            mean[i] = mu
-        else:
-            var = rn_residual_reduce(residual + i * d, x + i * d, alpha, <uint8_t *>keep,
-                                     i * d % 64, scale, d, True, 0.0, pf * (hi - 1 - i)) / d
-        if stats_trusted(layer, residual, mu, var, d):
-            rstd[i] = 1.0 / sqrt(var + eps)
-            apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d, x + i * d,
-                      alpha, w, b, wf, bf, mu, rstd[i], <uint8_t *>keep, i * d % 64,
-                      keep_next if i + 1 < hi else NULL, dp, (i + 1) * d, d, unfenced)
-        else:
-            # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
-            rare_row(y + i * d, h + i * d if h != NULL else y + i * d,
-                     &mean[i] if layer else NULL, &rstd[i], residual + i * d, x + i * d,
-                     alpha, w, b, <uint8_t *>keep, i * d % 64, scale, var, eps, d)
-            if dp != NULL and i + 1 < hi:
-                extend_bits(keep_next, dp, (i + 1) * d // 64, (i + 1) * d // 64,
-                            (i + 1) * d + d)
+                                         i * d % 64, scale, d, True, 0.0,
+                                         pf * (hi - 1 - i)) / d
+            if stats_trusted(layer, residual, mu, var, d):
+                rstd[i] = 1.0 / sqrt(var + eps)
+                apply_row(y + i * d, h + i * d if h != NULL else NULL, residual + i * d,
+                          x + i * d, alpha, w, b, mu, rstd[i], <uint8_t *>keep, i * d % 64,
+                          next_words, dp, (i + 1) * d, d, unfenced)
+                next_words = NULL
+            else:
+                # h is stored first, in h (Pre-Norm) or in y (Post-Norm)
+                rare_row(y + i * d, h + i * d if h != NULL else y + i * d,
+                         &mean[i] if layer else NULL, &rstd[i], residual + i * d, x + i * d,
+                         alpha, w, b, <uint8_t *>keep, i * d % 64, scale, var, eps, d)
+        if next_words != NULL:
+            extend_bits(next_words, dp, (i + 1) * d // 64, (i + 1) * d // 64, (i + 1) * d + d)
         swap = keep
         keep = keep_next
         keep_next = swap
@@ -232,7 +239,7 @@ cdef inline void add_norm_forward(element *y, element *h, double *mean, double *
     statistics.  masks: add_norm_mask_words(d, dropout) words of scratch per thread.  buf:
     forward_floats(d) floats per thread for float32 parameters wf, bf beside 16-bit rows
     (w, b NULL), else NULL.  wf, bf without buf: the 16-bit parameters w, b widened to
-    float32 (once per call), which the fused pass reads in their place (the same bits).  A
+    float32 (once per call), which the mixed norm reads in their place (the same bits).  A
     thread takes a contiguous range of rows.  Backward: add_norm_backward.  NumPy
     references: resnorm.reference.add_rms_norm_forward, add_layer_norm_forward.
     """

@@ -74,12 +74,12 @@ PRIMITIVES = [
               "Py_ssize_t kpos, double scale, Py_ssize_t d, int squares, double shift, "
               "Py_ssize_t ahead",
               "sum_i (h_i - shift)^(1 + squares);  h = residual + alpha*(x*m), not stored",
-              "reduce.h"),
+              "reduce.h", halves=False),
     Primitive("residual_shifted_sums", "void",
               "double *sums, const T *residual, const T *x, const T *alpha, "
               "const uint8_t *keep, Py_ssize_t kpos, double scale, Py_ssize_t d, "
               "Py_ssize_t ahead",
-              "shifted_sums of h = residual + alpha*(x*m), not stored", "reduce.h"),
+              "shifted_sums of h = residual + alpha*(x*m), not stored", "reduce.h", halves=False),
     Primitive("residual_add_shifted_sums", "void",
               "double *sums, T *h, const T *residual, const T *x, const T *alpha, "
               "const uint8_t *keep, Py_ssize_t kpos, double scale, Py_ssize_t d, "
@@ -113,13 +113,7 @@ PRIMITIVES = [
               "const uint8_t *keep, Py_ssize_t kpos, double scale, const T *w, const T *b, "
               "double mean, double rstd, Py_ssize_t d, int stream",
               "h_i = residual_i + alpha_i*(x_i*m_i),  y_i = (h_i - mean) * rstd * w_i + b_i",
-              "apply.h"),
-    Primitive("residual_norm_apply_mixed", "void",
-              "T *y, T *h, const T *residual, const T *x, const T *alpha, "
-              "const uint8_t *keep, Py_ssize_t kpos, double scale, const float *w, "
-              "const float *b, double mean, double rstd, Py_ssize_t d, int stream",
-              "residual_norm_apply with float32 w_i, b_i (16-bit rows)", "apply.h",
-              mixed=True),
+              "apply.h", halves=False),
     # ---- backward elementwise passes over up to RN_GROUP rows (backward.h)
     Primitive("rms_bwd_apply_rows", "void",
               "T *dx, T *dx2, T *dw, double *dw_part, const T *dy, const T *dh, const T *x, "

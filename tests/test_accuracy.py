@@ -26,30 +26,12 @@ DTYPES = ["float32", "float64", "float16",
               "bfloat16" not in [dt.name for dt in accuracy.dtypes()], reason="needs ml_dtypes"))]
 
 # The bounds today's kernels miss, with what was measured here (the worst case).
-# The fused LayerNorm backward, 16-bit, at D=1 (elsewhere within 1 ulp(S2)): it reads the
-# stored 16-bit h with the forward's statistics of the float32 h, so xhat = (h16 - h32)*rstd
-# where it is 0.
-_FUSED_LAYER_16 = {
-    ("dx", "float16"): "offset 1e2: max inf > 1 ulp(S2) (and 5 more cases; normal: 91.5)",
-    ("dresidual", "float16"): "offset 1e2: max inf > 1 ulp(S2) (and 5 more cases; normal: 126)",
-    ("dweight", "float16"): "offset 1e4: max 1.535e+11 > 1 ulp normwise (and 6 more cases)",
-    ("dalpha", "float16"): "offset 1e2: max inf > 1 ulp normwise (and 5 more cases)",
-    ("dx", "bfloat16"): "log-uniform: max inf > 1 ulp(S2) (and 4 more cases; normal: 1752)",
-    ("dresidual", "bfloat16"): "log-uniform: max inf > 1 ulp(S2) (and 4 more cases)",
-    ("dweight", "bfloat16"): "log-uniform: max 1.18e+60 > 1 ulp normwise (and 5 more cases)",
-    ("dalpha", "bfloat16"): "log-uniform: max inf > 1 ulp normwise (and 4 more cases)",
-}
 KNOWN_MISSES = {
     ("rms_norm", "dweight", "float32"): "offset 1e2: max 9 > 3 ulp normwise (D=3, 256 rows)",
     ("layer_norm", "dbias", "float32"): "every case: max 4 > 3 ulp normwise (D=3, 256 rows)",
     ("layer_norm", "y", "float64"): "offset 1e4: max 5.307e+04 > 4503.6 ulp(S2)",
     ("layer_norm", "dx", "float64"): "offset 1e4: max 5.914e+04 > 4503.6 ulp(S2)",
     ("layer_norm", "dweight", "float64"): "offset 1e4: max 1.814e+04 > 4503.6 ulp normwise",
-    ("add_rms_norm", "dweight", "float16"): "offset 1e2: max 1.75 > 1 ulp normwise",
-    ("add_rms_norm", "dalpha", "float16"): "student-t 2: max 2 > 1 ulp normwise",
-    ("add_rms_norm_post", "dx", "float16"): "student-t 2: max 2 > 1 ulp(S2)",
-    ("add_rms_norm_post", "dx", "bfloat16"): "offset 1e2: max 2 > 1 ulp(S2)",
-    ("add_rms_norm_post", "dweight", "float16"): "offset 1e2: max 1.75 > 1 ulp normwise",
     ("add_rms_norm_post", "dalpha", "float32"):
         "offset 1e4: max 1.954e+14 > 3 ulp normwise (D=1, where the exact dalpha is ~0; "
         "and 3 more cases, normal: 873)",
@@ -61,8 +43,6 @@ KNOWN_MISSES = {
     ("add_layer_norm_post", "y", "float32"): "log-uniform: p99.99 1253 > 1000 ulp(ref)",
     ("add_layer_norm_post", "dalpha", "float32"):
         "log-uniform: max 17 > 3 ulp normwise (and 1 more case)",
-    **{(f, o, dt): why for f in ("add_layer_norm", "add_layer_norm_post")
-       for (o, dt), why in _FUSED_LAYER_16.items()},
 }
 
 # Where an installed peer is more accurate than resnorm today (float32).

@@ -193,8 +193,8 @@ def test_norms_forward_within_one_ulp(rng, name, kind, d):
 @pytest.mark.parametrize("layer", [False, True], ids=["rms", "ln"])
 @pytest.mark.parametrize("d", [3, 17, 1000])
 def test_fused_forward_within_one_ulp(rng, name, layer, d):
-    # h = x + residual is rounded once into the half dtype; y normalises the sum formed in
-    # float32 (not the rounded h)
+    # h = x + residual is rounded once into the half dtype; y normalises that h, the one
+    # returned (as the unfused h = x + residual; y = norm(h) would)
     dt = half(name)
     x = rows(rng, "normal", 6, d, dt)
     r = rows(rng, "mixed", 6, d, dt)
@@ -202,11 +202,11 @@ def test_fused_forward_within_one_ulp(rng, name, layer, d):
     h64 = x.astype(np.float64) + r.astype(np.float64)
     if layer:
         y, h = resnorm.add_layer_norm(x, r, w)
-        want = ref.layer_norm_forward(h64, w.astype(np.float64))[0]
+        want = ref.layer_norm_forward(h.astype(np.float64), w.astype(np.float64))[0]
         post = resnorm.add_layer_norm_post(x, r, w)
     else:
         y, h = resnorm.add_rms_norm(x, r, w)
-        want = ref.rms_norm_forward(h64, w.astype(np.float64))[0]
+        want = ref.rms_norm_forward(h.astype(np.float64), w.astype(np.float64))[0]
         post = resnorm.add_rms_norm_post(x, r, w)
     assert h.dtype == y.dtype == dt
     assert ulps(h, h64).max() <= 1
@@ -218,20 +218,24 @@ def test_fused_forward_within_one_ulp(rng, name, layer, d):
 @pytest.mark.parametrize("n", [5, 16, 37])
 def test_fused_forward_is_the_float32_fused_forward_rounded_once(rng, name, n):
     # with 16-bit parameters (read at every row, or widened to float32 once per call from
-    # 16 rows on), y and h are bitwise the float32 fused forward of the widened inputs,
-    # each rounded once, with any thread count (y normalises h before h is rounded)
+    # 16 rows on), h is bitwise the float32 h of the widened inputs rounded once, and y
+    # bitwise the float32 norm of that rounded h, rounded once, with any thread count
     dt = half(name)
     for d in (3, 1000):
         (x, r, w, b), wide = half_inputs(rng, dt, n, d, ("normal", "mixed"))
         for nt in (1, 2):
-            for f, args in ((resnorm.add_layer_norm, (0, 1, 2, 3)),
-                            (resnorm.add_layer_norm_post, (0, 1, 2, 3)),
-                            (resnorm.add_layer_norm, (0, 1, 2)),
-                            (resnorm.add_rms_norm, (0, 1, 2)),
-                            (resnorm.add_rms_norm_post, (0, 1, 2))):
+            for layer, post, args in ((True, False, (0, 1, 2, 3)), (True, True, (0, 1, 2, 3)),
+                                      (True, False, (0, 1, 2)), (False, False, (0, 1, 2)),
+                                      (False, True, (0, 1, 2))):
+                f = getattr(resnorm, ("add_layer_norm" if layer else "add_rms_norm")
+                            + ("_post" if post else ""))
+                norm = resnorm.layer_norm if layer else resnorm.rms_norm
                 got = f(*[(x, r, w, b)[k] for k in args], n_threads=nt)
-                want = f(*[wide[k] for k in args], n_threads=nt)
-                got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+                h32 = wide[1] + wide[0]   # residual + x, in float32
+                y32 = norm(h32.astype(dt).astype(np.float32), *[wide[k] for k in args[2:]],
+                           n_threads=nt)
+                got, want = (got, (y32,)) if post else (got, (y32, h32))
+                got = got if isinstance(got, tuple) else (got,)
                 for g, e in zip(got, want):
                     assert is_rounded_once(g, e, dt), (f.__name__, d, nt)
 
@@ -831,3 +835,29 @@ def test_every_simd_level_gives_identical_bits(tmp_path):
         assert res.keys() == first.keys()
         for k in first:
             assert np.array_equal(res[k], first[k]), f"{k} differs on {level}"
+
+
+@pytest.mark.parametrize("name", HALVES)
+@pytest.mark.parametrize("d", [1, 2, 9])
+def test_fused_layer_norm_backward_of_rows_that_round_to_a_constant(name, d):
+    # rows whose float32 h is not constant but whose 16-bit h is (or, at D = 1, always):
+    # the backward reads the stored h, so the forward's statistics must be that h's, or
+    # xhat = (h16 - h32)*rstd is far from 0 (it reached inf)
+    dt = half(name)
+    step = float(np.finfo(dt).eps) / 8     # well below h's ulp at 1
+    x = (np.arange(4 * d).reshape(4, d) % 3 * step).astype(np.float32)
+    residual = np.ones((4, d), dt)
+    dy = np.linspace(-1, 1, 4 * d).reshape(4, d).astype(dt)
+    (y, h), cache = resnorm.add_layer_norm_forward(x.astype(dt), residual, np.ones(d, dt))
+    assert np.all(h == 1)
+    dx, dres, dw, db, _ = resnorm.add_layer_norm_backward(dy, None, cache)
+    h64, dy64 = h.astype(np.float64), dy.astype(np.float64)
+    y64, mean, rstd = ref.layer_norm_forward(h64, np.ones(d))
+    want = ref.layer_norm_backward(dy64, h64, np.ones(d), mean, rstd)
+    assert db is None
+    for got, expected in zip((dx, dw), want):
+        assert np.all(np.isfinite(got.astype(np.float64)))
+        # one rounding to the 16-bit dtype, at the scale of the output
+        tol = float(np.finfo(dt).eps) * np.abs(expected).max()
+        np.testing.assert_allclose(got.astype(np.float64), expected, rtol=0, atol=tol)
+    assert np.array_equal(dres, dx)

@@ -82,18 +82,20 @@ static inline int RN_NAME(meets)(const RN_T *a, const RN_T *p, Py_ssize_t d)
     return p != NULL && (uintptr_t)a < (uintptr_t)(p + d) && (uintptr_t)p < (uintptr_t)(a + d);
 }
 
+#if !RN_HALF
 /* The norm applied to the residual sum, recomputed from the cached row (residual_reduce
  * read it just before):  h_k = residual_k + alpha_k * (x_k * m_k) (RN_RESIDUAL_SUM, m_k
  * scale or 0),
  *   y_k = ((h_k - mean) * rstd) * w_k + b_k      (RMSNorm: mean = 0, b = NULL: h_k * rstd * w_k)
  *   h_k is stored too                            (h NULL: Post-Norm, h is not kept)
  * The same operations as residual_add then ln_apply / rms_apply (x - 0 is x), so y is
- * bitwise the norm of h.  alpha, keep, w, b may be NULL; w, b of the element type, or
- * float32 (pf: see RN_GETP in vec.h). */
-static inline __attribute__((always_inline)) void RN_NAME(residual_norm_apply_p)(
-    RN_T *y, RN_T *h, const RN_T *residual, const RN_T *x, const RN_T *alpha,
-    const uint8_t *keep, Py_ssize_t kpos, double scale, const void *w, const void *b, int pf,
-    double mean, double rstd, Py_ssize_t d, int stream)
+ * bitwise the norm of h.  alpha, keep, w, b may be NULL.  (float and double: the fused
+ * forward of the 16-bit types stores h rounded, then normalises it.) */
+static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
+                                         const RN_T *x, const RN_T *alpha, const uint8_t *keep,
+                                         Py_ssize_t kpos, double scale, const RN_T *w,
+                                         const RN_T *b, double mean, double rstd, Py_ssize_t d,
+                                         int stream)
 {
     RN_C mh, ml;
     RN_NAME(split_mean)(mean, &mh, &ml);
@@ -104,8 +106,8 @@ static inline __attribute__((always_inline)) void RN_NAME(residual_norm_apply_p)
          * the cached rows (unless h is written over an input that loop reads: any of
          * them may be the output buffer, e.g. residual_out=alpha for a single row). */
         if (RN_NAME(meets)(h, x, d) || RN_NAME(meets)(h, residual, d)
-            || RN_NAME(meets)(h, alpha, d)
-            || (!pf && (RN_NAME(meets)(h, w, d) || RN_NAME(meets)(h, b, d)))) stream = 0;
+            || RN_NAME(meets)(h, alpha, d) || RN_NAME(meets)(h, w, d)
+            || RN_NAME(meets)(h, b, d)) stream = 0;
         else {
             /* (no prefetch: residual_reduce prefetched the next row) */
             RN_NAME(residual_add)(h, residual, x, alpha, keep, kpos, scale, d, stream, 0);
@@ -115,16 +117,15 @@ static inline __attribute__((always_inline)) void RN_NAME(residual_norm_apply_p)
 #define PF_(k)
 #define B_(k) { RN_VEC h_ = RN_RESIDUAL_SUM(RN_GET, RN_NAME(vmult), k);                 \
                 RN_VEC v_ = ((h_ - mh) - ml) * rs;                                      \
-                if (w) { v_ *= RN_GETP(w, k); }                                         \
-                if (b) { v_ += RN_GETP(b, k); }                                         \
+                if (w) { v_ *= RN_GET(w + (k)); }                                       \
+                if (b) { v_ += RN_GET(b + (k)); }                                       \
                 RN_PUT(y + (k), v_); if (h) { RN_PUT(h + (k), h_); } }
 #define RUN_ RN_ELEMENTWISE(d, y, stream, PF_, B_)
     /* The fused forward's cases (weight, no alpha, no bias; with or without dropout and h)
      * get their own expansions: with the branches left in, the compiler unswitches only
      * some of them. */
     if (w && !alpha && !b) {
-        const RN_T *alpha = NULL;
-        const void *b = NULL;
+        const RN_T *alpha = NULL, *b = NULL;
         if (keep && h) RUN_;
         else if (keep) { RN_T *h = NULL; RUN_; }
         else if (h) { const uint8_t *keep = NULL; RUN_; }
@@ -134,30 +135,4 @@ static inline __attribute__((always_inline)) void RN_NAME(residual_norm_apply_p)
 #undef PF_
 #undef B_
 }
-
-static void RN_NAME(residual_norm_apply)(RN_T *y, RN_T *h, const RN_T *residual,
-                                         const RN_T *x, const RN_T *alpha, const uint8_t *keep,
-                                         Py_ssize_t kpos, double scale, const RN_T *w,
-                                         const RN_T *b, double mean, double rstd, Py_ssize_t d,
-                                         int stream)
-{
-    RN_NAME(residual_norm_apply_p)(y, h, residual, x, alpha, keep, kpos, scale, w, b, 0, mean,
-                                   rstd, d, stream);
-}
-
-#if RN_HALF
-/* residual_norm_apply of 16-bit rows with float32 w and b: the same arithmetic, the
- * parameters' lanes loaded from float32 (bitwise residual_norm_apply with the 16-bit
- * parameters that w and b widen). */
-static void RN_NAME(residual_norm_apply_mixed)(RN_T *y, RN_T *h, const RN_T *residual,
-                                               const RN_T *x, const RN_T *alpha,
-                                               const uint8_t *keep, Py_ssize_t kpos,
-                                               double scale, const float *w, const float *b,
-                                               double mean, double rstd, Py_ssize_t d,
-                                               int stream)
-{
-    RN_NAME(residual_norm_apply_p)(y, h, residual, x, alpha, keep, kpos, scale, w, b, 1, mean,
-                                   rstd, d, stream);
-}
 #endif
-

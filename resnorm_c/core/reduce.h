@@ -383,6 +383,10 @@ static void RN_NAME(ln_bwd_sums_mixed)(double *sum_g, double *sum_gxhat, const R
 }
 #endif
 
+#if !RN_HALF
+/* The residual passes below are float's and double's: the fused forward of the 16-bit types
+ * stores h rounded, then normalises it with the norms' own reductions. */
+
 /* The residual sum of a row, h_k = residual_k + alpha_k * (x_k * m_k) (RN_RESIDUAL_SUM: m_k
  * scale or 0; alpha, keep NULL: 1), formed in the input precision exactly as residual_add
  * forms it, then reduced without being stored:
@@ -446,14 +450,12 @@ static void RN_NAME(residual_shifted_sums)(double *sums, const RN_T *residual, c
 #undef S_
 }
 
-#if !RN_HALF
 /* h_k = residual_k + alpha_k * (x_k * m_k) stored, formed exactly as residual_add forms it,
  * and reduced as it goes: sum_k h_k^2, RMSNorm's sum of squares.  Each vector of h is
  * widened into the lanes RN_REDUCE gives its elements, so the result is bitwise sumsq of
  * the stored h: the first pass of the fused RMSNorm forward when h stays in cache for the
  * norm's next pass (one pass fewer than residual_add, then sumsq).  x and residual are
- * prefetched one row ahead.  (float and double: the fused forward keeps a 16-bit h
- * unrounded until it is normalised.) */
+ * prefetched one row ahead. */
 static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const RN_T *x,
                                            const RN_T *alpha, const uint8_t *keep,
                                            Py_ssize_t kpos, double scale, Py_ssize_t d,

@@ -471,9 +471,14 @@ def normwise_ulp(reference: ArrayLike, dtype: np.dtype) -> NDArray[np.float64]:
     >>> from resnorm import accuracy
     >>> float(accuracy.normwise_ulp([1e-3, -1.0], np.dtype(np.float32)))
     1.1920928955078125e-07
+    >>> float(accuracy.normwise_ulp([1e5, 1.0], np.dtype(np.float16)))   # past 65504
+    32.0
     """
     reference = np.abs(np.asarray(reference, np.float64))
     largest = reference[np.isfinite(reference)].max(initial=0.0)
+    # a largest value past the dtype's range (a float16 column sum) rounds to inf, whose
+    # own "ulp" would be meaningless: the unit is then that of the largest finite value
+    largest = min(largest, float(_finfo(np.dtype(dtype)).max))
     return ulp(np.asarray(largest).astype(dtype), dtype)
 
 
@@ -819,12 +824,15 @@ def _norm_reference(norm: str, form: str, a: dict[str, NDArray[Any]]
                     ) -> tuple[dict[str, NDArray[Any]], dict[str, NDArray[Any]],
                                dict[str, NDArray[Any]]]:
     """(float64 reference, S2, working-precision formula) of every output.  The fused
-    forms' y is the norm of the h the kernel normalises (the float32 formula, before a
-    16-bit h is rounded), not of the float64 h: h's own rounding is held by its bound."""
+    forms' y (and their gradients) are those of the norm of the h the kernel normalises,
+    the h the caller gets (the float32 formula, rounded once to a 16-bit dtype), not of the
+    float64 h: h's own rounding is held by its bound."""
     x, w, dy, eps = a["x"], a["weight"], a["dy"], EPS[norm]
     params = [w, a["bias"]] if norm == "layer" else [w]
     keep = ref.dropout_mask(x.shape, P, SEED)
     h = x if form == "plain" else formula_h(x, a["residual"], a["alpha"], keep, P)
+    if h.dtype != x.dtype:   # 16-bit: the h returned, which the kernel normalises
+        h = h.astype(x.dtype)
     g = dy.astype(np.float64) * w
     if norm == "layer":
         y, *stats = ref.layer_norm_forward(h, *params, eps)

@@ -62,8 +62,8 @@ TOLERANCE_ULPS = 128
 # float32 values: they are held to the float32 rule.
 HALF_TOLERANCE_ULPS = 1
 # The kinds explained in float16 and bfloat16: one rounding at each output.  (The fused
-# kinds keep h unrounded inside the kernel and return it rounded: explained in float32 and
-# float64.)
+# kinds are explained in float32 and float64: in 16 bits they are h rounded, then the
+# norm of that h, which the rms and layer kinds explain.)
 HALF_KINDS = ("rms", "layer", "dropout", "scaled", "gated")
 # Finite differences: central differences of the float64 forward kernel at the steps
 # FD_STEP * spread, / 2, ..., / 2^(FD_LEVELS - 1), Richardson-extrapolated (error of order
