@@ -13,7 +13,8 @@ Which path a call takes (``norm``), cheapest first:
 
 Second derivatives: a backward asked to build a graph (create_graph=True, and everything
 under torch.func.grad) returns resnorm.torch.composite's differentiable expressions, so
-double backward is exact (checked with torch.autograd.gradgradcheck).
+double backward is exact (checked with torch.autograd.gradgradcheck); outside torch.func
+they carry the values of resnorm's backward kernel, as a backward without a graph returns.
 """
 import torch
 

@@ -23,7 +23,7 @@ eps None: torch.finfo(dtype).eps (float32's for the 16-bit dtypes); axes: how ma
 axes of x a row spans (weight and bias have their shape); zero_centered: the gain is 1 + w.
 
 A backward asked to build a graph (create_graph=True) returns resnorm.torch.composite's
-differentiable expressions instead of calling the backward operator.
+differentiable expressions, carrying the values of the backward kernel.
 """
 import torch
 

@@ -18,7 +18,8 @@ row statistics; x and alpha for a tensor alpha) and saves those tensors, the wei
 tensor alpha, so that autograd catches an in-place change of any of them before backward.
 
 Second derivatives: a backward asked to build a graph (create_graph=True) returns
-differentiable torch expressions of the same formulas (resnorm.torch.composite).
+differentiable torch expressions of the same formulas (resnorm.torch.composite), carrying
+the values of resnorm's fused backward.
 torch.compile / torch.jit.trace see the fused call as torch's add and resnorm's dropout and
 norm operators.  torch.func transforms (vmap, grad, jvp) and forward-mode AD are refused
 with a message that names the alternative.
@@ -142,19 +143,28 @@ def _backward(ctx, layer, prenorm, dy, dh):
         grads = composite.add_norm_backward(
             dy, dh, h, x if want[3] else None, weight, ctx.has_bias, alpha, ctx.eps,
             layer, drop, ctx.axes, ctx.zero_centered)
+        try:   # the kernel's values, the expressions' derivatives
+            grads = composite.kernel_valued(grads, _kernel_backward(ctx, layer, prenorm,
+                                                                    saved, dy, dh))
+        except T.NoStorage:   # a dy with no storage to view: the expressions alone
+            pass
     else:
-        dy = torch.zeros_like(saved[0]) if dy is None else dy
-        args = (T.view(dy), T.view(dh)) if prenorm else (T.view(dy),)
-        backward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_backward")
-        result = backward(*args, ctx.cache, n_threads=T.threads())
-        dx, dres, dw, *rest = result
-        db, dalpha = (rest[0], rest[1]) if layer else (None, rest[0])
-        grads = tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
+        grads = _kernel_backward(ctx, layer, prenorm, saved, dy, dh)
     # y unused (only h reaches the loss): the weight and bias are not in the loss's graph,
     # so they get no gradient, as from torch's composition (not one of zeros)
     wanted = (*want[:2], want[2] and dy_used, want[3], layer and want[4] and dy_used)
     grads = tuple(g if w else None for g, w in zip(grads, wanted))
     return (grads if layer else grads[:4]) + (None,) * (len(want) - (5 if layer else 4))
+
+
+def _kernel_backward(ctx, layer, prenorm, saved, dy, dh):
+    """resnorm's fused backward: (dx, dresidual, dweight, dalpha, dbias) as tensors."""
+    dy = torch.zeros_like(saved[0]) if dy is None else dy
+    args = (T.view(dy), T.view(dh)) if prenorm else (T.view(dy),)
+    backward = getattr(resnorm, _resnorm_name(layer, prenorm) + "_backward")
+    dx, dres, dw, *rest = backward(*args, ctx.cache, n_threads=T.threads())
+    db, dalpha = (rest[0], rest[1]) if layer else (None, rest[0])
+    return tuple(T.tensor(g) for g in (dx, dres, dw, dalpha, db))
 
 
 def _fused_function(name, layer, prenorm, doc):
