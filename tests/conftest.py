@@ -86,6 +86,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "torch: needs torch or transformers, or checks more with them (set by "
                    "conftest.py; CI runs these again with torch installed: pytest -m torch)")
+    config.addinivalue_line(
+        "markers", "docs: builds or checks the documentation site (tests/test_docs_site.py; "
+                   "the build needs docs/requirements.txt and torch, else it skips)")
 
 
 def _names_torch(tree):

@@ -6,6 +6,12 @@
 #
 #   tools/sanitize.sh                    the whole suite (tests/)
 #   tools/sanitize.sh tests/test_memory.py -x      any pytest arguments instead
+#   SANITIZE_COPY=DIR tools/sanitize.sh --build-only    only the build, into DIR
+#   SANITIZE_COPY=DIR tools/sanitize.sh ARGS...         the suite against DIR's build
+#
+# With SANITIZE_COPY, the instrumented copy lives in DIR (kept) rather than in a temporary
+# folder, and a copy already built there (DIR/.sanitize-built) is reused: CI builds it
+# beside the plain suite, on the core that suite leaves free, and runs it later.
 #
 # Needs GCC (or set CC and RESNORM_ASAN_LIB for clang) with libasan / libubsan.
 # CPython itself is not instrumented: libasan is LD_PRELOADed, CPython's own allocations
@@ -21,17 +27,27 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
 
+copy=${SANITIZE_COPY:-$work/src-copy}
 # RN_CHECKED_PREFETCH: the kernels read each line they would prefetch (core/vec.h), so a
 # prefetch past the end of an array is reported too
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
 flags="$flags -DRN_CHECKED_PREFETCH"
-# -O1: the level AddressSanitizer's documentation asks for.  Every load and store of the
-# source is still instrumented (a higher level can only remove some), and instrumenting the
-# large generated C of the Cython modules at -O3 took most of this stage's time.
-echo "sanitize: building with -O1 $flags into $work"
-RESNORM_OPT=-O1 RESNORM_CFLAGS="$flags" RESNORM_LDFLAGS="-fsanitize=address,undefined" \
-    "$root/tools/build_copy.sh" "$work/src-copy"
-echo "sanitize: built in $((SECONDS - start)) s"
+if [ -e "$copy/.sanitize-built" ]; then
+    echo "sanitize: using the build in $copy"
+else
+    # -O1: the level AddressSanitizer's documentation asks for.  Every load and store of
+    # the source is still instrumented (a higher level can only remove some), and
+    # instrumenting the large generated C of the Cython modules at -O3 took most of this
+    # stage's time.
+    echo "sanitize: building with -O1 $flags into $copy"
+    RESNORM_OPT=-O1 RESNORM_CFLAGS="$flags" RESNORM_LDFLAGS="-fsanitize=address,undefined" \
+        "$root/tools/build_copy.sh" "$copy"
+    touch "$copy/.sanitize-built"
+    echo "sanitize: built in $((SECONDS - start)) s"
+fi
+if [ "${1:-}" = "--build-only" ]; then
+    exit 0
+fi
 
 asan_lib=${RESNORM_ASAN_LIB:-$("$cc" -print-file-name=libasan.so)}
 if [ ! -e "$asan_lib" ]; then
@@ -49,8 +65,8 @@ fi
 mkdir "$work/reports"
 status=0
 (
-    cd "$work/src-copy"
-    export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+    cd "$copy"
+    export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$copy/src"
     export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:log_path=$work/reports/asan"
     export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$work/reports/ubsan"
     # --capture=sys: UBSan writes its reports to stderr (not to log_path when it runs in
@@ -65,8 +81,8 @@ status=0
 canary() {
     mkdir "$work/$1"
     (
-        cd "$work/src-copy"
-        export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$work/src-copy/src"
+        cd "$copy"
+        export LD_PRELOAD="$preload" PYTHONMALLOC=malloc PYTHONPATH="$copy/src"
         export ASAN_OPTIONS="detect_leaks=0:log_path=$work/$1/asan"
         "$python" "tools/$2"
     ) >/dev/null 2>&1 && canary_status=0 || canary_status=$?

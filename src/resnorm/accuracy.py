@@ -11,7 +11,7 @@ Scales, for an output o of dtype T with float64 reference r:
 * ``ulp(ref)``: the ulp in T of r rounded to T; errors are ``|o - T(r)| / ulp(T(r))``.
 * ``ulp(S2)``: the ulp in T of the sum S2 of the magnitudes of the terms an output is built
   from, for outputs that cancel to near zero (LayerNorm y, dx, dresidual).
-* ``normwise``: the ulp in T of max |r| over the output (dweight, dbias, dalpha).
+* ``normwise``: the ulp in T of ``max |r|`` over the output (dweight, dbias, dalpha).
 * ``formula``: h = residual + alpha * dropout(x) (and the other one-product outputs: dropout,
   the scaled residual) against the same formula evaluated in float32 (float64 for float64)
   and rounded once to T.
@@ -334,7 +334,7 @@ def row_count(d: int, quick: bool = False) -> int:
 
 def ulp(values: ArrayLike, dtype: np.dtype) -> NDArray[np.float64]:
     """The unit in the last place, in dtype, of values (already of dtype, or rounded to it):
-    the distance from |v| to the next larger number of dtype; the smallest subnormal at 0.
+    the distance from ``|v|`` to the next larger number of dtype; the smallest subnormal at 0.
 
     Parameters
     ----------
@@ -450,7 +450,7 @@ def rms_norm_dx_s2(rstd: ArrayLike, g: ArrayLike, xn: ArrayLike) -> NDArray[np.f
 
 
 def normwise_ulp(reference: ArrayLike, dtype: np.dtype) -> NDArray[np.float64]:
-    """The unit of dweight, dbias and dalpha: the ulp in dtype of max |reference| over the
+    """The unit of dweight, dbias and dalpha: the ulp in dtype of ``max |reference|`` over the
     whole output (a column sum over many rows is accurate relative to the largest, not to
     each small one).
 

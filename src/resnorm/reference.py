@@ -8,7 +8,7 @@ Shapes: x is (..., D); row statistics (mean, rstd) have shape (...,); weight/bia
 Inputs may be any array-like of real numbers; outputs are float64 arrays.  Nothing is
 checked here: the functions are the formulas, and the checks live in the public API.
 With normalized_shape (the norms and the fused add + norm, as in torch) a row is the last
-k axes together: x is (..., *normalized_shape), the statistics (...,), weight/bias
+k axes together: x is ``(..., *normalized_shape)``, the statistics (...,), weight/bias
 normalized_shape.  zero_centered_weight: the gain applied is 1 + weight.
 """
 from __future__ import annotations
@@ -943,7 +943,8 @@ def scaled_residual_backward(dh: ArrayLike, F: ArrayLike, alpha: ArrayLike
 
 
 def sigmoid(g: ArrayLike) -> F64:
-    """The logistic function ``1 / (1 + exp(-g))``, written with exp(-|g|): it never overflows.
+    """The logistic function ``1 / (1 + exp(-g))``, written with ``exp(-|g|)``: it never
+    overflows.
 
     Parameters
     ----------
