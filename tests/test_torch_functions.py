@@ -433,6 +433,11 @@ def test_non_cpu_tensor_raises_type_error():
     (lambda: rt.rms_norm(torch.ones(3, 4), None, 0.0), ValueError, "eps must be finite and > 0"),
     (lambda: rt.rms_norm(torch.ones(3, 4), None, "1e-5"), TypeError, "eps must be a real number"),
     (lambda: rt.layer_norm(torch.ones(3, 4).to_sparse()), TypeError, "dense"),
+    # the Functions' own apply, called directly
+    (lambda: rt.RMSNormFunction.apply(np.ones((2, 3), np.float32), None, 1e-6), TypeError,
+     "x must be a torch.Tensor, got ndarray"),
+    (lambda: rt.LayerNormFunction.apply([[1.0, 2.0]], None, None, 1e-5), TypeError,
+     "x must be a torch.Tensor, got list"),
 ])
 def test_bad_arguments(call, error, match):
     with pytest.raises(error, match=match):

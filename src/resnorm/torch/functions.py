@@ -29,6 +29,8 @@ class _NormFunction(torch.autograd.Function):
 
     @classmethod
     def apply(cls, *args):
+        if not isinstance(args[0], torch.Tensor):   # (the callers above check the rest)
+            T.input_tensor(args[0])   # raises the TypeError that names x
         if T.functorch_active():
             return super().apply(*args)
         return super(torch.autograd.Function, cls).apply(*args)
@@ -103,7 +105,9 @@ class RMSNormFunction(_NormFunction):
         # torch.nn.RMSNorm saves no tensor of an x that needs no gradient, so it takes an
         # inference tensor beside a weight that requires grad; this Function saves x (and
         # its cache views x), which autograd refuses for an inference tensor: a normal copy
-        return super().apply(x.clone() if x.is_inference() else x, *args)
+        # (anything but a tensor goes on as it is, to the checks that name it)
+        inference = isinstance(x, torch.Tensor) and x.is_inference()
+        return super().apply(x.clone() if inference else x, *args)
 
     @staticmethod
     def forward(x, weight, eps, views=None, normalized_shape=None, zero_centered=False):
