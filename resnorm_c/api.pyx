@@ -5,18 +5,20 @@
 output buffers and their overlap rules, the thread and streaming decision, scratch, the
 kernel launch and the training cache, each done once, here, in compiled code.
 
-The public functions here take the public signatures: resnorm.norms, resnorm.residual and
-resnorm.inverted_dropout declare them (signature, type hints, docstring) and export these
+The public functions here take the public signatures: resnorm.norms, resnorm.residual,
+resnorm.gated_norm and resnorm.inverted_dropout declare them (signature, type hints, docstring) and export these
 functions themselves (resnorm._compiled), so a call reaches C directly.  Layering: public
 function -> this module -> the kernels (norm_kernels.pxd, add_norm_kernels.pxd,
-residual_kernels.pxd) -> the row primitives of the core (resnorm._core).  The pieces of this module:
+residual_kernels.pxd, gated_norm_kernels.pxd) -> the row primitives of the core
+(resnorm._core).  The pieces of this module:
 
   checks.pxi   every argument check and its error message (docs/input-checks.md)
   launch.pxi   thread count, streaming stores, the scratch pool
   arrays.pxi   memory overlap, the rows view, where outputs are written
   caches.pxi   the caches of the training forms, the dropout site, the residual scale
-  this file    the public functions: norms, fused add + norm, scaled and gated residuals,
-               dropout
+  this file    the public functions: norms, fused add + norm (api_residual.pxi), scaled
+               and gated residuals and dropout (api_elementwise.pxi), the gated RMSNorm
+               (api_gated_norm.pxi)
 
 A call whose arguments are already final (exact ndarrays in C order, a Python float eps,
 ...) is decided by a few C tests per argument; anything else runs the general checks,
@@ -43,6 +45,9 @@ from common cimport omp_get_max_threads, row_blocks
 from dropout_masks cimport SEGMENT, mask_words, rn_dropout
 from mixed_kernels cimport (backward_floats, forward_floats, mixed_backward, mixed_forward,
                            widen_params)
+from gated_norm_kernels cimport (gated_norm_backward, gated_norm_backward_floats,
+                                 gated_norm_dweight, gated_norm_forward,
+                                 gated_norm_forward_floats)
 from norm_kernels cimport layer_backward, layer_forward, rms_backward, rms_forward
 from primitives cimport (element, half, real, rn_bf16, rn_f16, rn_from_float32, rn_import_core,
                          rn_narrow, rn_philox_uniforms, rn_to_float32)
@@ -496,6 +501,7 @@ def layer_norm_backward(dy, cache, *, out=None, n_threads=None):
 
 include "api_residual.pxi"
 include "api_elementwise.pxi"
+include "api_gated_norm.pxi"
 
 
 def to_float32(float[::1] out, x):

@@ -374,3 +374,27 @@ cdef GatedResidualCache gated_residual_cache(branch, gate, s, ds, shape, dtype):
     cdef GatedResidualCache c = GatedResidualCache.__new__(GatedResidualCache)
     c.branch, c.gate, c.s, c.ds, c.shape, c.dtype = branch, gate, s, ds, shape, dtype
     return c
+
+
+@cython.dataclasses.dataclass(frozen=True)
+cdef class GatedRMSNormCache:
+    """What gated_rms_norm_backward needs: the input rows, the gate's rows and the rstd of
+    every group of every row (sigmoid(gate) and the gated rows are recomputed)."""
+    x: object          # (N, D) the rows the kernel read
+    gate: object       # (N, D) the gate's rows, or None
+    weight: object     # (D,) the weight, or None
+    rstd: object       # (N * G,) float64, 1/sqrt(mean(v^2) + eps) per group of group_size
+    group_size: object  # elements per group (D: one group per row)
+    norm_before_gate: object  # True: y = norm(x) * silu(gate); False: norm(x * silu(gate))
+    shape: object      # shape of the original input, given back to dx and dgate
+    param_dtype: object = None  # float32 for a float32 weight beside 16-bit rows
+
+
+cdef GatedRMSNormCache gated_rms_norm_cache(x, gate, weight, rstd, group_size,
+                                            norm_before_gate, shape, param_dtype):
+    """GatedRMSNormCache(...), built in C."""
+    cdef GatedRMSNormCache c = GatedRMSNormCache.__new__(GatedRMSNormCache)
+    c.x, c.gate, c.weight, c.rstd = x, gate, weight, rstd
+    c.group_size, c.norm_before_gate, c.shape, c.param_dtype = (group_size, norm_before_gate,
+                                                                shape, param_dtype)
+    return c

@@ -25,8 +25,8 @@ DTYPES = (np.float32, np.float64)
 RTOL = {np.dtype(np.float32): 4e-6, np.dtype(np.float64): 1e-12}
 
 # The arguments that are arrays (alpha is one when it is learnable); the others are eps,
-# p, seed and training.
-ARRAY_ARGS = ("x", "residual", "F", "g", "weight", "bias", "alpha", "dy", "dh")
+# p, seed, training and the gated RMSNorm's group_size and norm_before_gate.
+ARRAY_ARGS = ("x", "residual", "F", "g", "gate", "weight", "bias", "alpha", "dy", "dh")
 
 
 @dataclasses.dataclass
@@ -49,6 +49,9 @@ class Inputs:
     training: bool = True
     normalized_shape: tuple = None  # the norms: the normalised trailing axes (None: the last)
     zero_centered_weight: bool = False
+    gate: np.ndarray = None       # gated RMSNorm: the gate logits, x's shape
+    group_size: int = None        # gated RMSNorm: elements per group (None: the row)
+    norm_before_gate: bool = False
 
     @property
     def axes(self):
@@ -72,7 +75,10 @@ def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0
     'scalar' (0-d), 'fixed' (0.75) or None; gate: 'full' or 'channel'.  axes: the norms
     normalise the last `axes` axes (normalized_shape; None for 1), and weight, bias and a
     'channel' alpha have their shape (which the scaled residual takes only for axes=1).
-    zero_centered_weight: the weight is then a deviation around 0 (the gain 1 + w)."""
+    zero_centered_weight: the weight is then a deviation around 0 (the gain 1 + w).
+    The gated RMSNorm's gate logits are uniform in [-4, 1.25], where |silu| < 1, so that
+    its u = x * silu(gate) stays within the range of x; they come from a generator of
+    their own (seeded from rng's draws), so rng's stream is what it was without them."""
     d = shape[-1]
     row = tuple(shape[len(shape) - axes:])
     w = (1.0 + 0.5 * rng.standard_normal(row)) - (1.0 if zero_centered_weight else 0.0)
@@ -90,6 +96,7 @@ def make_inputs(rng, shape, dtype, weight=True, bias=True, scale=1.0, offset=0.0
     inp.alpha = {"channel": a.astype(dtype), "scalar": np.array(a.flat[0], dtype), "fixed": 0.75,
                  None: None}[alpha]
     inp.p, inp.seed = p, int(rng.integers(0, 2**63))
+    inp.gate = np.random.default_rng(inp.seed).uniform(-4.0, 1.25, shape).astype(dtype)
     return inp
 
 
@@ -113,7 +120,7 @@ class Op:
     """One public function.
 
     family: the reference it is checked against ('rms', 'ln', 'add_rms', 'add_ln',
-    'add_rms_post', 'add_ln_post', 'scaled', 'gated', 'dropout'); form: 'inference'
+    'add_rms_post', 'add_ln_post', 'scaled', 'gated', 'gated_rms', 'dropout'); form: 'inference'
     (returns the outputs), 'training' (returns the outputs and a cache) or 'backward' (of
     the training form `forward`, given its cache); args: the Inputs fields it takes;
     returns: the names of the arrays it returns, in order (training forms: besides the
@@ -180,10 +187,23 @@ class Op:
     @property
     def buffers(self):
         """The output buffer arguments, and what each receives."""
+        dgate = "dgate" if self.family == "gated_rms" else "dg"
         return {b: t for b, t in (("out", self.output), ("residual_out", "h"),
                                   ("dresidual_out", "dresidual"), ("dbranch_out", "dF"),
-                                  ("dgate_out", "dg"))
+                                  ("dgate_out", dgate))
                 if b in self.parameters}
+
+    def adapt(self, inp):
+        """inp as this op takes it: an op with a weight but no normalized_shape (the gated
+        RMSNorm) gets, for inputs drawn for a norm over several axes, the weight's first
+        (D,) row (a view, in the weight's layout), and no norm options."""
+        args = OPS[self.forward].args if self.form == "backward" else self.args
+        if "weight" not in args or "normalized_shape" in args or inp.axes == 1:
+            return inp
+        w = inp.weight
+        return dataclasses.replace(
+            inp, weight=None if w is None else w[(0,) * (w.ndim - 1)],
+            normalized_shape=None, zero_centered_weight=False)
 
     def default_eps(self):
         fn = OPS[self.forward].fn if self.form == "backward" else self.fn
@@ -221,6 +241,9 @@ class Op:
         out = dict(zip(self.returns, arrays, strict=True))
         if cache is not None:  # one statistic per row, in the rows' shape
             lead = arrays[0].shape[:arrays[0].ndim - getattr(cache, "axes", 1)]
+            # the gated RMSNorm: one per group, (..., G) for several groups a row
+            groups = arrays[0].shape[-1] // getattr(cache, "group_size", arrays[0].shape[-1])
+            lead += (groups,) if groups > 1 else ()
             out.update({s: getattr(cache, s).reshape(lead) for s in self.stats})
         return out
 
@@ -481,6 +504,94 @@ def _gated_reference(op, inp, eps):
             "dg": (dg, dg_tol)}
 
 
+def _gated_rms_reference(op, inp, eps):
+    """The gated RMSNorm (resnorm.reference.gated_rms_norm_*), with the norm step valid over
+    the whole float64 range: norm_reference on the groups as rows, without a weight (the
+    gradient it is given is the one reaching the normalised rows times w).
+
+    Tolerance: the norm's, and what the gate adds.  Gate before the norm: the kernel's
+    u = x * silu(z) is off by du <= RTOL |u| (plus a subnormal step), which goes through the
+    norm as the fused functions' h does (group max E of du); dx = du * a and
+    dgate = du * x * silu'(z) add RTOL of their terms.  Norm before the gate: the gradient
+    entering the norm, dy * a * w, is off by RTOL of itself, which RTOL of the norm's
+    terms again covers; y and dgate are products of a few rounded factors.
+    """
+    dtype = inp.dtype
+    rtol, sub = RTOL[dtype], float(np.finfo(dtype).smallest_subnormal)
+    shape = np.shape(inp.x)
+    d = shape[-1]
+    gs = d if inp.group_size is None else int(inp.group_size)
+    groups = d // gs
+    x = _f64(inp.x).reshape(-1, d)
+    n = x.shape[0]
+    z = None if inp.gate is None else _f64(inp.gate).reshape(-1, d)
+    w = _f64(inp.weight)
+    w1 = np.ones(d) if w is None else np.abs(w)
+    dy = None if inp.dy is None else _f64(inp.dy).reshape(-1, d)
+    before = bool(inp.norm_before_gate) and z is not None
+
+    def rows(a):       # (n, d) -> one row per group
+        return a.reshape(n * groups, gs)
+
+    def back(a):       # one row per group -> (n, d)
+        return a.reshape(n, d)
+
+    def spread(a):     # one value per group -> each of its elements, (n, d)
+        return np.repeat(np.reshape(a, (n, groups)), gs, axis=1)
+
+    def group_max(a):  # (n, d) -> max |a| of each group, spread
+        return spread(_rowmax(rows(a)))
+
+    a = None if z is None else ref.silu(z)
+    # |silu'| is at most |s| + |z ds|: the size of its terms
+    da_dz, da_terms = (None, None) if z is None else (
+        ref.silu_grad(z), ref.sigmoid(z) + np.abs(z) * ref.sigmoid_grad(z))
+    v = x if a is None or before else x * a        # the rows normalised (u, or x)
+    dyn = None if dy is None else (dy * a if before else dy)   # reaching xn * w
+    gw = None if dy is None else (dyn if w is None else dyn * w)
+    norm, vn_abs = norm_reference("rms", rows(v), None, None,
+                                  None if dy is None else rows(gw), eps, dtype)
+    un, un_tol = back(norm["y"][0]), back(norm["y"][1])
+    rstd, rstd_tol = norm["rstd"]
+    r, xh = spread(rstd), back(vn_abs)
+    gated_first = a is not None and not before
+    err_u = rtol * np.abs(v) + 4 * sub if gated_first else np.zeros_like(v)
+    E = group_max(err_u)
+    y = un if w is None else un * w
+    y_tol = un_tol * (1 + w1) + w1 * r * (err_u + (1 + xh) * E)
+    if before:
+        y, y_tol = y * a, y_tol * np.abs(a) + 2 * rtol * np.abs(y * a) + 4 * sub
+    stat_shape = shape[:-1] + ((groups,) if groups > 1 else ())
+    out = {"y": (y.reshape(shape), y_tol.reshape(shape)),
+           "rstd": (rstd.reshape(stat_shape),
+                    (rstd_tol + 2 * rstd * (rstd * _rowmax(rows(err_u))[:, 0])).reshape(stat_shape))}
+    if dy is None:
+        return out
+    dv, dv_tol = back(norm["dx"][0]), back(norm["dx"][1])
+    g, xm = group_max(gw), group_max(xh)
+    dv_terms = r * g * (1 + xm ** 2)                # the size of the norm backward's terms
+    dv_err = dv_tol + 4 * r * (r * E) * g * (1 + xm) ** 2 + rtol * dv_terms
+    dgate = (None, None)
+    if gated_first:
+        dx, dx_tol = dv * a, dv_err * np.abs(a) + 4 * sub
+        dgate = (dv * x * da_dz, dv_err * np.abs(x * da_dz)
+                 + rtol * np.abs(dv * x) * da_terms + 4 * sub * (1 + np.abs(x)))
+    else:
+        dx, dx_tol = dv, dv_err
+        if before:
+            dgate = (dy * (un if w is None else un * w) * da_dz,
+                     (un_tol + 2 * rtol * np.abs(un)) * np.abs(dy) * w1 * da_terms + 4 * sub)
+    out["dx"] = (dx.reshape(shape), dx_tol.reshape(shape))
+    out["dgate"] = tuple(None if t is None else t.reshape(shape) for t in dgate)
+    out["dweight"] = (None, None)
+    if w is not None:
+        row_floor = 4 * sub * n * (1 + np.max(rstd, initial=0.0)) * (1 + np.max(np.abs(dyn), initial=0.0))
+        un_err = r * (err_u + (1 + xh) * E) + (un_tol if before else 0.0)
+        out["dweight"] = (_colsum(dyn * un), 2 * rtol * _colsum(np.abs(dyn * un))
+                          + _colsum(np.abs(dyn) * un_err) + row_floor)
+    return out
+
+
 def _dropout_reference(op, inp, eps):
     """y = x m, dx = dy m (m = keep / (1 - p)): one rounding each."""
     rtol, sub = RTOL[inp.dtype], float(np.finfo(inp.dtype).smallest_subnormal)
@@ -495,7 +606,8 @@ def _dropout_reference(op, inp, eps):
 
 _REFERENCES = {"rms": _norm_reference, "ln": _norm_reference, "add_rms": _fused_reference,
                "add_ln": _fused_reference, "scaled": _scaled_reference,
-               "gated": _gated_reference, "dropout": _dropout_reference}
+               "gated": _gated_reference, "gated_rms": _gated_rms_reference,
+               "dropout": _dropout_reference}
 
 
 def _f64(a):
@@ -536,6 +648,7 @@ def _fused_ops(kind, post):
 
 RMS_ARGS = ("x", "weight", "eps") + NORM_OPTIONS
 LN_ARGS = ("x", "weight", "bias", "eps") + NORM_OPTIONS
+GATED_RMS_ARGS = ("x", "gate", "weight", "eps", "group_size", "norm_before_gate")
 OPS = {op.name: op for op in [
     Op("rms_norm", "rms", "inference", RMS_ARGS, ("y",)),
     Op("rms_norm_forward", "rms", "training", RMS_ARGS, ("y",), kept=("x", "weight")),
@@ -556,6 +669,11 @@ OPS = {op.name: op for op in [
     Op("gated_residual_forward", "gated", "training", ("x", "F", "g"), ("h",), kept=("F", "g")),
     Op("gated_residual_backward", "gated", "backward", ("dh",), ("dx", "dF", "dg"),
        forward="gated_residual_forward"),
+    Op("gated_rms_norm", "gated_rms", "inference", GATED_RMS_ARGS, ("y",)),
+    Op("gated_rms_norm_forward", "gated_rms", "training", GATED_RMS_ARGS, ("y",),
+       kept=("x", "gate", "weight")),
+    Op("gated_rms_norm_backward", "gated_rms", "backward", ("dy",), ("dx", "dgate", "dweight"),
+       forward="gated_rms_norm_forward"),
     Op("dropout", "dropout", "inference", ("x", "p", "seed", "training"), ("y",)),
     Op("dropout_forward", "dropout", "training", ("x", "p", "seed", "training"), ("y",)),
     Op("dropout_backward", "dropout", "backward", ("dy",), ("dx",), forward="dropout_forward"),
@@ -571,7 +689,7 @@ NO_ARRAY_FUNCTIONS = {"build_flags", "get_num_threads", "openmp_enabled", "simd_
 # Outputs with one value per row (the rest are elementwise, or sums over rows: dweight,
 # dbias, dalpha, and dg for a per-channel gate).
 ROW_OUTPUTS = ("mean", "rstd")
-ELEMENTWISE_OUTPUTS = ("y", "h", "dx", "dresidual", "dF")
+ELEMENTWISE_OUTPUTS = ("y", "h", "dx", "dresidual", "dF", "dgate")
 
 
 def public_functions():

@@ -90,6 +90,29 @@ def test_numba_norm_loops_are_the_same_in_inference_and_training(fused):
         assert len(y) == (2 if fused else 1)
 
 
+@pytest.mark.skipif(torch is None, reason="torch is optional")
+def test_torch_gated_rms_norm_peer_is_hugging_faces_module():
+    # the torch peer of the gated RMSNorm ops is the Mamba2 models' gated norm as
+    # transformers writes it (one group per row), forward and backward
+    modeling = pytest.importorskip("transformers.models.mamba2.modeling_mamba2")
+    shape = (6, 48)
+    for op in ("gated_rms_norm", "gated_rms_norm_backward"):
+        case = bench.setup(op, shape, "float32", torch)
+        x, g, w = (torch.from_numpy(a.copy()).requires_grad_(True) for a in case.torch.inputs)
+        norm = modeling.Mamba2RMSNormGated(shape[1], group_size=shape[1], eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(w)
+        y = norm(x, g)
+        mine = case.torch.fn(x, g, w)
+        torch.testing.assert_close(mine, y, rtol=0, atol=0)
+        if case.torch.grads is not None:
+            dy = torch.from_numpy(case.torch.grads[0])
+            ours = torch.autograd.grad(mine, (x, g, w), dy)
+            theirs = torch.autograd.grad(y, (x, g, norm.weight), dy)
+            for a, b in zip(ours, theirs):
+                torch.testing.assert_close(a, b)
+
+
 def test_traffic_counts_at_least_one_read_and_one_write():
     for op in bench.OPS:
         case = bench.setup(op, (4, 16), "float32")
@@ -198,7 +221,7 @@ def test_half_precision_rows():
     # the float64 reference within two units of the dtype's epsilon
     dtypes = ["float16"] + (["bfloat16"] if importlib.util.find_spec("ml_dtypes") else [])
     ops = ["rms_norm", "layer_norm_backward", "add_rms_norm", "gated_residual",
-           "gated_residual_backward"]
+           "gated_residual_backward", "gated_rms_norm", "gated_rms_norm_backward"]
     res = _small_run(ops=ops, dtypes=dtypes + ["float32"], peers=["numpy"])
     cells = {(r.op, r.dtype) for r in res.rows}
     assert {(op, dt) for op in ops for dt in dtypes + ["float32"]} <= cells

@@ -56,3 +56,14 @@ def test_explain_takes_values_that_start_with_a_minus_sign(capsys):
 def test_explain_takes_a_negative_first_row_of_several(capsys):
     assert main(["explain", "layer", "--x", "-1,2;3,-4", "--bias", "-.5,0"]) == 0
     assert "-4" in capsys.readouterr().out
+
+
+def test_explain_gated_rms_flags(capsys):
+    # --gate takes a first value with a minus sign like the other arrays; --group-size an int
+    assert main(["explain", "gated-rms", "--x", "1,2,3,4", "--gate", "-1,0.5,2,1",
+                 "--group-size", "2", "--norm-before-gate"]) == 0
+    out = capsys.readouterr().out
+    assert "z = [-1, 0.5, 2, 1]" in out and "norm before the gate" in out
+    with pytest.raises(SystemExit) as exit:
+        main(["explain", "gated-rms", "--x", "1,2", "--group-size", "one"])
+    assert exit.value.code == 2 and "invalid int value" in capsys.readouterr().err

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 import resnorm
-from resnorm import _api, inverted_dropout, norms, residual
+from resnorm import _api, gated_norm, inverted_dropout, norms, residual
 from resnorm._compiled import compiled
 
-FACES = [(module, name) for module in (norms, residual, inverted_dropout)
+FACES = [(module, name) for module in (norms, residual, gated_norm, inverted_dropout)
          for name in module.__all__ if inspect.isfunction(inspect.unwrap(getattr(module, name)))
          and getattr(module, name).__module__ == module.__name__]
 
 
 def test_every_kernel_function_is_declared():
     names = {name for _, name in FACES}
-    assert len(names) == 27
+    assert len(names) == 30
     assert {"rms_norm", "add_layer_norm_post_backward", "dropout_forward"} <= names
 
 

@@ -39,6 +39,7 @@ DOCUMENTED = [
     "resnorm.reference",
     "resnorm.norms",
     "resnorm.residual",
+    "resnorm.gated_norm",
     "resnorm.inverted_dropout",
     "resnorm.accuracy",
 ]

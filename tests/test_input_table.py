@@ -44,6 +44,7 @@ ARGUMENT_ROWS = {
     "x": "x-", "weight": "partner-", "bias": "partner-", "dy": "partner-", "eps": "eps-",
     "n_threads": "n-threads-", "out": "out-", "cache": "cache-",
     "residual": "partner-", "dh": "partner-", "F": "partner-", "g": "partner-",
+    "gate": "partner-", "group_size": "group-size-", "norm_before_gate": "flag-",
     "alpha": "alpha-", "p": "dropout-p", "seed": "seed-", "training": "flag-",
     "return_mask": "flag-", "residual_out": "out-", "dresidual_out": "out-",
     "dbranch_out": "out-", "dgate_out": "out-", "normalized_shape": "normalized-shape-",
@@ -115,7 +116,7 @@ def assert_same_outputs(got, want, what):
 
 # the families whose kernels take float16 and bfloat16 (tests/test_half.py checks them)
 HALF_FAMILIES = ("rms", "ln", "add_rms", "add_ln", "add_rms_post", "add_ln_post", "scaled",
-                 "gated", "dropout")
+                 "gated", "gated_rms", "dropout")
 
 
 @each(FORWARDS)
@@ -391,6 +392,56 @@ def test_zero_centered_weight(op, dtype):
                         f"{op.name} zero-centred without a weight")
 
 
+# --------------------------------------------------------------------------- group_size, gate
+
+@each(taking("group_size"))
+@pytest.mark.parametrize("bad", [2.0, np.float64(3.0), "2", True, np.bool_(True),
+                                 np.array(2), (2,), [3]], ids=repr)
+def test_group_size_type(op, bad):
+    raises(op, TypeError, "group_size", good(), group_size=bad)
+
+
+@each(taking("group_size"))
+@pytest.mark.parametrize("bad", [0, -1, -D, 4, 5, D + 1, 2 * D, np.int64(4), 2**70], ids=repr)
+def test_group_size_value(op, bad):
+    raises(op, ValueError, "group_size", good(), group_size=bad)
+
+
+@each(_with_backward(taking("group_size")))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_before_gate", [False, True], ids=["gate_first", "norm_first"])
+def test_group_size_groups(op, dtype, norm_before_gate):
+    """Each group of group_size consecutive elements is normalised on its own, with its
+    slice of the weight: the reference agrees for every divisor of D, with one rstd per
+    group; group_size=D is bitwise None, and a NumPy integer is the Python int."""
+    inp = dataclasses.replace(good(dtype, (3, 2, D)), norm_before_gate=norm_before_gate)
+    for gs in (1, 2, 3, D):
+        case = dataclasses.replace(inp, group_size=gs)
+        got = op.run(case)
+        assert_matches_reference(op, case, got)
+        if "rstd" in got:
+            assert got["rstd"].shape == (3, 2) + ((D // gs,) if gs < D else ())
+        assert_same_outputs(op.run(dataclasses.replace(inp, group_size=np.int64(gs))), got,
+                            f"{op.name} group_size=np.int64({gs})")
+    assert_same_outputs(op.run(dataclasses.replace(inp, group_size=D)), op.run(inp),
+                        f"{op.name} group_size=D")
+
+
+@each(_with_backward(taking("gate")))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_before_gate", [False, True], ids=["gate_first", "norm_first"])
+def test_gate_none(op, dtype, norm_before_gate):
+    """No gate: the (grouped) RMSNorm of x, whichever norm_before_gate; dgate is None, and
+    a dgate_out is refused."""
+    inp = dataclasses.replace(good(dtype), gate=None, norm_before_gate=norm_before_gate)
+    got = op.run(inp)
+    assert_matches_reference(op, inp, got)
+    assert_same_outputs(got, op.run(dataclasses.replace(inp, norm_before_gate=False)), op.name)
+    if "dgate" in got:
+        assert got["dgate"] is None
+        raises(op, ValueError, "dgate_out", inp, dgate_out=np.zeros_like(inp.x))
+
+
 # --------------------------------------------------------------------------- eps, n_threads
 
 @each(taking("eps"))
@@ -506,7 +557,8 @@ def test_seed_value(op):
 
 
 @each(FORWARDS, args_of=lambda op: [a for a in ("training", "return_mask",
-                                              "zero_centered_weight") if a in op.parameters])
+                                              "zero_centered_weight", "norm_before_gate")
+                                    if a in op.parameters])
 def test_flag_type(op, arg):
     for bad in (1, 0, None, "yes", 1.0, np.array(True)):
         raises(op, TypeError, arg, good(), **{arg: bad})
@@ -649,10 +701,31 @@ def _out_cache_elementwise(op):
     assert {b for b, _ in checked} == set(op.buffers)
 
 
-@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln", "scaled", "gated")])
+def _out_cache_gated_rms(op):
+    """Both buffers of the gated RMSNorm backward against every array its cache holds:
+    x, the gate and rstd (rows of one element: rstd has dx's size), and with rank-1 input
+    the (D,) weight."""
+    for buffer in op.buffers:
+        kw = op.kwargs(good(np.float64, (4, 1)))
+        cache = kw["cache"]
+        views = {"x": cache.x.reshape(4, 1), "gate": cache.gate.reshape(4, 1),
+                 "rstd": cache.rstd.reshape(4, 1)}
+        one = op.kwargs(good(np.float64, (D,)))
+        for name, (call, view) in {**{n: (kw, v) for n, v in views.items()},
+                                   "weight": (one, one["cache"].weight)}.items():
+            before = view.copy()
+            with pytest.raises(ValueError, match=rf"\b{buffer}\b.*\b{name}\b"):
+                op.fn(**call, **{buffer: view})
+            assert_same_bits(view, before, f"cache {name} modified")
+
+
+@each([n for n in BACKWARDS if OPS[n].family in ("rms", "ln", "scaled", "gated", "gated_rms")])
 def test_out_cache(op):
     if op.family in ("scaled", "gated"):
         _out_cache_elementwise(op)
+        return
+    if op.family == "gated_rms":
+        _out_cache_gated_rms(op)
         return
     inp = good(np.float64, (4, 1))
     kw = op.kwargs(inp)

@@ -4,7 +4,8 @@ Random shapes (rank 1-3, no rows, D = 1 ... 300), layouts of every array (stride
 negative strides, Fortran order, misaligned, read-only), dtypes, eps, weight / bias
 presence, alpha kinds (fixed, learnable scalar, per channel), dropout on / off / p = 1,
 full and per-channel gates, dh present or not, magnitudes and offsets, constant rows, the
-norms over one or several trailing axes (normalized_shape), zero-centred weights,
+norms over one or several trailing axes (normalized_shape), zero-centred weights, the
+gated RMSNorm's groups, both gate orders and no gate,
 thread counts, and the two size thresholds of resnorm._parallel forced down so that tiny
 inputs also run on several threads and write with streaming stores.  Properties:
 
@@ -44,7 +45,7 @@ class Case:
 
     def inputs(self, op, plain=False):
         """The inputs of op (plain: C-contiguous)."""
-        inp = self.plain if plain else self.inp
+        inp = op.adapt(self.plain if plain else self.inp)
         if self.no_dh and "dh" in op.args and op.fused:
             return dataclasses.replace(inp, dh=None)
         return inp
@@ -96,6 +97,7 @@ def cases(draw):
                       axes=draw(_axes(shape, alpha)),
                       zero_centered_weight=draw(st.booleans()))
     inp.training = draw(st.booleans())
+    _draw_gated_norm_options(draw, inp, d)
     if inp.x.size and draw(st.booleans()):  # one constant row
         inp.x.reshape(-1, d)[0] = inp.x.flat[0]
     inp.eps = 10.0 ** draw(st.floats(-12, 1)) if draw(st.booleans()) else None
@@ -110,6 +112,14 @@ def cases(draw):
     return Case(inp, plain, draw(st.sampled_from([None, 1, 2, 3, 4])),
                 parallel=draw(st.booleans()), stream=draw(st.booleans()),
                 no_dh=draw(st.booleans()))
+
+
+def _draw_gated_norm_options(draw, inp, d):
+    """The gated RMSNorm's group_size (None or a divisor of d), order and gate (or none)."""
+    inp.group_size = draw(st.sampled_from([None] + [k for k in range(1, d + 1) if d % k == 0]))
+    inp.norm_before_gate = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
+        inp.gate = None
 
 
 def _snapshot(inp):
@@ -148,7 +158,7 @@ def test_results_do_not_depend_on_layout_threads_or_streaming(case):
 # the gradient each backward returns for each forward argument, and the cotangent of each
 # forward output (the loss is sum over the outputs of output * cotangent)
 GRADIENTS = {"x": "dx", "residual": "dresidual", "weight": "dweight", "bias": "dbias",
-             "alpha": "dalpha", "F": "dF", "g": "dg"}
+             "alpha": "dalpha", "F": "dF", "g": "dg", "gate": "dgate"}
 COTANGENTS = {"y": "dy", "h": "dh"}
 
 
@@ -157,9 +167,10 @@ COTANGENTS = {"y": "dy", "h": "dh"}
        has_w=st.booleans(), has_b=st.booleans(), alpha=ALPHAS,
        p=st.sampled_from([0.0, 0.3]), gate=st.sampled_from(["full", "channel"]),
        scale=st.floats(0.3, 10), offset=st.floats(-5, 5), eps=st.floats(1e-3, 1.0),
-       seed=st.integers(0, 2**32 - 1), both_axes=st.booleans(), zero_centered=st.booleans())
+       seed=st.integers(0, 2**32 - 1), both_axes=st.booleans(), zero_centered=st.booleans(),
+       data=st.data())
 def test_backward_matches_finite_differences(name, n, d, has_w, has_b, alpha, p, gate, scale,
-                                             offset, eps, seed, both_axes, zero_centered):
+                                             offset, eps, seed, both_axes, zero_centered, data):
     """L = sum(y * R) (+ sum(h * R_h)) for fixed random cotangents R: backward(dy=R,
     dh=R_h) is dL/d(every array argument).  Steps 1e-6 times the argument's scale; error
     bound 1e6 times the reference's float64 tolerance, which is 1e-12 times the size of
@@ -169,9 +180,11 @@ def test_backward_matches_finite_differences(name, n, d, has_w, has_b, alpha, p,
     fwd = OPS[op.forward]
     inp = make_inputs(np.random.default_rng(seed), (n, d), np.float64, weight=has_w,
                       bias=has_b, scale=scale, offset=offset * scale, alpha=alpha, p=p,
-                      gate=gate, axes=2 if both_axes and alpha != "channel" else 1,
+                      gate=gate, axes=2 if both_axes and alpha != "channel"
+                      and "normalized_shape" in fwd.args else 1,
                       zero_centered_weight=zero_centered)
     inp.eps = eps
+    _draw_gated_norm_options(data.draw, inp, d)
     got = op.run(inp)
     want = op.reference(inp)
     for arg in fwd.arrays:

@@ -545,29 +545,44 @@ class GatedRMSNorm(LlamaStyleRMSNorm):
         return super().forward(h)
 
 
+class ResidualGatedRMSNorm(LlamaStyleRMSNorm):
+    """A norm whose forward takes a gate and a residual: not resnorm's."""
+
+    def forward(self, h, gate=None, residual=None):
+        if residual is not None:
+            h = h + residual
+        return super().forward(h if gate is None else h * torch.sigmoid(gate))
+
+
 class GatedBlock(nn.Module):
     def __init__(self, d):
         super().__init__()
         self.gate = nn.Linear(d, d)
         self.norm = GatedRMSNorm(d)
+        self.other = ResidualGatedRMSNorm(d)
         self.final_norm = LlamaStyleRMSNorm(d)
 
     def forward(self, x):
-        return self.final_norm(self.norm(x, self.gate(x)))
+        return self.final_norm(self.other(self.norm(x, self.gate(x)), self.gate(x), x))
 
 
-def test_patch_leaves_a_norm_whose_forward_takes_more_than_the_input():
+def test_patch_swaps_a_gated_norm_and_leaves_a_norm_whose_forward_takes_more():
     model = GatedBlock(8)
     _randomise(model)
     x = torch.randn(3, 8)
     with torch.no_grad():
         ref = model(x)
-    with pytest.warns(UserWarning, match=r"norm: its forward takes gate besides the input"):
+    with pytest.warns(UserWarning, match=r"other: its forward takes gate, residual besides "
+                                         r"the input"):
         handle = rt.patch(model)
-    assert [name for name, _ in handle.swapped] == ["final_norm"]
-    assert [name for name, _ in handle.skipped] == ["norm"] and type(model.norm) is GatedRMSNorm
+    assert [name for name, _ in handle.swapped] == ["norm", "final_norm"]
+    assert isinstance(model.norm, GatedRMSNorm) and type(model.norm) is not GatedRMSNorm
+    assert [name for name, _ in handle.skipped] == ["other"]
+    assert type(model.other) is ResidualGatedRMSNorm
     with torch.no_grad():
         torch.testing.assert_close(model(x), ref)
+    handle.undo()
+    assert type(model.norm) is GatedRMSNorm
 
 
 def test_patch_fires_no_hook_of_the_model():

@@ -1,7 +1,8 @@
 """resnorm.torch.patch inside real Hugging Face models (tiny configs built here, nothing
 downloaded): every norm swapped, logits and gradients as unpatched, generate's tokens the
 same, training with gradient checkpointing, save/load, undo, torch.compile without graph
-breaks, bfloat16 models patched."""
+breaks, bfloat16 models patched.  (The hybrid Mamba models' gated norms:
+tests/test_torch_gated_norm.py.)"""
 import os
 import warnings
 
@@ -172,36 +173,8 @@ def test_more_architectures_have_every_norm_swapped(name):
 
 
 # Hybrid models whose Mamba-2 mixer ends in a gated RMSNorm, forward(hidden_states,
-# gate=None): name: the Config's arguments (the model class is <name>ForCausalLM)
-_MAMBA = dict(mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8,
-              mamba_chunk_size=8)
-GATED = {
-    "Mamba2": dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_heads=4,
-                   head_dim=16, state_size=8, n_groups=1, chunk_size=8, bos_token_id=1,
-                   eos_token_id=2, pad_token_id=0),
-    "Bamba": dict(_DECODER, **_MAMBA, attn_layer_indices=[1]),
-    "GraniteMoeHybrid": dict(_DECODER, **_MAMBA, layer_types=["mamba", "attention"],
-                             num_local_experts=2, num_experts_per_tok=1),
-    "FalconH1": dict(_DECODER, mamba_rms_norm=True),
-    "Zamba2": dict(_DECODER, mamba_d_state=8, n_mamba_heads=4,
-                   layers_block_type=["mamba", "hybrid"]),
-}
-
-
-@pytest.mark.parametrize("name", list(GATED))
-def test_gated_norms_stay_on_torch_and_the_model_runs_as_before(name):
-    torch.manual_seed(0)
-    model = getattr(tf, f"{name}ForCausalLM")(getattr(tf, f"{name}Config")(**GATED[name]))
-    model.eval()
-    gated = [n for n, m in model.named_modules() if type(m).__name__ == f"{name}RMSNormGated"]
-    batch = _batch(name)
-    with torch.no_grad():
-        ref = model(**batch).logits
-        with pytest.warns(UserWarning, match="its forward takes gate besides the input"):
-            handle = rt.patch(model)
-        assert gated and [n for n, _ in handle.skipped] == gated
-        assert handle.swapped                     # the plain RMSNorms are swapped
-        torch.testing.assert_close(model(**batch).logits, ref, rtol=1e-5, atol=1e-5)
+# gate=None) (Mamba 2, Bamba, GraniteMoeHybrid, Falcon-H1, Zamba 2, Nemotron-H, Qwen3-Next):
+# tests/test_torch_gated_norm.py patches them, the gated norms swapped too.
 
 
 def test_falcon_mamba_weightless_norms_are_skipped_for_their_buffer():

@@ -3,6 +3,12 @@ from . import reference
 from ._core import build_flags, openmp_enabled, simd_level
 from ._core import get_max_threads as get_num_threads
 from .explain import explain
+from .gated_norm import (
+    GatedRMSNormCache,
+    gated_rms_norm,
+    gated_rms_norm_backward,
+    gated_rms_norm_forward,
+)
 from .inverted_dropout import DropoutCache, dropout, dropout_backward, dropout_forward
 from .norms import (
     LayerNormCache,
@@ -43,6 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AddNormCache",
     "DropoutCache",
+    "GatedRMSNormCache",
     "GatedResidualCache",
     "LayerNormCache",
     "RMSNormCache",
@@ -67,6 +74,9 @@ __all__ = [
     "gated_residual",
     "gated_residual_backward",
     "gated_residual_forward",
+    "gated_rms_norm",
+    "gated_rms_norm_backward",
+    "gated_rms_norm_forward",
     "get_num_threads",
     "layer_norm",
     "layer_norm_backward",

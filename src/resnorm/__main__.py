@@ -109,7 +109,9 @@ def _explain(args):
         e = explain(args.kind, args.x, weight=args.weight, bias=args.bias, eps=args.eps,
                     dy=args.dy, dtype=args.dtype, residual=args.residual, dh=args.dh,
                     alpha=_alpha(args), p=args.p, seed=args.seed,
-                    training=False if args.eval else None, F=args.F, g=args.g)
+                    training=False if args.eval else None, F=args.F, g=args.g,
+                    gate=args.gate, group_size=args.group_size,
+                    norm_before_gate=True if args.norm_before_gate else None)
     except (TypeError, ValueError) as err:
         args.parser.error(str(err))
     print(e.render(digits=args.digits))
@@ -284,7 +286,8 @@ def _parser():
     e.add_argument("--x", type=_values, required=True, help="input row(s)")
     e.add_argument("--weight", type=_values, help="per-channel gain w (D values)")
     e.add_argument("--bias", type=_values, help="per-channel bias b (D values; layer only)")
-    e.add_argument("--eps", type=float, help="default: rms and add-rms 1e-6, layer 1e-5")
+    e.add_argument("--eps", type=float,
+                   help="default: rms, add-rms and gated-rms 1e-6, layer 1e-5")
     e.add_argument("--dy", type=_values, help="gradient of y (shape of x): explains backward")
     e.add_argument("--residual", type=_values,
                    help="add-*: the stream (shape of x); h = residual + alpha*dropout(x)")
@@ -297,6 +300,13 @@ def _parser():
                    "h (default 0); scaled, gated: gradient of the output h")
     e.add_argument("--F", type=_values, help="scaled, gated: the branch output (shape of x)")
     e.add_argument("--g", type=_values, help="gated: gate logits (shape of x, or D values)")
+    e.add_argument("--gate", type=_values,
+                   help="gated-rms: the gate z (shape of x); without it, the grouped RMSNorm")
+    e.add_argument("--group-size", type=int,
+                   help="gated-rms: elements per normalised group, a divisor of D (default D)")
+    e.add_argument("--norm-before-gate", action="store_true",
+                   help="gated-rms: normalise x, then gate (Qwen3-Next); default: gate x "
+                   "before the norm (Mamba2)")
     e.add_argument("--p", type=float, help="add-*, dropout: drop probability "
                    "(required for dropout, default 0 for add-*)")
     e.add_argument("--seed", type=int, help="add-*, dropout: mask seed (default 0)")
@@ -304,8 +314,9 @@ def _parser():
                    help="add-*, dropout: eval mode (dropout is the identity)")
     e.add_argument("--dtype", default="float64",
                    choices=["float32", "float64", "float16", "bfloat16"],
-                   help="float16 and bfloat16 (kinds rms, layer, dropout, scaled, gated): computed "
-                   "in float32, each output rounded once (bfloat16 needs ml_dtypes)")
+                   help="float16 and bfloat16 (kinds rms, layer, dropout, scaled, gated, "
+                   "gated-rms): computed in float32, each output rounded once (bfloat16 "
+                   "needs ml_dtypes)")
     e.add_argument("--digits", type=int, help="significant digits (default 6 for float16 and "
                    "bfloat16, 8 for float32, 10 for float64)")
     e.set_defaults(func=_explain, parser=e)

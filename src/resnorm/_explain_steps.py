@@ -26,6 +26,12 @@ class Built:
     forward64: object = None          # values (name -> float64 array) -> outputs
     inputs64: dict = field(default_factory=dict)       # the differentiable inputs
     fd_spread: dict = field(default_factory=dict)      # input name -> its rows' spread
+    # "gated-rms": the finite-difference check also allows for its own truncation error and
+    # the output's smallest subnormal, and it, the check against the reference and the
+    # Jacobian's J^T dy allow for the kernel's rounding at the size of the numbers it forms
+    # each gradient from (gradient name -> that size, per component)
+    fd_limits: bool = False
+    fd_rounding_scale: dict = field(default_factory=dict)
     upstream: dict = field(default_factory=dict)       # output name -> its gradient
     gradients: list = field(default_factory=list)      # (gradient, input name, kernel value)
     jacobian: dict | None = None
@@ -60,6 +66,8 @@ def _learnable(alpha):
 
 def _record_inputs(t, inp, names):
     branch = inp.kind.startswith("add-")
+    n, d = inp.x.shape
+    gated_norm = inp.kind == "gated-rms"
     notes = {"x": "branch output, added to the stream" if branch else
                   ("the residual stream" if inp.kind in ("scaled", "gated") else ""),
              "residual": "the residual stream", "w": "weight", "b": "bias",
@@ -69,14 +77,20 @@ def _record_inputs(t, inp, names):
              "k": "flat C-order index: the counter of the dropout mask",
              "dy": "gradient arriving at y",
              "dh": ("gradient arriving along the stream h" if branch
-                    else "gradient arriving at h")}
-    n, d = inp.x.shape
+                    else "gradient arriving at h"),
+             "z": "the gate (gate=)",
+             "group_size": ("None: D, one group per row" if inp.group_size is None
+                            else f"elements per group: {d // int(inp.group_size)} groups "
+                                 "per row"),
+             "norm_before_gate": _order_note(inp) if gated_norm else ""}
     values = {"x": inp.x, "residual": inp.residual, "w": inp.weight, "b": inp.bias,
               "F": inp.F, "g": inp.g, "alpha": inp.alpha, "p": inp.p, "seed": inp.seed,
               "training": inp.training, "eps": inp.eps, "D": d,
-              "k": np.arange(n * d).reshape(n, d), "dy": inp.dy, "dh": inp.dh}
+              "k": np.arange(n * d).reshape(n, d), "dy": inp.dy, "dh": inp.dh,
+              "z": inp.gate, "norm_before_gate": inp.norm_before_gate,
+              "group_size": d if inp.group_size is None else int(inp.group_size)}
     per = {"x": "element", "residual": "element", "F": "element", "k": "element",
-           "dy": "element", "dh": "element", "w": "column", "b": "column",
+           "dy": "element", "dh": "element", "w": "column", "b": "column", "z": "element",
            "g": "column" if inp.g is not None and inp.g.ndim == 1 else "element",
            "alpha": _alpha_per(inp.alpha)}
     for name in names:
@@ -362,7 +376,7 @@ def _jacobian(norm, v_name, v64, w, b, eps, stats, through_norm, dy):
             formula = (f"J_ij = w_i * rstd * ([i == j] - 1/D - {v_name}hat_i * "
                        f"{v_name}hat_j / D)")
 
-    def norm_row(row):
+    def norm_row(row, r=None):
         if norm == "rms":
             return resnorm.rms_norm(row, None if w is None else w64, eps)
         return resnorm.layer_norm(row, None if w is None else w64, None if b is None
@@ -702,6 +716,279 @@ def gated(t, inp):
     return built
 
 
+# --------------------------------------------------------------------------- gated RMSNorm
+
+def _order_note(inp):
+    if inp.gate is None:
+        return "no gate: either order is the grouped RMSNorm of x"
+    if inp.norm_before_gate:
+        return "True: x is normalised, then gated (Qwen3-Next)"
+    return "False: the gate multiplies x before the norm (Mamba2)"
+
+
+def _grouped(a, gs):
+    """(N, D) rows as (N, G, gs): each group of gs consecutive elements on its own axis."""
+    return a.reshape(a.shape[0], -1, gs)
+
+
+def _group_mean(a, gs):
+    """The mean over each group, (N, G)."""
+    return _grouped(a, gs).mean(axis=-1)
+
+
+def _to_elements(v, gs):
+    """A per-group value (N, G) at each element of its group, (N, D)."""
+    return np.repeat(v, gs, axis=1)
+
+
+def _group_max(a, gs):
+    return np.max(_grouped(a, gs), axis=-1)
+
+
+# y(c x) against y(x): each group's x scaled by its own power of two (exact in every dtype),
+# so a norm that mixes the groups' statistics moves y
+GROUP_SCALES = (2.0, 0.5)
+
+
+def _gated_forward_invariants(run, x, z, w, eps, gs, gate_first):
+    """The properties any correct gated RMSNorm has, per group, checked on the kernel's
+    outputs: the normalised groups' root mean square, y(c x) = y(x) up to eps's effect and,
+    without a gate, y = rms_norm of each group.  The expectations come from the inputs (the
+    gated row u = x * silu(z) by its definition, in float64) and eps; see
+    _forward_invariants for the tuples."""
+    x64 = _f64(x)
+    v64 = x64 * resnorm.reference.silu(_f64(z)) if gate_first else x64
+    ms = _group_mean(v64 * v64, gs)
+    hat_name, v_name = ("un", "u") if gate_first else ("xn", "x")
+    hat_kernel = run(x, z if gate_first else None, None)
+    hat = _f64(hat_kernel)
+    out = [(f"rms {hat_name}", f"sqrt(mean_{{i in k}} {hat_name}_i^2)",
+            np.sqrt(_group_mean(hat * hat, gs)), np.sqrt(ms / (ms + eps)),
+            f"exact: sqrt(ms / (ms + eps)), ms = mean_{{i in k}} {v_name}_i^2"
+            + (" (u = x * silu(z) from the inputs, in float64)" if gate_first else "")
+            + ": 1 up to eps, 0 for a zero group", hat_kernel, 0.0)]
+    y_kernel = run(x, z, w)
+    y = _f64(y_kernel)
+    n_groups = x.shape[1] // gs
+    c = np.array([GROUP_SCALES[k % 2] for k in range(n_groups)])
+    scaled = _f64(run(x * _to_elements(c[None, :], gs).astype(x.dtype), z, w))
+    effect = np.abs(np.sqrt((ms + eps) / (ms + eps / c**2)) - 1.0)
+    scales = "c = 2" if n_groups == 1 else "c = 2 in even groups k, 1/2 in odd ones"
+    out.append(("y(cx) - y(x)", f"max_{{i in k}} |y_i(c x) - y_i(x)|, {scales}",
+                _group_max(np.abs(scaled - y), gs), _group_max(np.abs(y), gs) * effect,
+                "exact: max_{i in k} |y_i| * |sqrt((ms + eps) / (ms + eps/c^2)) - 1|: y of a "
+                f"group does not change when its {v_name} is scaled"
+                + (" (here: its x)" if gate_first else "")
+                + ", but for eps; nor when another group is", y_kernel, 0.0))
+    if z is None:
+        w_ = None if w is None else np.asarray(w)
+        rms = np.concatenate([
+            resnorm.rms_norm_forward(np.ascontiguousarray(x[:, k * gs:(k + 1) * gs]),
+                                     None if w_ is None else w_[k * gs:(k + 1) * gs],
+                                     eps)[0] for k in range(n_groups)], axis=1)
+        out.append(("y - rms_norm", "max_{i in k} |y_i - rms_norm(x_k, w_k)_i|",
+                    _group_max(np.abs(y - _f64(rms)), gs), np.zeros((len(x64), n_groups)),
+                    "exact: 0; without a gate, each group's y is the RMSNorm of its slice "
+                    "(resnorm.rms_norm_forward on x_k and w_k)", y_kernel, 0.0))
+    return out
+
+
+def _gated_jacobian(x64, z64, w, gs, gate_first, rstd_ref, spread_x, run_row, dx, dy):
+    """dy/dx of each row in closed form (block diagonal: one block per group), for rows of
+    at most JACOBIAN_MAX_D elements; see _jacobian."""
+    n, d = x64.shape
+    if d > JACOBIAN_MAX_D:
+        return None
+    w64 = np.ones(d) if w is None else _f64(w)
+    a = None if z64 is None else resnorm.reference.silu(z64)
+    v = x64 * a if gate_first else x64
+    same = np.kron(np.eye(d // gs), np.ones((gs, gs)))     # [j in i's group]
+    closed = []
+    for r in range(n):
+        rstd = np.repeat(rstd_ref[r], gs)
+        vn = v[r] * rstd
+        jac = (w64 * rstd)[:, None] * same * (np.eye(d) - np.outer(vn, vn) / gs)
+        if a is not None:
+            jac = jac * a[r][None, :] if gate_first else a[r][:, None] * jac
+        closed.append(jac)
+    hat = "un" if gate_first else "xn"
+    size = "D" if gs == d else "group_size"
+    core = f"w_i * rstd_k * ([i == j] - {hat}_i * {hat}_j / {size})"
+    formula = ("J_ij = " + (f"{core} * a_j" if gate_first else
+                            f"a_i * {core}" if a is not None else core)
+               + ("" if gs == d else ", k = i's group, for j in group k; 0 for j in another"))
+    return {"of": "y", "wrt": "x", "formula": formula, "closed": closed, "norm_row": run_row,
+            "rows": x64, "spread": spread_x, "through_norm": _f64(dx), "dy": _f64(dy)}
+
+
+def gated_rms(t, inp):
+    """The gated RMSNorm, gate before the norm (u = x * silu(z), y = rms_norm(u) * w) or
+    after it (y = rms_norm(x) * w * silu(z)), per group; without a gate the grouped
+    RMSNorm of x."""
+    x, z, w, eps, before = inp.x, inp.gate, inp.weight, inp.eps, inp.norm_before_gate
+    kw = dict(group_size=inp.group_size, norm_before_gate=before)
+    y, cache = resnorm.gated_rms_norm_forward(x, z, w, eps, **kw)
+    n, d = x.shape
+    # from the arguments (which the kernel has checked), never from its outputs
+    gs = d if inp.group_size is None else int(inp.group_size)
+    gate_first = z is not None and not before
+    _record_inputs(t, inp, ["x", "z", "w", "eps", "group_size", "norm_before_gate", "D",
+                            "dy"])
+    y_ref, ref_cache = resnorm.reference.gated_rms_norm_forward(x, z, w, eps, **kw)
+    rstd = np.asarray(cache.rstd).reshape(n, -1)
+    x64, z64 = _f64(x), _f64(z)
+    a = None if z is None else resnorm.reference.silu(z64)
+
+    def gate_steps():
+        t.add("s", resnorm.reference.sigmoid(z64), "element", "reference", "forward",
+              "1 / (1 + exp(-{z}))", note="sigmoid(z), in double (exp never overflows)")
+        t.add("a", a, "element", "reference", "forward", "{z} * {s}",
+              note="silu(z): the gate's factor")
+
+    if gate_first:
+        gate_steps()
+        v, v_name, hat = x64 * a, "u", "un"
+        t.add("u", v, "element", "reference", "forward", "{x} * {a}",
+              note="the gated row: what is normalised")
+    else:
+        v, v_name, hat = x64, "x", "xn"
+    # the statistics as resnorm.reference computes them (compared with the kernel's below)
+    rstd_ref = 1.0 / np.sqrt(_group_mean(v * v, gs) + eps)
+    t.add("ms", _group_mean(v * v, gs), "group", "reference", "forward", f"{{{v_name}}}^2",
+          "mean", note=f"mean square of group k (element i is in group i div {gs}): the one "
+                       "reduction per group (the kernel accumulates it in double)")
+    t.add("rstd", rstd, "group", "kernel", "forward", "1 / sqrt({ms} + {eps})",
+          note="cached for backward: one float64 per group of each row")
+    vn = v * _to_elements(rstd_ref, gs)
+    t.add(hat, vn, "element", "reference", "forward", f"{{{v_name}}} * {{rstd}}",
+          note="each group normalised: root mean square 1 (up to eps)")
+    if z is not None and before:
+        gate_steps()
+    t.add("y", y, "element", "kernel", "forward",
+          f"{{{hat}}}" + ("" if w is None else " * {w}")
+          + (" * {a}" if z is not None and before else ""))
+    why = ("x and the gate by reference, and one float64 rstd per group of each row: "
+           "backward recomputes " + ("sigmoid(z), silu(z) and u = x * silu(z)" if gate_first
+                                     else "sigmoid(z) and silu(z)")
+           + " from the rows it reads anyway, instead of storing and re-reading an N x D "
+           "array" if z is not None else
+           "x by reference and one float64 rstd per group of each row: backward recomputes "
+           "xn = x * rstd, one multiply per element, instead of storing an N x D array")
+    built = Built([("y", y, y_ref), ("rstd", rstd, ref_cache["rstd"].reshape(n, -1))], cache,
+                  {"x": x, "z": z, "w": w}, why)
+
+    def run(v_, z_, w_):
+        return resnorm.gated_rms_norm_forward(v_, z_, w_, eps, **kw)[0]
+    built.forward_invariants = _gated_forward_invariants(run, x, z, w, eps, gs, gate_first)
+    if inp.dy is None:
+        return built
+
+    dx, dgate, dw = resnorm.gated_rms_norm_backward(inp.dy, cache)
+    dx_ref, dgate_ref, dw_ref = resnorm.reference.gated_rms_norm_backward(inp.dy, ref_cache)
+    dy64 = _f64(inp.dy)
+    w64 = None if w is None else _f64(w)
+
+    def gate_derivative_steps():
+        t.add("ds", resnorm.reference.sigmoid_grad(z64), "element", "reference", "backward",
+              "{s} * (1 - {s})", note="sigmoid'(z), formed without the cancellation of 1 - s")
+        t.add("da_dz", resnorm.reference.silu_grad(z64), "element", "reference", "backward",
+              "{s} + {z} * {ds}", note="silu'(z)")
+
+    if z is not None and before:
+        gate_derivative_steps()
+        t.add("dgate", dgate, "element", "kernel", "backward",
+              "{dy} * {xn}" + ("" if w is None else " * {w}") + " * {da_dz}",
+              note="y = (xn * w) * a: dy times the normalised output, times silu'(z)")
+        upstream, up_name = dy64 * a, "dyn"
+        t.add("dyn", upstream, "element", "reference", "backward", "{dy} * {a}",
+              note="the gradient reaching xn * w")
+    else:
+        upstream, up_name = dy64, "dy"
+    g = upstream if w is None else upstream * w64
+    t.add("g", g, "element", "reference", "backward",
+          f"{{{up_name}}}" + ("" if w is None else " * {w}"), note=f"the gradient reaching {hat}")
+    t.add(f"g_{hat}", g * vn, "element", "reference", "backward", f"{{g}} * {{{hat}}}")
+    m = _group_mean(g * vn, gs)
+    t.add("m", m, "group", "reference", "backward", f"{{g_{hat}}}", "mean",
+          note="the one reduction per group of backward")
+    through = f"{{rstd}} * ({{g}} - {{{hat}}} * {{m}})"
+    if gate_first:
+        t.add("du", _to_elements(rstd_ref, gs) * (g - vn * _to_elements(m, gs)), "element",
+              "reference", "backward", through,
+              note="RMSNorm's backward: the gradient reaching u")
+        t.add("dx", dx, "element", "kernel", "backward", "{du} * {a}", note="u = x * a")
+        gate_derivative_steps()
+        t.add("dgate", dgate, "element", "kernel", "backward", "{du} * {x} * {da_dz}",
+              note="u = x * a(z)")
+    else:
+        t.add("dx", dx, "element", "kernel", "backward", through)
+    built.comparisons.append(("dx", dx, dx_ref))
+    built.gradients.append(("dx", "x", dx))
+    if z is not None:
+        built.comparisons.append(("dgate", dgate, dgate_ref))
+        built.gradients.append(("dgate", "z", dgate))
+    if w is not None:
+        t.add("dw", dw, "column", "kernel", "backward", f"{{{up_name}}} * {{{hat}}}", "sum",
+              note="summed over rows in fixed row blocks")
+        built.comparisons.append(("dw", dw, dw_ref))
+        built.gradients.append(("dw", "w", dw))
+
+    built.forward64 = lambda vals: {"y": resnorm.gated_rms_norm(
+        vals["x"], vals.get("z"), vals.get("w"), eps, **kw)}
+    built.inputs64 = {"x": x64, "z": z64, "w": w64}
+    # finite-difference steps: what the norm normalises bends at its group's sqrt(ms + eps);
+    # x reaches it times a (gate first), the gate z times x * silu'(z) (and z bends sigmoid
+    # over about one unit)
+    spread_v = _to_elements(_norm_spread({"rstd": rstd_ref}), gs)
+    spread_x = spread_v
+    if gate_first:
+        # (where a is too small to divide by, y hardly depends on x_i: any moderate step)
+        big = np.abs(a) > 1e-150
+        spread_x = np.where(big, spread_v / np.where(big, np.abs(a), 1.0),
+                            np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True)) + spread_v)
+        slope = np.abs(x64) * (np.abs(resnorm.reference.silu_grad(z64)) + 0.5)
+        built.fd_spread["z"] = np.minimum(1.0, spread_v / np.where(slope > 0, slope, 1.0))
+    elif z is not None:
+        built.fd_spread["z"] = 1.0
+    built.fd_spread["x"] = spread_x
+    built.upstream = {"y": dy64}
+    # the kernel forms dx (and dgate) from rstd * (g - vn * m): their rounding is at the size
+    # of those numbers, though the difference may be nearly 0; silu'(z) = s + z * ds likewise
+    rstd_at = _to_elements(rstd_ref, gs)
+    part = rstd_at * (np.abs(g) + np.abs(vn) * _to_elements(_group_mean(np.abs(g * vn), gs),
+                                                            gs))
+    built.fd_limits = True
+    if z is not None:
+        s64, ds64 = resnorm.reference.sigmoid(z64), resnorm.reference.sigmoid_grad(z64)
+        slope_size = np.abs(s64) + np.abs(z64 * ds64)
+    if gate_first:
+        du = rstd_at * (g - vn * _to_elements(m, gs))
+        built.fd_rounding_scale = {"dx": part * np.abs(a),
+                                   "dgate": np.abs(x64) * (part + np.abs(du)) * slope_size}
+    else:
+        built.fd_rounding_scale = {"dx": part}
+        if z is not None:
+            built.fd_rounding_scale["dgate"] = np.abs(
+                dy64 * vn * (1.0 if w is None else w64)) * slope_size
+    built.jacobian = _gated_jacobian(
+        x64, z64, w, gs, gate_first, rstd_ref, spread_x,
+        lambda row, r: resnorm.gated_rms_norm(row, None if z is None else z64[r:r + 1], w64,
+                                              eps, **kw), dx, inp.dy)
+    if built.jacobian is not None:
+        built.jacobian["size"] = built.fd_rounding_scale["dx"]
+    # y of a group does not change when its x is scaled: sum_{i in k} dx_i x_i is the eps term
+    terms = _f64(dx) * x64
+    ms = _group_mean(v * v, gs)
+    built.invariants = [(
+        "dx . x", "sum_{i in k} dx_i * x_i", _grouped(terms, gs).sum(axis=-1),
+        rstd_ref * _grouped(g * v, gs).sum(axis=-1) * eps / (ms + eps),
+        f"exact: rstd_k * (g . {v_name})_k * eps / (ms_k + eps); y of a group does not change "
+        f"when its x{' (so its u)' if gate_first else ''} is scaled, so the gradient is "
+        "orthogonal to x, group by group, up to eps",
+        float(np.max(_grouped(np.abs(terms), gs).sum(axis=-1))))]
+    return built
+
+
 BUILDERS = {"rms": rms, "layer": layer, "add-rms": add_norm, "add-layer": add_norm,
             "add-rms-post": add_norm, "add-layer-post": add_norm, "dropout": dropout,
-            "scaled": scaled, "gated": gated}
+            "scaled": scaled, "gated": gated, "gated-rms": gated_rms}

@@ -16,7 +16,8 @@ KERNELS = {"rms": "resnorm.rms_norm_forward / rms_norm_backward",
                              "add_layer_norm_post_backward" + _MASK,
            "dropout": "resnorm.dropout_forward / dropout_backward",
            "scaled": "resnorm.scaled_residual_forward / scaled_residual_backward",
-           "gated": "resnorm.gated_residual_forward / gated_residual_backward"}
+           "gated": "resnorm.gated_residual_forward / gated_residual_backward",
+           "gated-rms": "resnorm.gated_rms_norm_forward / gated_rms_norm_backward"}
 PHASES = ("input", "forward", "backward")
 
 
@@ -45,24 +46,31 @@ class _Printer:
         self.n_rows, self.d = np.shape(self.steps["x"].value)
         self.lines = []
 
-    def at(self, name, r, i):
-        """The value of step `name` that enters element (r, i) (or row r when i is None)."""
+    def group_size(self, s):
+        """The elements of each group of a per-group step (value (N, G))."""
+        return self.d // np.shape(s.value)[-1]
+
+    def at(self, name, r, i, group=None):
+        """The value of step `name` that enters element (r, i) (or row r when i is None, or
+        group `group` of row r)."""
         s = self.steps[name]
         v = np.asarray(s.value)
         if s.per == "element":
             return v[r, i]
         if s.per == "row":
             return v[r]
+        if s.per == "group":
+            return v[r, group if group is not None else i // self.group_size(s)]
         if s.per == "column":
             return v[i]
         return v
 
-    def substitute(self, expr, r, i):
+    def substitute(self, expr, r, i, group=None):
         names = [n for n in self.steps if "{" + n + "}" in expr]
         # a placeholder that is a whole parenthesised argument, round({y_exact}), has its
         # parentheses already: a negative number there takes none of its own
         return expr.format(**{n: (_num if "({" + n + "})" in expr else _operand)(
-            self.at(n, r, i), self.digits) for n in names})
+            self.at(n, r, i, group), self.digits) for n in names})
 
     def terms(self, step, r, i):
         """The summands of a reduction step, as text, shortened when there are many."""
@@ -71,19 +79,28 @@ class _Printer:
         elif step.per == "scalar":
             texts = [self.substitute(step.expr, row, j) for row in range(self.n_rows)
                      for j in range(self.d)]
+        elif step.per == "group":      # i is the group: its elements
+            gs = self.group_size(step)
+            texts = [self.substitute(step.expr, r, j) for j in range(i * gs, (i + 1) * gs)]
         else:
             texts = [self.substitute(step.expr, r, j) for j in range(self.d)]
+        count = len(texts)
         if len(texts) > MAX_TERMS:
             texts = texts[:HEAD_TERMS] + ["..."] + texts[-1:]
         joined = " + ".join(texts)
-        return f"({joined}) / {self.d}" if step.reduce == "mean" else joined
+        return f"({joined}) / {count}" if step.reduce == "mean" else joined
 
     def instance(self, step, r, i):
-        """One line: the step for element i of row r (or row r, or column i), with its
-        numbers."""
+        """One line: the step for element i of row r (or row r, or group or column i), with
+        its numbers."""
         label = step.name if i is None else f"{step.name}_{i}"
-        value = _num(self.at(step.name, r, i), self.digits)
-        rhs = self.terms(step, r, i) if step.reduce else self.substitute(step.expr, r, i)
+        if step.per == "group":
+            value = _num(self.at(step.name, r, None, i), self.digits)
+            rhs = self.terms(step, r, i) if step.reduce else \
+                self.substitute(step.expr, r, None, i)
+        else:
+            value = _num(self.at(step.name, r, i), self.digits)
+            rhs = self.terms(step, r, i) if step.reduce else self.substitute(step.expr, r, i)
         prefix = "" if step.per == "column" or self.n_rows == 1 else f"row {r}: "
         if rhs in (value, f"({value})"):     # a copy of one operand: nothing to compute
             return f"    {prefix}{label} = {value}"
@@ -100,6 +117,10 @@ class _Printer:
         elif s.per == "row":
             for r in range(self.n_rows):
                 self.lines.append(self.instance(s, r, None))
+        elif s.per == "group":
+            for r in range(self.n_rows):
+                for k in range(np.shape(s.value)[-1]):
+                    self.lines.append(self.instance(s, r, k))
         elif s.per == "column":
             for i in range(self.d):
                 self.lines.append(self.instance(s, 0, i))
@@ -168,6 +189,15 @@ class _Printer:
                        "  each component within tolerance * scale + resolution: scale = the "
                        "size of the terms it sums (itself, unless they cancel), resolution = "
                        "what the float64 loss can show over the finest step"]
+        if e.kind == "gated-rms":
+            self.lines.append(
+                "  gated-rms: spread = sqrt(ms + eps) of the element's group, over |a_i| for x "
+                "when the gate comes first; for z at most 1 (sigmoid bends over about one "
+                "unit of z) and, gate first, at most sqrt(ms + eps) / (|x_i| * (|silu'(z_i)| + "
+                "0.5)); each component is also allowed the kernel's rounding at the size of "
+                "the numbers it is formed from (rstd * (|g_i| + |un_i| * mean |g un|), times "
+                "the chain rule's factor), half its dtype's smallest subnormal, and the "
+                "truncation error of the finite difference (its last two Richardson levels)")
         for c in e.gradient_checks:
             mark = "ok" if c.agree else "DIFFERENT"
             self.lines.append(f"  {c.name} (with respect to {c.wrt}): worst |kernel - finite "
@@ -208,10 +238,16 @@ class _Printer:
 
     def invariant_lines(self, invariants):
         for inv in invariants:
-            mark = "ok" if inv.agree else "DIFFERENT"
             self.lines.append(f"  {inv.formula}  -- {inv.note}")
-            for r, (v, x) in enumerate(zip(inv.value, inv.exact)):
-                prefix = "" if self.n_rows == 1 else f"row {r}: "
+            # one value per row, or per group of each row (N, G)
+            values, exact = np.asarray(inv.value), np.asarray(inv.exact)
+            for idx in np.ndindex(values.shape):
+                r = idx[0]
+                where = ([] if self.n_rows == 1 else [f"row {r}"]) + \
+                    ([f"group {idx[1]}"] if len(idx) == 2 else [])
+                prefix = ", ".join(where) + ": " if where else ""
+                v, x = values[idx], exact[idx]
+                mark = "ok" if abs(v - x) <= inv.tolerance else "DIFFERENT"
                 self.lines.append(f"    {prefix}{inv.name} = {v:.3g}   (exact arithmetic: "
                                   f"{x:.3g}, tolerance {inv.tolerance:.2g})  {mark}")
 
@@ -258,7 +294,14 @@ class _Printer:
         eps = "" if e.eps is None else f", eps = {_num(e.eps, self.digits)}"
         dtypes = e.dtype.name + ("" if e.param_dtype is None else
                                  f", {e.param_dtype.name} parameters")
-        self.lines.append(f"{KIND_TITLES[e.kind]} ({dtypes}), {rows} of D = {self.d}{eps}")
+        title, groups = KIND_TITLES[e.kind], ""
+        if e.kind == "gated-rms":
+            before = bool(self.steps["norm_before_gate"].value)
+            title += (", no gate" if "z" not in self.steps else
+                      ", norm before the gate" if before else ", gate before the norm")
+            gs = int(self.steps["group_size"].value)
+            groups = "" if gs == self.d else f" in groups of {gs}"
+        self.lines.append(f"{title} ({dtypes}), {rows} of D = {self.d}{groups}{eps}")
         self.lines.append(f"outputs from the compiled kernels ({KERNELS[e.kind]}); "
                           "intermediates from float64 NumPy (resnorm.reference)")
         for phase in PHASES:

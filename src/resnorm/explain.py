@@ -5,9 +5,12 @@
 computation.  Kinds: "rms" (RMSNorm), "layer" (LayerNorm), the fused residual add + norm
 "add-rms" and "add-layer" (Pre-Norm: h = residual + alpha * dropout(x), y = norm(h)) and
 "add-rms-post" and "add-layer-post" (Post-Norm: y = norm(residual + alpha * dropout(x))),
-"dropout" (inverted dropout), "scaled" (h = x + alpha * F) and "gated"
-(h = x + sigmoid(g) * F).  alpha is fixed (a real number), a learnable scalar (a 0-d
-array) or learnable per channel (D values: LayerScale); a learnable alpha gets its dalpha.
+"dropout" (inverted dropout), "scaled" (h = x + alpha * F), "gated"
+(h = x + sigmoid(g) * F) and "gated-rms" (the gated RMSNorm of hybrid Mamba models:
+y = rms_norm(x * silu(gate)) * w, or with norm_before_gate y = rms_norm(x) * w * silu(gate),
+per group of group_size elements).  alpha is fixed (a real number), a learnable scalar (a
+0-d array) or learnable per channel (D values: LayerScale); a learnable alpha gets its
+dalpha.
 
 * the outputs (y, h, rstd, mean, the keep-mask, and every gradient) are the numbers the
   compiled kernels returned (``source == "kernel"``);
@@ -19,7 +22,8 @@ array) or learnable per channel (D values: LayerScale); a learnable alpha gets i
   in float64 (``.gradient_checks``): an independent check, which needs no backward formula;
 * for the norms, with a gradient: the Jacobian dy/dx of each short row in closed form,
   checked by finite differences (``.jacobians``), and the identities the gradient obeys
-  (``.invariants``: LayerNorm sum dx = 0 and dx . xhat = 0, RMSNorm dx . x = 0, up to eps);
+  (``.invariants``: LayerNorm sum dx = 0 and dx . xhat = 0, RMSNorm dx . x = 0, up to eps;
+  for "gated-rms" per group);
 * what the forward's cache keeps for backward, and why (``.cache``, ``.cache_why``);
 * with dropout: how each element index becomes a Philox counter and output word
   (``.philox``).
@@ -41,7 +45,7 @@ from . import _explain_steps
 from ._docstrings import complete_parameters, parameter_entries
 
 Kind = Literal["rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post",
-               "dropout", "scaled", "gated"]
+               "dropout", "scaled", "gated", "gated-rms"]
 KINDS = get_args(Kind)
 KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm",
                "add-rms": "Residual add + RMSNorm (Pre-Norm)",
@@ -49,9 +53,10 @@ KIND_TITLES = {"rms": "RMSNorm", "layer": "LayerNorm",
                "add-rms-post": "Residual add + RMSNorm (Post-Norm)",
                "add-layer-post": "Residual add + LayerNorm (Post-Norm)",
                "dropout": "Inverted dropout", "scaled": "Scaled residual",
-               "gated": "Gated residual"}
+               "gated": "Gated residual", "gated-rms": "Gated RMSNorm"}
 DEFAULT_EPS = {"rms": 1e-6, "layer": 1e-5, "add-rms": 1e-6, "add-layer": 1e-5,
-               "add-rms-post": 1e-6, "add-layer-post": 1e-5}   # the library's defaults
+               "add-rms-post": 1e-6, "add-layer-post": 1e-5,
+               "gated-rms": 1e-6}   # the library's defaults
 
 # Kernel and reference agree when every max |difference| <= TOLERANCE_ULPS * eps(dtype) *
 # max(1, max |reference value|): a few rounding errors per operation on a short row.
@@ -64,7 +69,7 @@ HALF_TOLERANCE_ULPS = 1
 # The kinds explained in float16 and bfloat16: one rounding at each output.  (The fused
 # kinds are explained in float32 and float64: in 16 bits they are h rounded, then the
 # norm of that h, which the rms and layer kinds explain.)
-HALF_KINDS = ("rms", "layer", "dropout", "scaled", "gated")
+HALF_KINDS = ("rms", "layer", "dropout", "scaled", "gated", "gated-rms")
 # Finite differences: central differences of the float64 forward kernel at the steps
 # FD_STEP * spread, / 2, ..., / 2^(FD_LEVELS - 1), Richardson-extrapolated (error of order
 # step^(2 FD_LEVELS)).  spread is the row's: sqrt(var + eps) or sqrt(ms + eps) for what a norm
@@ -87,8 +92,9 @@ class Step:
     name : str
         The value's name, e.g. ``"rstd"``.
     value : ndarray
-        The value: shape (N, D) per element, (N,) per row, (D,) per column, or 0-d.
-    per : {"element", "row", "column", "scalar"}
+        The value: shape (N, D) per element, (N,) per row, (N, G) per group (G groups of
+        D / G consecutive elements of each row: "gated-rms"), (D,) per column, or 0-d.
+    per : {"element", "row", "group", "column", "scalar"}
         What one value belongs to.
     source : {"input", "reference", "kernel"}
         Where the value comes from: an input, float64 NumPy (as `resnorm.reference`
@@ -131,7 +137,10 @@ class Check:
     `Explanation.checks`).
 
     They agree when max_abs_diff <= tolerance, ``TOLERANCE_ULPS * eps(dtype) * max(1,
-    max |reference|)``: a few rounding errors per operation on a short row.
+    max |reference|)``: a few rounding errors per operation on a short row.  ("gated-rms":
+    for dx and dgate, max |reference| is raised to the size of the numbers the kernel forms
+    them from, ``rstd * (|g| + |un| * mean |g un|)`` times the chain rule's factor, as they
+    may be nearly 0 by cancellation.)
 
     Parameters
     ----------
@@ -195,6 +204,16 @@ class GradientCheck(Check):
     resolution : ndarray, optional
         The smallest change the finite difference of each component can show: eps(float64)
         times the loss's terms, over the finest step.
+    rounding : ndarray, optional
+        "gated-rms" only: the kernel's rounding beyond ``tolerance * scale``, per component:
+        its rounding at the size of the numbers it forms the component from (a component
+        that the norm makes nearly 0, as in a group with one nonzero element, is the
+        difference of numbers of the size rstd * |g|), and half the output dtype's smallest
+        subnormal (a 16-bit gradient below it rounds to 0).
+    truncation : ndarray, optional
+        "gated-rms" only: the error of the finite difference itself, per component,
+        estimated as the difference of its last two Richardson levels (it matters where the
+        loss is nearly stationary, as at a gate z where silu'(z) = 0).
 
     Examples
     --------
@@ -211,11 +230,18 @@ class GradientCheck(Check):
     finite_difference: NDArray[np.float64] | None = None
     scale: NDArray[np.float64] | None = None
     resolution: NDArray[np.float64] | None = None
+    rounding: NDArray[np.float64] | None = None
+    truncation: NDArray[np.float64] | None = None
 
     @property
     def allowed(self) -> NDArray[np.float64]:
-        """The tolerance of each component: ``tolerance * scale + resolution``."""
-        return self.tolerance * self.scale + self.resolution
+        """The tolerance of each component: ``tolerance * scale + resolution`` (plus
+        rounding and truncation, when given)."""
+        allowed = self.tolerance * self.scale + self.resolution
+        for extra in (self.rounding, self.truncation):
+            if extra is not None:
+                allowed = allowed + extra
+        return allowed
 
     @property
     def worst(self) -> float:
@@ -286,8 +312,9 @@ class Jacobian(Check):
 
 @dataclass(frozen=True)
 class Invariant:
-    """An identity a norm obeys, per row: of its gradient (in `Explanation.invariants`) or
-    of its output (in `Explanation.forward_invariants`); the kernel's value against the
+    """An identity a norm obeys, per row (or per group of a row): of its gradient (in
+    `Explanation.invariants`) or of its output (in `Explanation.forward_invariants`); the
+    kernel's value against the
     value exact arithmetic gives (0, or a term of eps).  The identities hold for any correct
     norm: they check the kernel without its formula.
 
@@ -298,7 +325,8 @@ class Invariant:
     formula : str
         What is computed per row, e.g. ``"sum_i dx_i"``.
     value : ndarray
-        Its value from the kernel's outputs, one per row (float64).
+        Its value from the kernel's outputs, one per row (N,), or one per group of each
+        row (N, G) for "gated-rms" (float64).
     exact : ndarray
         The value exact arithmetic gives, the same shape.
     note : str
@@ -357,9 +385,10 @@ class Explanation:
     invariants : tuple of Invariant, default ()
         The identities the norm's gradient obeys (the norm kinds, with a gradient given).
     forward_invariants : tuple of Invariant, default ()
-        The properties the norm's output has, whatever its formula ("rms" and "layer"):
-        xhat's mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 + eps)), y(2x) = y(x)
-        up to eps's effect, LayerNorm's y(x + c) = y(x).
+        The properties the norm's output has, whatever its formula ("rms", "layer" and
+        "gated-rms"): xhat's mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 +
+        eps)), y(2x) = y(x) up to eps's effect, LayerNorm's y(x + c) = y(x); per group for
+        "gated-rms", whose y without a gate is also rms_norm of each group.
     cache : tuple of (str, str), default ()
         (field, what it holds) of the forward's cache.
     cache_why : str, default ""
@@ -466,8 +495,10 @@ class Explanation:
 class _Trace:
     """Collects steps; writes each formula from the kinds of the operands it names."""
 
-    SYMBOL = {"element": "{}_i", "column": "{}_i", "row": "{}", "scalar": "{}"}
-    OVER = {"column": "rows", "row": "i", "element": "i", "scalar": "rows,i"}
+    SYMBOL = {"element": "{}_i", "column": "{}_i", "row": "{}", "group": "{}_k",
+              "scalar": "{}"}
+    OVER = {"column": "rows", "row": "i", "group": "{i in k}", "element": "i",
+            "scalar": "rows,i"}
 
     def __init__(self):
         self.steps = []
@@ -494,7 +525,8 @@ ARGUMENTS = {"rms": {"weight", "eps"}, "layer": {"weight", "bias", "eps"},
              "add-rms": _FUSED | {"dh"}, "add-layer": _FUSED | {"bias", "dh"},
              "add-rms-post": _FUSED, "add-layer-post": _FUSED | {"bias"},
              "dropout": {"p", "seed", "training"}, "scaled": {"F", "alpha", "dh"},
-             "gated": {"F", "g", "dh"}}
+             "gated": {"F", "g", "dh"},
+             "gated-rms": {"gate", "weight", "eps", "group_size", "norm_before_gate"}}
 REQUIRED = {"add-rms": ("residual", "the stream x is added to"),
             "add-layer": ("residual", "the stream x is added to"),
             "add-rms-post": ("residual", "the stream x is added to"),
@@ -525,6 +557,9 @@ class _Inputs:
     p: object
     seed: object
     training: object
+    gate: np.ndarray | None = None      # "gated-rms": the gate z, as rows
+    group_size: object = None           # "gated-rms": as given (None: D)
+    norm_before_gate: object = False    # "gated-rms"
 
 
 def _as_float(a, name, dtype):
@@ -646,6 +681,9 @@ def _inputs(kind, x, dy, dtype, given):
         bias=_as_float(given["bias"], "bias", pdt),
         F=partner(given["F"], "F"), g=g,
         dy=partner(dy, "dy"), dh=partner(given["dh"], "dh"),
+        gate=partner(given["gate"], "gate"), group_size=given["group_size"],
+        norm_before_gate=(False if given["norm_before_gate"] is None
+                          else given["norm_before_gate"]),
         eps=DEFAULT_EPS.get(kind) if eps is None else eps,
         alpha=_alpha(given["alpha"], dtype),
         p=0.0 if given["p"] is None else given["p"],
@@ -713,10 +751,13 @@ def tolerance_rule(dtype: DTypeLike, param_dtype: DTypeLike | None = None) -> st
             f"{TOLERANCE_ULPS} * eps(float32) * ... for the float64 row statistics{params}")
 
 
-def _check(name, kernel_value, reference_value, dtype):
+def _check(name, kernel_value, reference_value, dtype, size=None):
+    """size: the size of the numbers the kernel forms the value from, when it exceeds the
+    value's (a difference that cancels), else None."""
     ref = np.asarray(reference_value, dtype=np.float64)
     diff = float(np.max(np.abs(np.asarray(kernel_value, dtype=np.float64) - ref)))
-    return Check(name, diff, _tolerance(ref, _rule(kernel_value, dtype)))
+    scale = ref if size is None else np.append(np.ravel(ref), np.ravel(size))
+    return Check(name, diff, _tolerance(scale, _rule(kernel_value, dtype)))
 
 
 def _with_rounding(steps, comparisons, dtype):
@@ -756,7 +797,8 @@ def _spread(values):
 def _derivative(f, base, idx, step):
     """d f(base) / d base[idx], every output of f at once: central differences at step,
     step / 2, ..., Richardson-extrapolated (each level removes the next even power of the
-    step from the error).  Returns it and the finest step."""
+    step from the error).  Returns it, the finest step and an estimate of its truncation
+    error (|the last level - the one before|, every output)."""
     table = []
     for level in range(FD_LEVELS):
         hi, lo = base.copy(), base.copy()
@@ -767,7 +809,7 @@ def _derivative(f, base, idx, step):
         for m in range(1, level + 1):
             row.append(row[m - 1] + (row[m - 1] - table[-1][m - 1]) / (4**m - 1))
         table.append(row)
-    return table[-1][-1], step / 2**(FD_LEVELS - 1)
+    return table[-1][-1], step / 2**(FD_LEVELS - 1), np.abs(table[-1][-1] - table[-1][-2])
 
 
 def _loss_terms(built, values):
@@ -780,32 +822,48 @@ def _loss_terms(built, values):
 
 def _finite_difference(built, wrt):
     """d loss / d values[wrt], component by component; with the scale of each component
-    (the size of the terms it sums) and the resolution of its finite difference."""
+    (the size of the terms it sums), the resolution of its finite difference and the
+    estimate of its truncation error."""
     base = np.array(built.inputs64[wrt], dtype=np.float64)
     spread = np.broadcast_to(built.fd_spread.get(wrt, _spread(base)), base.shape)
     # the loss is known to about eps(float64) of the size of its terms
     rounding = np.finfo(np.float64).eps * np.sum(np.abs(_loss_terms(built, built.inputs64)))
-    grad, scale, resolution = (np.empty(base.shape) for _ in range(3))
+    grad, scale, resolution, truncation = (np.empty(base.shape) for _ in range(4))
     for idx in np.ndindex(base.shape):
-        terms, finest = _derivative(
+        terms, finest, error = _derivative(
             lambda v: _loss_terms(built, {**built.inputs64, wrt: v}), base, idx,
             FD_STEP * float(spread[idx]))
         grad[idx] = np.sum(terms)
         scale[idx] = np.sum(np.abs(terms))
         resolution[idx] = rounding / finest
-    return grad, scale, resolution
+        truncation[idx] = np.sum(error)
+    return grad, scale, resolution, truncation
+
+
+def _smallest_subnormal(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.name == "bfloat16":
+        return 2.0 ** -133
+    return float(np.finfo(dtype).smallest_subnormal)
 
 
 def _gradient_checks(built, dtype):
     checks = []
     for name, wrt, kernel in built.gradients:
-        fd, scale, resolution = _finite_difference(built, wrt)
+        fd, scale, resolution, truncation = _finite_difference(built, wrt)
         k = np.asarray(kernel, dtype=np.float64).reshape(fd.shape)
         rule = _rule(kernel, dtype)
         ulps = HALF_TOLERANCE_ULPS if _is_half(rule) else TOLERANCE_ULPS
+        rounding = None
+        if built.fd_limits:
+            rounding = np.full(fd.shape, _smallest_subnormal(np.asarray(kernel).dtype) / 2)
+            if name in built.fd_rounding_scale:
+                size = np.reshape(built.fd_rounding_scale[name], fd.shape)
+                rounding += ulps * _eps(rule) * np.maximum(size - scale, 0.0)
         checks.append(GradientCheck(name, float(np.max(np.abs(k - fd))),
                                     FD_RELATIVE + ulps * _eps(rule), wrt, k, fd, scale,
-                                    resolution))
+                                    resolution, rounding,
+                                    truncation if built.fd_limits else None))
     return tuple(checks)
 
 
@@ -816,12 +874,17 @@ def _jacobians(built, dtype):
     out = []
     for r, (closed, v) in enumerate(zip(jac["closed"], jac["rows"])):
         fd = np.empty_like(closed)
+        # the row's spread, or each element's ("gated-rms": x reaches the norm times the gate)
+        spread = np.broadcast_to(jac["spread"][r], (len(v),))
         for j in range(len(v)):
-            fd[:, j], _ = _derivative(lambda row: jac["norm_row"](row[None])[0], v, j,
-                                      FD_STEP * jac["spread"][r])
+            fd[:, j], _, _ = _derivative(lambda row: jac["norm_row"](row[None], r)[0], v,
+                                         j, FD_STEP * float(spread[j]))
         backward = jac["dy"][r] @ closed
         # a 16-bit gradient through the norm is rounded at its own scale, which can pass J's
         rounded = np.concatenate([closed.ravel(), backward]) if _is_half(dtype) else closed
+        if jac.get("size") is not None:
+            # "gated-rms": the kernel's gradient is formed from numbers of this size
+            rounded = np.append(np.ravel(rounded), np.ravel(jac["size"][r]))
         tol = FD_RELATIVE * float(np.max(np.abs(closed))) + _tolerance(rounded, dtype)
         diff_fd = float(np.max(np.abs(fd - closed)))
         diff_backward = float(np.max(np.abs(backward - jac["through_norm"][r])))
@@ -879,17 +942,21 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
             *, dtype: DTypeLike | None = None, residual: ArrayLike | None = None,
             dh: ArrayLike | None = None, alpha: float | ArrayLike | None = None,
             p: float | None = None, seed: int | None = None, training: bool | None = None,
-            F: ArrayLike | None = None, g: ArrayLike | None = None) -> Explanation:
+            F: ArrayLike | None = None, g: ArrayLike | None = None,
+            gate: ArrayLike | None = None, group_size: int | None = None,
+            norm_before_gate: bool | None = None) -> Explanation:
     """Runs one kernel on a small input and returns every step of its computation.
 
     Parameters
     ----------
     kind : {"rms", "layer", "add-rms", "add-layer", "add-rms-post", "add-layer-post", \
-"dropout", "scaled", "gated"}
+"dropout", "scaled", "gated", "gated-rms"}
         "rms" (RMSNorm), "layer" (LayerNorm), "add-rms" / "add-layer" (Pre-Norm:
         h = residual + alpha * dropout(x), y = norm(h)), "add-rms-post" / "add-layer-post"
         (Post-Norm: y = norm(residual + alpha * dropout(x))), "dropout" (inverted
-        dropout), "scaled" (h = x + alpha * F) or "gated" (h = x + sigmoid(g) * F).
+        dropout), "scaled" (h = x + alpha * F), "gated" (h = x + sigmoid(g) * F) or
+        "gated-rms" (the gated RMSNorm, `resnorm.gated_rms_norm`: y = rms_norm(x *
+        silu(gate)) * w per group, or rms_norm(x) * w * silu(gate) with norm_before_gate).
     x : array_like
         One row (D,) or a few rows (N, D) of real numbers (for "scaled" and "gated": the
         residual stream; for the fused kinds: the branch output added to it).
@@ -898,15 +965,16 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         dtype; a float32 ndarray beside a float16 or bfloat16 run stays float32 (mixed
         precision, as the functions take it: `Explanation.param_dtype`).
     eps : float, optional
-        None for the library default (1e-6 for RMSNorm, 1e-5 for LayerNorm).
+        None for the library default (1e-6 for RMSNorm and the gated RMSNorm, 1e-5 for
+        LayerNorm).
     dy : array_like, optional
         Gradient of y (x's shape): explains backward too (not for "scaled" and "gated",
         whose output is h: give dh).
     dtype : {"float32", "float64", "float16", "bfloat16"}, optional
         Every input is converted to it; None: x's float dtype, else float64.  float16 and
-        bfloat16 (ml_dtypes'; kinds "rms", "layer", "dropout" and "scaled"): the kernels
-        compute in float32 and round each output once; every such output is shown as
-        ``round(<name>_exact)`` after its exact float64 value.
+        bfloat16 (ml_dtypes'; kinds "rms", "layer", "dropout", "scaled", "gated" and
+        "gated-rms"): the kernels compute in float32 and round each output once; every such
+        output is shown as ``round(<name>_exact)`` after its exact float64 value.
     residual : array_like, optional
         The fused kinds (required): the stream x is added to.
     dh : array_like, optional
@@ -927,6 +995,15 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
         "scaled" and "gated" (required): the branch output, x's shape.
     g : array_like, optional
         "gated" (required): gate logits, x's shape or (D,) (per channel).
+    gate : array_like, optional
+        "gated-rms": the gate z, x's shape (shown as the step "z"); None: no gate (the
+        grouped RMSNorm of x).
+    group_size : int, optional
+        "gated-rms": the elements of each normalised group, a divisor of D; None: D (one
+        group per row).
+    norm_before_gate : bool, optional
+        "gated-rms": False (default) gates x before the norm (Mamba2); True normalises x,
+        then gates (Qwen3-Next).
 
     Returns
     -------
@@ -967,13 +1044,22 @@ def explain(kind: Kind, x: ArrayLike, weight: ArrayLike | None = None,
     >>> h = resnorm.explain("rms", [1.0, 2.0, 3.0], dtype="float16")
     >>> h.step("y").formula, float(h["y_exact"][0, 0]), float(h["y"][0, 0]), h.agree
     ('y_i = round(y_exact_i)', 0.4629100002887783, 0.462890625, True)
+
+    The gated RMSNorm keeps one rstd per group of each row (shape (N, G)):
+
+    >>> m = resnorm.explain("gated-rms", [3.0, 4.0, 1.0, -1.0], gate=[0.0, 1.0, 2.0, 2.0],
+    ...                     group_size=2, dy=[1.0, 0.0, 0.0, 1.0])
+    >>> m.step("rstd").formula, m["rstd"].shape, m.step("dgate").formula, m.agree
+    ('rstd_k = 1 / sqrt(ms_k + eps)', (1, 2), 'dgate_i = du_i * x_i * da_dz_i', True)
     """
     given = {"weight": weight, "bias": bias, "eps": eps, "residual": residual, "dh": dh,
-             "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g}
+             "alpha": alpha, "p": p, "seed": seed, "training": training, "F": F, "g": g,
+             "gate": gate, "group_size": group_size, "norm_before_gate": norm_before_gate}
     inp = _inputs(kind, x, dy, dtype, given)
     t = _Trace()
     built = _explain_steps.BUILDERS[kind](t, inp)
-    checks = tuple(_check(name, k, r, inp.dtype) for name, k, r in built.comparisons)
+    checks = tuple(_check(name, k, r, inp.dtype, built.fd_rounding_scale.get(name))
+                   for name, k, r in built.comparisons)
     backward = bool(built.gradients)
     steps = _with_rounding(t.steps, built.comparisons, inp.dtype) if _is_half(inp.dtype) \
         else t.steps

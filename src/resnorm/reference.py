@@ -1051,3 +1051,196 @@ def gated_residual_backward(dh: ArrayLike, F: ArrayLike, g: ArrayLike
     if np.shape(g) != dh.shape:
         dg = dg.reshape(-1, dg.shape[-1]).sum(axis=0)
     return dh.copy(), s * dh, dg
+
+
+# --------------------------------------------------------------------------- gated RMSNorm
+
+def silu(z: ArrayLike) -> F64:
+    """The SiLU (swish) activation ``z * sigmoid(z)``.
+
+    Parameters
+    ----------
+    z : array_like
+        Gate logits.
+
+    Returns
+    -------
+    ndarray
+        silu(z), of z's shape.
+
+    Examples
+    --------
+    >>> from resnorm import reference
+    >>> reference.silu([-1.0, 0.0, 1.0, 40.0])    # silu(z) -> z for large z, -> 0 below
+    array([-0.26894142,  0.        ,  0.73105858, 40.        ])
+    """
+    z = _f64(z)
+    return z * sigmoid(z)
+
+
+def silu_grad(z: ArrayLike) -> F64:
+    """The derivative of the SiLU, ``s + z * s * (1 - s)`` with ``s = sigmoid(z)``.
+
+    ``s * (1 - s)`` is `sigmoid_grad`, which keeps its precision where s rounds to 1.
+
+    Parameters
+    ----------
+    z : array_like
+        Gate logits.
+
+    Returns
+    -------
+    ndarray
+        The derivative at z, of z's shape.
+
+    Examples
+    --------
+    >>> from resnorm import reference
+    >>> reference.silu_grad([0.0, 1.0, 40.0])
+    array([0.5       , 0.92767051, 1.        ])
+    """
+    z = _f64(z)
+    return sigmoid(z) + z * sigmoid_grad(z)
+
+
+def _grouped(a: F64, group_size: int) -> F64:
+    """a (..., D) seen as (..., G, group_size): each group of a row on its own axis."""
+    return a.reshape(a.shape[:-1] + (a.shape[-1] // group_size, group_size))
+
+
+def gated_rms_norm_forward(x: ArrayLike, gate: ArrayLike | None = None,
+                           weight: ArrayLike | None = None, eps: float = 1e-6,
+                           group_size: int | None = None, norm_before_gate: bool = False
+                           ) -> tuple[F64, dict[str, Any]]:
+    """The gated RMSNorm of hybrid Mamba models, per group of ``group_size`` channels.
+
+    The last axis is split into ``G = D / group_size`` groups of consecutive elements,
+    each normalised on its own with its slice of the weight.  With ``a = silu(gate)``
+    (``silu(z) = z * sigmoid(z)``; a = 1 without a gate):
+
+    * gate before the norm (norm_before_gate False: Mamba2, Bamba, Zamba2): ``u = x * a``,
+      ``rstd = 1/sqrt(mean(u^2) + eps)`` per group, ``y = un * w`` with ``un = u * rstd``;
+    * norm before the gate (True: Qwen3-Next): ``rstd`` per group of x,
+      ``xn = x * rstd``, ``y = xn * w * a``.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        The input.
+    gate : array_like, shape (..., D), optional
+        The gate logits z (none: no gate).
+    weight : array_like, shape (D,), optional
+        The per-channel gain w (none: 1).
+    eps : float, default 1e-6
+        Added to each group's mean square.
+    group_size : int, optional
+        The elements of a group; a divisor of D (default D: one group per row).
+    norm_before_gate : bool, default False
+        Whether the gate multiplies the normalised rows (True) or the input (False).
+
+    Returns
+    -------
+    y : ndarray, shape (..., D)
+        The output.
+    cache : dict
+        What `gated_rms_norm_backward` reads, named as the fields of
+        resnorm.GatedRMSNormCache: x, gate, weight (float64, or None), rstd (shape
+        (..., G)), group_size and norm_before_gate.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import resnorm
+    >>> from resnorm import reference
+    >>> x, z = np.array([[3.0, 4.0, 1.0, 1.0]]), np.array([[0.0, 1.0, 2.0, -1.0]])
+    >>> y, cache = reference.gated_rms_norm_forward(x, z, group_size=2, eps=0.0)
+    >>> y                          # the first group is u = (0, 2.92): y = (0, sqrt 2)
+    array([[ 0.        ,  1.41421356,  1.39801499, -0.21343403]])
+    >>> cache["rstd"]              # one per group
+    array([[0.48361841, 0.79360787]])
+    >>> bool(np.allclose(resnorm.gated_rms_norm(x, z, group_size=2, eps=1e-300), y))
+    True
+    """
+    x, z, w = _f64(x), _f64(gate), _f64(weight)
+    d = x.shape[-1]
+    gs = d if group_size is None else int(group_size)
+    a = None if z is None else silu(z)              # the gate's factor
+    u = x if a is None or norm_before_gate else x * a   # the rows the statistics are of
+    ug = _grouped(u, gs)
+    ms = np.mean(ug * ug, axis=-1)                  # one reduction per group: the mean square
+    rstd = 1.0 / np.sqrt(ms + eps)                  # (..., G)
+    un = (ug * rstd[..., None]).reshape(x.shape)    # each group normalised
+    y = un if w is None else un * w
+    if a is not None and norm_before_gate:
+        y = y * a
+    cache = {"x": x, "gate": z, "weight": w, "rstd": rstd, "group_size": gs,
+             "norm_before_gate": bool(norm_before_gate)}
+    return y, cache
+
+
+@_shared_doc
+def gated_rms_norm_backward(dy: ArrayLike, cache: dict[str, Any]
+                            ) -> tuple[F64, F64 | None, F64 | None]:
+    """The gradients of `gated_rms_norm_forward`.
+
+    Per group, with ``a = silu(z)``, ``da_dz = silu_grad(z)`` (``s + z * s * (1 - s)``)
+    and ``g`` the gradient reaching the normalised rows times w:
+
+    * gate before the norm: ``g = dy * w``, ``un = u * rstd``,
+      ``du = rstd * (g - un * mean(g * un))``; ``dx = du * a``,
+      ``dgate = du * x * da_dz``, ``dw = sum over rows of dy * un``;
+    * norm before the gate: ``xn = x * rstd``, ``dgate = dy * xn * w * da_dz``; the
+      gradient reaching the norm's output is ``dyn = dy * a``, then RMSNorm's backward:
+      ``g = dyn * w``, ``dx = rstd * (g - xn * mean(g * xn))``,
+      ``dw = sum over rows of dyn * xn``.
+
+    Parameters
+    ----------
+    dy : array_like, shape (..., D)
+        The gradient arriving at y.
+    cache : dict
+        What `gated_rms_norm_forward` returned beside y.
+
+    Returns
+    -------
+    dx : ndarray, shape (..., D)
+        The gradient of x.
+    dgate : ndarray, shape (..., D), or None
+        The gradient of the gate logits; None without a gate.
+    {weight_grad}
+
+    Examples
+    --------
+    >>> from resnorm import reference
+    >>> x, z = [[3.0, 4.0]], [[0.0, 1.0]]
+    >>> y, cache = reference.gated_rms_norm_forward(x, z, eps=0.0)
+    >>> dx, dgate, dw = reference.gated_rms_norm_backward([[1.0, 0.0]], cache)
+    >>> dx, dgate                  # silu(0) = 0: x0 does not reach y, its gate does
+    (array([[0., 0.]]), array([[0.72542762, 0.        ]]))
+    """
+    x, z, w, rstd = cache["x"], cache["gate"], cache["weight"], cache["rstd"]
+    gs, before = cache["group_size"], cache["norm_before_gate"]
+    dy = _f64(dy)
+    d = x.shape[-1]
+    r = rstd[..., None]                             # (..., G, 1): each group's rstd
+    a = None if z is None else silu(z)
+    da_dz = None if z is None else silu_grad(z)
+    if a is not None and before:
+        xn = (_grouped(x, gs) * r).reshape(x.shape)
+        dgate = dy * (xn if w is None else xn * w) * da_dz   # y = (xn * w) * a
+        dyn = dy * a                                # the gradient reaching xn * w
+        v = x                                       # the rows normalised
+    else:
+        dgate, dyn = None, dy
+        v = x if a is None else x * a               # u
+    vn = _grouped(v, gs) * r                        # un (or xn), grouped
+    g = _grouped(dyn if w is None else dyn * w, gs)
+    m = np.mean(g * vn, axis=-1, keepdims=True)     # one reduction per group
+    dv = (r * (g - vn * m)).reshape(x.shape)        # the gradient reaching u (or x)
+    if a is not None and not before:
+        dx = dv * a                                 # u = x * a
+        dgate = dv * x * da_dz
+    else:
+        dx = dv
+    dw = None if w is None else (dyn * vn.reshape(x.shape)).reshape(-1, d).sum(axis=0)
+    return dx, dgate, dw

@@ -28,7 +28,9 @@ HOW = {
              "before timing",
     "onnxruntime": "a one-node model (LayerNormalization opset 17, RMSNormalization opset 23, "
                    "com.microsoft SkipLayerNormalization / SkipSimplifiedLayerNormalization), "
-                   "io_binding into preallocated outputs, intra_op_num_threads = threads",
+                   "io_binding into preallocated outputs, intra_op_num_threads = threads "
+                   "(none for the gated RMSNorm: com.microsoft GatedRMSNorm puts the norm "
+                   "before the gate, the other form)",
 }
 # how a user installs each peer; torch: the CPU-only wheel first, as a plain
 # `pip install torch` on Linux brings the CUDA build (several GB) to a CPU-only library

@@ -16,9 +16,11 @@ the forward's row statistics (in the input dtype) and, for Pre-Norm, the stored 
 forward loop serves both norms with their Pre-Norm and Post-Norm forms, and one backward
 loop per norm its three forms: numba compiles each combination of None arguments
 separately and drops the branches that test them, so every op gets the loop a user would
-write for it alone.  There is no numba loop for the dropout ops: a
-numba user draws another random mask, so the result could not be checked against
-resnorm's.
+write for it alone.  The gated RMSNorm's loops (Mamba2's form: the gate before the norm,
+one group per row) evaluate exp once per element: the forward keeps u = x * silu(gate) in
+y between its two passes, the backward keeps sigmoid(gate) in dgate's row.  There is no
+numba loop for the dropout ops: a numba user draws another random mask, so the result
+could not be checked against resnorm's.
 """
 import types
 
@@ -64,6 +66,25 @@ def _norm(x, res, w, b, eps, y, h, mean, rstd):
                 y[i, j] = v * r * w[j]
             else:
                 y[i, j] = (v - m) * r * w[j] + b[j]
+
+
+def _gated_rms_norm(x, z, w, eps, y, rstd):
+    """The gated RMSNorm of Mamba2 (gate before the norm): u = x * silu(z), y = u * rstd(u)
+    * w.  u is stored in y by the first pass (one exp per element) and scaled there by the
+    second."""
+    n, d = x.shape
+    one = x.dtype.type(1)
+    inv_d = one / x.dtype.type(d)
+    for i in prange(n):
+        s = x.dtype.type(0)
+        for j in range(d):
+            u = x[i, j] * z[i, j] / (one + np.exp(-z[i, j]))
+            y[i, j] = u
+            s += u * u
+        r = one / np.sqrt(s * inv_d + eps)
+        rstd[i] = r
+        for j in range(d):
+            y[i, j] = y[i, j] * r * w[j]
 
 
 def _scaled_residual(x, f, alpha, h):
@@ -144,6 +165,36 @@ def _layer_norm_backward(dy, x, res, dh, w, mean, rstd, dx, dres, dw, db, part_w
     for j in range(d):
         dw[j] = part_w[:, j].sum()
         db[j] = part_b[:, j].sum()
+
+
+def _gated_rms_norm_backward(dy, x, z, w, rstd, dx, dz, dw, part):
+    """With s = sigmoid(z), a = z * s, u = x * a: du = r * (dy * w - u * r^2 mean(dy * w *
+    u)), dx = du * a, dz = du * x * (s + a * (1 - s)), dw = sum over rows of dy * u * r.
+    The first pass keeps s in dz's row (one exp per element), the second reads it back."""
+    n, d = x.shape
+    blocks = part.shape[0]
+    one = x.dtype.type(1)
+    inv_d = one / x.dtype.type(d)
+    for k in prange(blocks):
+        part[k, :] = 0
+        for i in range(k * n // blocks, (k + 1) * n // blocks):
+            r = rstd[i]
+            c = x.dtype.type(0)
+            for j in range(d):
+                s = one / (one + np.exp(-z[i, j]))
+                dz[i, j] = s
+                c += dy[i, j] * w[j] * x[i, j] * z[i, j] * s
+            c = c * r * r * inv_d
+            for j in range(d):
+                s = dz[i, j]
+                a = z[i, j] * s
+                u = x[i, j] * a
+                du = r * (dy[i, j] * w[j] - u * c)
+                dx[i, j] = du * a
+                dz[i, j] = du * x[i, j] * (s + a * (one - s))
+                part[k, j] += dy[i, j] * u * r
+    for j in range(d):
+        dw[j] = part[:, j].sum()
 
 
 def _scaled_residual_backward(dh, f, alpha, dx, df, dalpha, part):
@@ -243,6 +294,14 @@ def _norm_peer(x, res, w, b, eps, prenorm, stats):
     return _peer(_norm, (x, res, w, b, x.dtype.type(eps), y, h, mean, rstd), returns)
 
 
+def gated_rms_norm(x, z, w, eps, stats=False):
+    """gated_rms_norm (gate before the norm, one group per row); stats: the training form
+    (rstd too).  rstd is stored in both forms, as _norm_peer explains."""
+    y, rstd = np.empty_like(x), np.empty(x.shape[0], x.dtype)
+    return _peer(_gated_rms_norm, (x, z, w, x.dtype.type(eps), y, rstd),
+                 (y, rstd) if stats else (y,))
+
+
 def scaled_residual(x, f, alpha):
     h = np.empty_like(x)
     return _peer(_scaled_residual, (x, f, alpha, h), (h,))
@@ -270,6 +329,13 @@ def layer_norm_backward(dy, x, w, mean, rstd, res=None, dh=None, fused=False):
     returns = (dx, dres, dw, db) if fused else (dx, dw, db)
     return _peer(_layer_norm_backward, (dy, x, res, dh, w, mean, rstd, dx, dres, dw, db),
                  returns, [len(w)] * 2)
+
+
+def gated_rms_norm_backward(dy, x, z, w, rstd):
+    """(dx, dgate, dweight) of gated_rms_norm from the forward's rstd (in x's dtype)."""
+    dx, dz, dw = np.empty_like(x), np.empty_like(x), np.empty_like(w)
+    return _peer(_gated_rms_norm_backward, (dy, x, z, w, rstd, dx, dz, dw), (dx, dz, dw),
+                 [len(w)])
 
 
 def scaled_residual_backward(dh, f, alpha):

@@ -10,8 +10,11 @@ One session per thread count: intra_op_num_threads = threads, inter_op_num_threa
 and the session option session.intra_op.allow_spinning = 0, so that its idle worker
 threads do not hold a core during the other calls of the same timing round.  ONNX Runtime
 has no backward kernels (those are in its separate training package), so backward ops have
-no ONNX Runtime peer.  Where this onnxruntime has no kernel for an op or dtype, the session
-cannot be made and the table says so.
+no ONNX Runtime peer.  Nor do the gated RMSNorm ops: com.microsoft GatedRMSNorm
+(onnxruntime 1.32: float32 and 16-bit only) computes y = x * rstd(x) * w * silu(gate),
+the norm before the gate (Qwen3-Next), not the bench's gate before the norm (Mamba2:
+rstd of u = x * silu(gate)).  Where this onnxruntime has no kernel for an op or dtype,
+the session cannot be made and the table says so.
 """
 import numpy as np
 

@@ -9,6 +9,10 @@ torch.  Guide: docs/torch.md.
   LayerNormFunction: their torch.autograd.Functions.
 * RMSNorm, LayerNorm: drop-in subclasses of torch.nn.RMSNorm / torch.nn.LayerNorm;
   GemmaRMSNorm: Gemma's (1 + w) RMSNorm, which loads Gemma's weights.
+* gated_rms_norm (GatedRMSNormFunction) and the module GatedRMSNorm: the gated RMSNorm of
+  hybrid Mamba models (x * silu(gate) normalised, or the norm times silu(gate)), by
+  groups of a row; the module has forward(hidden_states, gate=None) and the state_dict of
+  Hugging Face's MambaRMSNormGated.
 * add_rms_norm, add_layer_norm (Pre-Norm, returning (y, h)), add_rms_norm_post,
   add_layer_norm_post (Post-Norm), dropout, and their Functions: the fused residual add
   (with dropout) + norm, and dropout; AddRMSNorm, AddLayerNorm, AddRMSNormPost,
@@ -17,8 +21,8 @@ torch.  Guide: docs/torch.md.
   modules ScaledResidual (fixed, learnable scalar, LayerScale), GatedResidual.
 * patch(model): switch a model's norm layers (torch's, and the Llama / Gemma / T5 style
   norms of Hugging Face models, recognised by what they compute, over one or several
-  axes) to resnorm, in place; returns a reversible Patch (undo(), or use it as a context
-  manager).
+  axes, and the gated RMSNorms of their hybrid Mamba models) to resnorm, in place;
+  returns a reversible Patch (undo(), or use it as a context manager).
 * The resnorm:: custom operators (resnorm.torch.ops) are registered on import: what
   torch.compile, torch.jit.trace and TorchScript record.
 """
@@ -36,7 +40,8 @@ from .elementwise import (  # noqa: E402
     scaled_residual,
 )
 from .functions import LayerNormFunction, RMSNormFunction, layer_norm, rms_norm  # noqa: E402
-from .modules import GemmaRMSNorm, LayerNorm, RMSNorm  # noqa: E402
+from .gated import GatedRMSNormFunction, gated_rms_norm  # noqa: E402
+from .modules import GatedRMSNorm, GemmaRMSNorm, LayerNorm, RMSNorm  # noqa: E402
 from .patch import Patch, patch  # noqa: E402
 from .residual import (  # noqa: E402
     AddLayerNormFunction,
@@ -69,6 +74,8 @@ __all__ = [
     "AddRMSNormPost",
     "AddRMSNormPostFunction",
     "DropoutFunction",
+    "GatedRMSNorm",
+    "GatedRMSNormFunction",
     "GatedResidual",
     "GatedResidualFunction",
     "GemmaRMSNorm",
@@ -85,6 +92,7 @@ __all__ = [
     "add_rms_norm_post",
     "dropout",
     "gated_residual",
+    "gated_rms_norm",
     "layer_norm",
     "patch",
     "rms_norm",

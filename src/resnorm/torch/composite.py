@@ -15,6 +15,10 @@ is symmetric, J g = rstd * (g - [mean(g)] - xhat * mean(g * xhat)) (the bracket 
 LayerNorm only), so the same expression gives dx = J (dy * w) in backward and the tangent
 J dx in forward mode.  The gain's derivative is that of the weight, so dweight = sum dy *
 xhat either way.
+
+The gated RMSNorm (gated_norm, gated_backward, gated_jvp) normalises groups of
+consecutive elements of a row, u = x * silu(gate) before the norm, or the norm's output
+times silu(gate) after it: the same J per group, with the chain rule through the gate.
 """
 import torch
 
@@ -78,6 +82,120 @@ def norm_jvp(x, weight, eps, layer, dx, dweight, dbias, axes=1, zero_centered=Fa
     if dbias is not None:
         t = t + dbias
     return t
+
+
+def grouped(t, group_size):
+    """t (..., D) seen as (..., D / group_size, group_size): the gated RMSNorm's groups."""
+    return t.reshape(tuple(t.shape[:-1]) + (t.shape[-1] // group_size, group_size))
+
+
+def silu_parts(gate):
+    """(silu(gate), silu'(gate)): silu(z) = z * s, silu'(z) = s * (1 + z * (1 - s)),
+    s = sigmoid(z)."""
+    s = torch.sigmoid(gate)
+    return gate * s, s * (1 + gate * (1 - s))
+
+
+def gated_norm(x, gate, weight, eps, group_size, norm_before_gate):
+    """The gated RMSNorm as a torch expression (each group of group_size consecutive
+    elements of a row normalised on its own):
+
+        gate before the norm:  u = x * silu(gate),  y = u * rstd(u) * w
+        norm before the gate:  y = x * rstd(x) * w * silu(gate)
+
+    gate None: y = x * rstd(x) * w; weight None: w = 1."""
+    silu = None if gate is None else silu_parts(gate)[0]
+    v = x * silu if silu is not None and not norm_before_gate else x
+    vn, _ = normalized(grouped(v, group_size), eps, False)
+    y = vn.reshape(x.shape)
+    if weight is not None:
+        y = y * weight
+    return y * silu if silu is not None and norm_before_gate else y
+
+
+def gated_backward(dy, x, gate, weight, eps, group_size, norm_before_gate, want):
+    """(dx, dgate, dweight) of the gated RMSNorm as differentiable torch expressions; None
+    where want[i] is False or the input is absent.
+
+    Gate before the norm:  un = u * rstd, g = dy * w:  du = J g (per group),
+        dx = du * silu(z),  dgate = du * x * silu'(z),  dweight = sum dy * un.
+    Norm before the gate:  xn = x * rstd, a = xn * w, da = dy * silu(z):
+        dgate = dy * a * silu'(z),  dx = J (da * w),  dweight = sum da * xn.
+    """
+    shape, gs = x.shape, group_size
+    silu, dsilu = (None, None) if gate is None else silu_parts(gate)
+    if not norm_before_gate:
+        v, g = (x if silu is None else x * silu), dy
+    else:
+        v, g = x, (dy if silu is None else dy * silu)   # g: the gradient entering the norm
+    vn, rstd = normalized(grouped(v, gs), eps, False)
+    vn = vn.reshape(shape)
+    dx = dgate = dw = None
+    gw = g if weight is None else g * weight
+    if want[0] or (want[1] and not norm_before_gate):
+        dv = jacobian_times(grouped(vn, gs), rstd, grouped(gw, gs), False).reshape(shape)
+        if norm_before_gate or silu is None:
+            dx = dv
+        else:
+            dx = dv * silu
+            if want[1]:
+                dgate = dv * x * dsilu
+    if want[1] and norm_before_gate and silu is not None:
+        dgate = dy * (vn if weight is None else vn * weight) * dsilu
+    if want[2] and weight is not None:
+        dw = channel_sum(g * vn)
+    return (dx if want[0] else None, dgate, dw)
+
+
+def gated_jvp(x, gate, weight, eps, group_size, norm_before_gate, dx, dgate, dweight):
+    """The tangent of the gated RMSNorm's y for tangents dx, dgate, dweight (each may be
+    None)."""
+    shape, gs = x.shape, group_size
+    silu, dsilu = (None, None) if gate is None else silu_parts(gate)
+    tgate = None if dgate is None or silu is None else dsilu * dgate
+    if not norm_before_gate:
+        v = x if silu is None else x * silu
+        dv = None if dx is None else (dx if silu is None else dx * silu)
+        if tgate is not None:
+            dv = x * tgate if dv is None else dv + x * tgate
+    else:
+        v, dv = x, dx
+    vn, rstd = normalized(grouped(v, gs), eps, False)
+    t = (vn * 0 if dv is None else jacobian_times(vn, rstd, grouped(dv, gs), False)
+         ).reshape(shape)
+    vn = vn.reshape(shape)
+    if weight is not None:
+        t = t * weight
+    if dweight is not None:
+        t = t + vn * dweight
+    if norm_before_gate and silu is not None:
+        t = t * silu
+        if tgate is not None:
+            t = t + (vn if weight is None else vn * weight) * tgate
+    return t
+
+
+def gated_gradients(ctx, dy, kernel_backward):
+    """What the gated RMSNorm's autograd backward returns: (dx, dgate, dweight, None for
+    the options): kernel_backward(ctx, dy) -> (dx, dgate, dweight), resnorm's backward
+    kernel, or, for a backward that builds a graph, gated_backward's expressions carrying
+    the kernel's values (as gradients does for the norms).  ctx holds x, gate and weight
+    as its first saved tensors, eps, group_size and norm_before_gate."""
+    x, gate, weight = ctx.saved_tensors[:3]
+    want = ctx.needs_input_grad
+    if dy is None:
+        return (None,) * len(want)
+    grads = None
+    try:
+        grads = kernel_backward(ctx, dy)
+    except NoStorage:   # a batched dy: vmap over autograd.grad, gradcheck's batches
+        pass
+    if grads is None or torch.is_grad_enabled():
+        expressions = gated_backward(dy, x, gate, weight, ctx.eps, ctx.group_size,
+                                     ctx.norm_before_gate, want)
+        grads = expressions if grads is None else kernel_valued(expressions, grads)
+    return tuple(g if w else None for g, w in zip(grads, want[:3])) + (None,) * (
+        len(want) - 3)
 
 
 def add_norm_backward(dy, dh, h, x, weight, has_bias, alpha, eps, layer, drop, axes=1,

@@ -1,5 +1,5 @@
-"""resnorm's NumPy functions applied to tensors: where resnorm.torch calls the norms and
-dropout (the fused add + norm functions: resnorm.torch.residual).
+"""resnorm's NumPy functions applied to tensors: where resnorm.torch calls the norms, the
+gated RMSNorm and dropout (the fused add + norm functions: resnorm.torch.residual).
 
 Each function takes checked CPU tensors (float32/float64, x of shape (..., D)), hands
 resnorm NumPy views of their storage and returns tensors that wrap the arrays resnorm
@@ -9,7 +9,7 @@ resnorm copies once.  resnorm checks every value (eps, shapes, dtypes) with its 
 The training forms return resnorm's cache, which the backward consumes: it holds NumPy
 views of x and the weight (the same memory as the tensors) and the float64 row statistics.
 The custom operators, which may pass only tensors between forward and backward, rebuild
-the cache from saved tensors (rms_norm_cache / layer_norm_cache).
+the cache from saved tensors (rms_norm_cache, layer_norm_cache, gated_rms_norm_cache).
 
 The norms' options, as resnorm takes them (``**options``): normalized_shape (None for the
 last axis) and zero_centered_weight.
@@ -109,6 +109,42 @@ def layer_norm_cache(x, weight, has_bias, mean, rstd, axes=1, zero_centered=Fals
     return resnorm.LayerNormCache(_rows(x, axes), _gain(weight, zero_centered), has_bias,
                                   view(mean), view(rstd), tuple(x.shape), axes,
                                   _param_dtype(mixed))
+
+
+def gated_rms_norm(x, gate, weight, eps, group_size, norm_before_gate):
+    """Inference: the gated RMSNorm (resnorm.gated_rms_norm); gate and weight tensors or
+    None, group_size an int (a divisor of D)."""
+    return tensor(resnorm.gated_rms_norm(view(x), view(gate), view(weight), eps,
+                                         group_size=group_size,
+                                         norm_before_gate=norm_before_gate,
+                                         n_threads=threads()))
+
+
+def gated_rms_norm_forward(x, gate, weight, eps, group_size, norm_before_gate):
+    """Training forward of the gated RMSNorm: (y, cache), cache a GatedRMSNormCache (views
+    of x, gate and the weight, the float64 rstd of each group of each row)."""
+    y, cache = resnorm.gated_rms_norm_forward(view(x), view(gate), view(weight), eps,
+                                              group_size=group_size,
+                                              norm_before_gate=norm_before_gate,
+                                              n_threads=threads())
+    return tensor(y), cache
+
+
+def gated_rms_norm_backward(dy, cache):
+    """(dx, dgate, dweight) from gated_rms_norm_forward's cache; None for an absent gate
+    or weight."""
+    dx, dgate, dw = resnorm.gated_rms_norm_backward(view(dy), cache, n_threads=threads())
+    return tensor(dx), tensor(dgate), tensor(dw)
+
+
+def gated_rms_norm_cache(x, gate, weight, rstd, group_size, norm_before_gate):
+    """The GatedRMSNormCache gated_rms_norm_forward made, from its tensors (x, gate,
+    weight, rstd): what the custom operator's backward hands the backward kernel."""
+    return resnorm.GatedRMSNormCache(
+        x=_rows(x, 1), gate=None if gate is None else _rows(gate, 1),
+        weight=view(weight), rstd=view(rstd), group_size=group_size,
+        norm_before_gate=norm_before_gate, shape=tuple(x.shape),
+        param_dtype=_param_dtype(mixed_params(x, weight, None)))
 
 
 def dropout(x, p, seed):

@@ -1,5 +1,6 @@
-"""Drop-in nn.Modules: torch.nn.RMSNorm / torch.nn.LayerNorm with resnorm's kernels, and
-GemmaRMSNorm.
+"""Drop-in nn.Modules: torch.nn.RMSNorm / torch.nn.LayerNorm with resnorm's kernels,
+GemmaRMSNorm, and GatedRMSNorm (the gated RMSNorm of hybrid Mamba models, with the
+constructor and state_dict of Hugging Face's MambaRMSNormGated).
 
 Each is a subclass of torch's own module that replaces forward (and, for a zero-centred
 weight, the initial value), so the constructor arguments, parameters, state_dict keys,
@@ -16,11 +17,13 @@ input and returns float64) and LayerNorm requires the parameters' dtype.
 GemmaRMSNorm applies 1 + weight, with the weight initialised at 0.  Under TorchScript
 forward calls resnorm's custom operators.
 """
+import operator
+
 import torch
 from torch import nn
 
 from . import _tensors as T
-from . import functions, kernels
+from . import functions, gated, kernels
 
 _ABSENT = object()
 _VIEWS = "_resnorm_param_views"
@@ -268,3 +271,94 @@ class LayerNorm(_ViewsNotPickled, _ZeroCentered, nn.LayerNorm):
                                                 self.zero_centered_weight)[0]
         return module_norm(self, x, True, self.eps, self.normalized_shape,
                            self.zero_centered_weight)
+
+
+class GatedRMSNorm(nn.Module):
+    """The gated RMSNorm of hybrid Mamba models computed by resnorm, by groups of
+    group_size consecutive elements of a row (resnorm.torch.gated_rms_norm):
+
+    * norm_before_gate=False: u = x * silu(gate), y = u * rstd(u) * w (Hugging Face's
+      MambaRMSNormGated: Mamba-2, Bamba, GraniteMoeHybrid, Zamba 2, Nemotron-H);
+    * norm_before_gate=True: y = x * rstd(x) * w * silu(gate) (Qwen3-Next's
+      Qwen3NextRMSNormGated; Falcon-H1's, whose norm_before_gate is its config's);
+
+    rstd(v) = 1/sqrt(mean(v^2) + eps) over each group.  forward(hidden_states, gate=None)
+    is Hugging Face's call; the weight (ones at first) is its state_dict's one key, so the
+    module loads their norm weights as they are.
+
+    Hugging Face's modules compute in float32 whatever the input's dtype; this one in the
+    input's (float32 or float64), and for float16 and bfloat16 in float32, rounded once.
+    As torch.nn.RMSNorm, it follows the input's dtype (a float32 module takes float64
+    input); float32 weight beside float16 or bfloat16 input is torch.autocast's mixed
+    case (resnorm.torch.gated_rms_norm).
+
+    Parameters
+    ----------
+    hidden_size : int
+        D, the size of the last axis (and of the weight).
+    eps : float or None
+        Added to each group's mean square; None: torch.finfo(x.dtype).eps.
+    group_size : int or None
+        A divisor of hidden_size (Mamba-2's hidden_size / n_groups); None: hidden_size,
+        one group per row.
+    norm_before_gate : bool
+        Apply the gate after the norm instead of before it.
+    device, dtype
+        Of the weight, as for torch.nn.RMSNorm.
+
+    Raises
+    ------
+    ValueError
+        group_size does not divide hidden_size.
+
+    Examples
+    --------
+    >>> import torch, resnorm.torch as rt
+    >>> norm = rt.GatedRMSNorm(4, eps=1e-12, group_size=2)
+    >>> norm
+    GatedRMSNorm(4, eps=1e-12, group_size=2, norm_before_gate=False)
+    >>> x = torch.tensor([[3.0, 4.0, 1.0, 1.0]])
+    >>> with torch.no_grad():
+    ...     norm(x, torch.full((1, 4), 50.0))
+    tensor([[0.8485, 1.1314, 1.0000, 1.0000]])
+    """
+
+    __constants__ = ["hidden_size", "eps", "group_size", "norm_before_gate"]
+
+    def __init__(self, hidden_size, eps=1e-6, group_size=None, norm_before_gate=False,
+                 device=None, dtype=None):
+        super().__init__()
+        self.hidden_size = operator.index(hidden_size)
+        if self.hidden_size <= 0:
+            raise ValueError(f"hidden_size must be a positive int, got {hidden_size!r}")
+        self.eps = eps
+        self.group_size = gated.checked_group_size(group_size, self.hidden_size)
+        self.norm_before_gate = bool(norm_before_gate)
+        self.weight = nn.Parameter(torch.empty(self.hidden_size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight back to ones."""
+        nn.init.ones_(self.weight)
+
+    def forward(self, hidden_states, gate=None):
+        """y for hidden_states (..., hidden_size) and gate (its shape and dtype, or None)."""
+        weight = self.weight
+        if torch.jit.is_scripting():
+            if weight.dtype != hidden_states.dtype and not (
+                    weight.dtype == torch.float32
+                    and (hidden_states.dtype == torch.float16
+                         or hidden_states.dtype == torch.bfloat16)):
+                weight = weight.to(hidden_states.dtype)
+            return torch.ops.resnorm.gated_rms_norm(hidden_states, gate, weight, self.eps,
+                                                    self.group_size,
+                                                    self.norm_before_gate)[0]
+        if isinstance(hidden_states, torch.Tensor) and follows_input(False, hidden_states,
+                                                                     weight):
+            weight = weight.to(hidden_states.dtype)
+        return gated.gated_norm(hidden_states, gate, weight, self.eps, self.group_size,
+                                self.norm_before_gate)
+
+    def extra_repr(self):
+        return (f"{self.hidden_size}, eps={self.eps}, group_size={self.group_size}, "
+                f"norm_before_gate={self.norm_before_gate}")

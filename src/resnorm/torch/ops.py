@@ -1,4 +1,5 @@
-"""resnorm's norms and dropout as torch custom operators (torch.library.custom_op).
+"""resnorm's norms (the gated RMSNorm too) and dropout as torch custom operators
+(torch.library.custom_op).
 
 What torch.compile, torch.jit.trace and TorchScript call: an operator is one opaque node in
 their graphs, so ``torch.compile(model, fullgraph=True)`` compiles a patched model without a
@@ -14,6 +15,10 @@ resnorm.torch.kernels directly (resnorm.torch.functions).
     resnorm::layer_norm(x, weight?, bias?, eps?, axes=1, zero_centered=False) -> (y, mean, rstd)
     resnorm::layer_norm_backward(dy, x, weight?, has_bias, mean, rstd, axes=1,
                                  zero_centered=False) -> [dx, dweight?, dbias?]
+    resnorm::gated_rms_norm(x, gate?, weight?, eps?, group_size, norm_before_gate=False)
+        -> (y, rstd)
+    resnorm::gated_rms_norm_backward(dy, x, gate?, weight?, rstd, group_size,
+                                     norm_before_gate=False) -> [dx, dgate?, dweight?]
     resnorm::dropout(x, p, seed) -> y      (its own backward: the same mask on dy)
     resnorm::seeded_dropout(x, p, seed) -> (y, seed)   (seed a 0-d int64 tensor, read
         when the operator runs, so that a graph takes a seed that changes between calls, a
@@ -21,6 +26,8 @@ resnorm.torch.kernels directly (resnorm.torch.functions).
 
 eps None: torch.finfo(dtype).eps (float32's for the 16-bit dtypes); axes: how many trailing
 axes of x a row spans (weight and bias have their shape); zero_centered: the gain is 1 + w.
+The gated RMSNorm's group_size is an int dividing x's last axis (its rstd: one value per
+group of each row).
 
 A backward asked to build a graph (create_graph=True) returns resnorm.torch.composite's
 differentiable expressions, carrying the values of the backward kernel.
@@ -168,6 +175,72 @@ def _layer_backward(ctx, dy, _dmean, _drstd):
 
 
 layer_norm.register_autograd(_layer_backward, setup_context=_layer_setup)
+
+
+# --------------------------------------------------------------------------- gated RMSNorm
+
+@torch.library.custom_op("resnorm::gated_rms_norm", mutates_args=(), device_types="cpu")
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor | None,
+                   eps: float | None, group_size: int,
+                   norm_before_gate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated RMSNorm's y and rstd (float64, one value per group of each row)."""
+    x = T.input_tensor(x)
+    if gate is not None:
+        T.partner(gate, "gate", x)
+    T.param_tensor(weight, "weight", x)
+    y, cache = kernels.gated_rms_norm_forward(x, gate, weight, T.eps_for(eps, x), group_size,
+                                              norm_before_gate)
+    return y, T.tensor(cache.rstd).reshape(-1)
+
+
+@gated_rms_norm.register_fake
+def _(x, gate, weight, eps, group_size, norm_before_gate=False):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty((T.row_count(x) * (x.shape[-1] // group_size),),
+                        dtype=torch.float64))
+
+
+@torch.library.custom_op("resnorm::gated_rms_norm_backward", mutates_args=(),
+                         device_types="cpu")
+def gated_rms_norm_backward(dy: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None,
+                            weight: torch.Tensor | None, rstd: torch.Tensor, group_size: int,
+                            norm_before_gate: bool = False) -> list[torch.Tensor]:
+    """[dx], then dgate (with a gate), then dweight (with a weight)."""
+    cache = kernels.gated_rms_norm_cache(x, gate, weight, rstd, group_size, norm_before_gate)
+    return [t for t in kernels.gated_rms_norm_backward(dy, cache) if t is not None]
+
+
+@gated_rms_norm_backward.register_fake
+def _(dy, x, gate, weight, rstd, group_size, norm_before_gate=False):
+    grads = [torch.empty_like(x, memory_format=torch.contiguous_format)]
+    if gate is not None:
+        grads.append(torch.empty_like(gate, memory_format=torch.contiguous_format))
+    if weight is not None:
+        grads.append(torch.empty_like(weight))
+    return grads
+
+
+def _gated_setup(ctx, inputs, output):
+    x, gate, weight, eps, group_size, norm_before_gate = inputs
+    ctx.eps = T.eps_for(eps, x)
+    ctx.group_size, ctx.norm_before_gate = group_size, norm_before_gate
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, gate, weight, output[1])
+
+
+def _gated_kernel_backward(ctx, dy):
+    x, gate, weight, rstd = ctx.saved_tensors
+    grads = iter(gated_rms_norm_backward(dy, x, gate, weight, rstd, ctx.group_size,
+                                         ctx.norm_before_gate))
+    return next(grads), (next(grads) if gate is not None else None), (
+        next(grads) if weight is not None else None)
+
+
+def _gated_backward(ctx, dy, _drstd):
+    return composite.gated_gradients(ctx, dy, _gated_kernel_backward)
+
+
+gated_rms_norm.register_autograd(_gated_backward, setup_context=_gated_setup)
 
 
 # --------------------------------------------------------------------------- dropout

@@ -8,11 +8,13 @@ parameters, buffers, hooks, state_dict keys and every reference to it stay as th
 so an optimizer built before the patch keeps training the same tensors.
 torch.nn.RMSNorm / LayerNorm become resnorm.torch.RMSNorm / LayerNorm; any other class C
 becomes a subclass of C made once per class (same name, isinstance(m, C) still true).
-undo() switches the classes back.  Modules that do not match, that resnorm cannot run
-(complex or integer parameters, CUDA, ...), or whose forward takes more than the input (a
-gated RMSNorm's gate), stay on torch and are listed in Patch.skipped with the reason,
-and a warning says so.  Norms over several trailing axes (normalized_shape (5, 64)) are
-swapped like the others; Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
+undo() switches the classes back.  Gated RMSNorms (forward(hidden_states, gate=None), the
+norms of hybrid Mamba models) are recognised the same way, with a gate, and become a
+subclass whose forward takes the gate too.  Modules that do not match, that resnorm cannot
+run (complex or integer parameters, CUDA, ...), or whose forward takes other arguments,
+stay on torch and are listed in Patch.skipped with the reason, and a warning says so.
+Norms over several trailing axes (normalized_shape (5, 64)) are swapped like the others;
+Gemma's (1 + w) RMSNorm runs with resnorm's zero-centred weight.
 float16/bfloat16 models are patched like the others.  Half-precision input to float32
 parameters (torch.autocast): torch.nn's norms run on resnorm (resnorm.torch's modules
 compute that case as torch does); any other patched class runs on resnorm the way the probe
@@ -25,9 +27,10 @@ import torch
 from torch import nn
 
 from . import _tensors as T
-from .modules import LayerNorm, RMSNorm, forget_views, module_norm, parameter
+from .gated import gated_norm
+from .modules import LayerNorm, RMSNorm, follows_input, forget_views, module_norm, parameter
 from .residual_modules import OWN_MODULES
-from .recognise import mixed_output, norm_like, recognise
+from .recognise import mixed_gated_output, mixed_output, norm_like, recognise
 
 _RESNORM_CLASS = {nn.RMSNorm: RMSNorm, nn.LayerNorm: LayerNorm}
 _TORCH_CLASS = {v: k for k, v in _RESNORM_CLASS.items()}
@@ -55,7 +58,28 @@ class _Patched:
         # pickles (and deep-copies) as a patched instance of the original class
         state = self.__dict__.copy()
         forget_views(state)
-        return _unpickle, (type(self)._resnorm_original,), state
+        return _unpickle, (type(self)._resnorm_original, isinstance(self, _PatchedGated)), \
+            state
+
+
+class _PatchedGated(_Patched):
+    """The forward of a patched gated RMSNorm: (input, gate), the gate also by the name
+    its class's forward gives it."""
+
+    def forward(self, hidden_states, gate=None, **named):
+        if torch.jit.is_scripting():
+            raise RuntimeError("resnorm.torch.patch: a patched module cannot run under "
+                               "TorchScript; undo() the patch before torch.jit.script, or "
+                               "use torch.compile or torch.jit.trace, which record "
+                               "resnorm's custom operators")
+        if named:
+            name = self.__dict__[_SPEC].gate
+            if gate is not None or set(named) != {name}:
+                raise TypeError(f"{type(self).__name__}.forward() takes the input and "
+                                f"{name}, got the arguments {sorted(named)}"
+                                + (" and a gate" if gate is not None else ""))
+            gate = named[name]
+        return _forward_gated(self, hidden_states, gate)
 
 
 def _forward(self, x):
@@ -85,14 +109,62 @@ def _forward(self, x):
                        spec.zero_centered)
 
 
-def _unpickle(original):
-    return object.__new__(_subclass(original))
+def _widens(dtype, to):
+    """Whether every value of dtype is exactly a value of `to` (a wider float type)."""
+    return dtype is not to and torch.finfo(dtype).bits < torch.finfo(to).bits and (
+        dtype is not torch.bfloat16 or to is not torch.float16)
 
 
-def _subclass(original):
-    """The patched subclass of a norm class (made once, named as the original)."""
+def _forward_gated(self, x, gate):
+    """A patched gated RMSNorm's forward: its recognised order and grouping on resnorm.
+    Calls resnorm does not compute as the class does run the class's own forward: one
+    without a gate where the probe found that the class does not compute the ungated norm
+    (or fails), a gate of another shape than the input, or wider than it (the class
+    computes with the gate's precision), float32 weight beside 16-bit input where no way
+    of MIXED matched.  A gate narrower than the input is widened (exactly), as the
+    classes widen it to float32 themselves."""
+    spec = self.__dict__[_SPEC]
+    original = type(self)._resnorm_original.forward
+    if gate is None and not spec.gate_optional:
+        return original(self, x)
+    if not isinstance(x, torch.Tensor) or not (gate is None or isinstance(gate, torch.Tensor)):
+        return original(self, x, gate)   # its own error, or what it makes of them
+    if gate is not None and gate.shape != x.shape:
+        return original(self, x, gate)   # a gate it broadcasts (or refuses) itself
+    if gate is not None and gate.dtype is not x.dtype:
+        if not (gate.is_floating_point() and x.is_floating_point()
+                and _widens(gate.dtype, x.dtype)):
+            return original(self, x, gate)
+        gate = gate.to(x.dtype)   # exact: each class widens the gate to float32 itself
+    weight = parameter(self, "weight")
+    gs = spec.group_size(self, x.shape[-1]) if x.dim() else None   # (a scalar: refused)
+    if T.mixed_params(x, weight, None):
+        how = dict(spec.mixed).get(x.dtype)
+        if how is None:
+            return original(self, x, gate)
+        return mixed_gated_output(spec.kind, how, x, gate, weight, spec.eps(self), gs)
+    if x.dtype not in spec.dtypes:
+        if weight is None:
+            return original(self, x, gate)
+        raise TypeError(
+            f"resnorm.torch.patch checked this {type(self).__name__} against resnorm for "
+            f"{' and '.join(map(str, spec.dtypes))} input, got {x.dtype}; call "
+            f"patch(model) again after changing the model's dtype, or undo() the patch")
+    if follows_input(False, x, weight):   # a 16-bit model's weight beside float32 input
+        weight = weight.to(x.dtype)
+    return gated_norm(x, gate, weight, spec.eps(self), gs, spec.norm_before_gate)
+
+
+def _unpickle(original, gated=False):
+    return object.__new__(_subclass(original, gated))
+
+
+def _subclass(original, gated=False):
+    """The patched subclass of a norm class (made once, named as the original); gated: a
+    gated RMSNorm's, whose forward takes the gate."""
     if original not in _SUBCLASSES:
-        _SUBCLASSES[original] = type(original.__name__, (_Patched, original),
+        _SUBCLASSES[original] = type(original.__name__,
+                                     (_PatchedGated if gated else _Patched, original),
                                      {"_resnorm_original": original,
                                       "__qualname__": original.__qualname__,
                                       "__doc__": f"{original.__qualname__}, computed by "
@@ -149,7 +221,7 @@ def _swap(module, spec):
         module.__class__ = _RESNORM_CLASS[cls]
     else:
         module.__dict__[_SPEC] = spec
-        module.__class__ = _subclass(cls)
+        module.__class__ = _subclass(cls, spec.gate is not None)
 
 
 def _warning(swapped, skipped):
@@ -176,7 +248,9 @@ def patch(model):
         "norm", and torch's norms) whose forward takes the input alone are run on a probe
         input (their class's forward, so that none of their hooks fires) and compared
         with resnorm's RMSNorm, (1 + w) RMSNorm and LayerNorm, over their normalised axes
-        (one or several); those that match are switched to resnorm.
+        (one or several); those whose forward takes the input and a gate, with resnorm's
+        gated RMSNorm (the gate before or after the norm, by groups); those that match
+        are switched to resnorm.
 
     Returns
     -------

@@ -3,8 +3,9 @@
 patch() hands every norm-like module of a model (a leaf module whose class name contains
 "norm", or any torch norm) to recognise(), which
 
-1. reads what resnorm would need: a forward that takes the input alone (not a gated
-   RMSNorm's forward(x, gate=None)), a weight and/or bias of one shape (the normalised
+1. reads what resnorm would need: a forward that takes the input alone, or the input and
+   a gate (a gated RMSNorm's forward(hidden_states, gate=None)), a weight and/or bias of
+   one shape (the normalised
    axes: (D,), or several, e.g. (5, 64); a module with neither and no normalized_shape
    normalises whatever last axis it is given), no buffers, an eps attribute (``eps``,
    ``variance_epsilon`` or ``epsilon``; a module without one, such as OLMo's LayerNorm,
@@ -18,6 +19,22 @@ patch() hands every norm-like module of a model (a leaf module whose class name 
    ``layer``     y = (x - mean) / sqrt(var + eps) * w + b   (nn.LayerNorm and subclasses)
    ``layer_1p``  y = (x - mean) / sqrt(var + eps) * (1 + w) + b   (Nemotron)
 
+   and a module whose forward takes a gate z, called with one, with the gated RMSNorm's
+   (rstd over each group of a row: of the size its group_size attribute gives, or D /
+   n_groups, or the whole row), after checking its parameters are a weight of shape (D,)
+   at most:
+
+   ``gate_norm``  u = x * silu(z), y = u / sqrt(mean(u^2) + eps) * w
+                  (Mamba-2, Bamba, GraniteMoeHybrid, Zamba 2, Nemotron-H; Falcon-H1's
+                  with norm_before_gate=False)
+   ``norm_gate``  y = x / sqrt(mean(x^2) + eps) * w * silu(z)
+                  (Qwen3-Next, Qwen3.5, OLMo-Hybrid; Falcon-H1's with
+                  norm_before_gate=True)
+
+   then once without a gate: where that call does not compute the ungated norm (or
+   fails, as Qwen3-Next's, whose gate is required), a patched module's call without a
+   gate runs its own forward.
+
 The probe rows include rows whose mean square is of the order of eps, so a module that
 adds eps elsewhere (or uses another eps) does not match.  A module matches a formula when
 its output is within 256 units in the last place of the dtype (relative to 1 + |y|) on
@@ -27,7 +44,8 @@ bfloat16 module is probed in its dtype within 4 units in the last place (a modul
 rounds an intermediate step, such as Llama's, passes) and in float32 within 256.  A module
 without parameters is probed in every dtype and runs on resnorm in those it matched,
 float32 among them (its own forward in the others: OLMo's computes float64 input in
-float32).  What does not match is not swapped, and the reason says why.
+float32).  What does not match is not swapped, and the reason says why (the gated norms
+with a sigmoid gate, such as Kimi-Linear's, are not resnorm's).
 """
 import inspect
 import warnings
@@ -37,7 +55,7 @@ import torch
 from torch import nn
 
 from . import _tensors as T
-from . import functions
+from . import functions, gated
 
 EPS_ATTRIBUTES = ("eps", "variance_epsilon", "epsilon")
 EPS_GUESSES = (1e-5, 1e-6)   # torch.nn.LayerNorm's default, and most RMSNorms'
@@ -62,10 +80,24 @@ class NormSpec:
     mixed: tuple = ()         # (half dtype, one of MIXED) for float32 parameters beside
                               # half-precision input (torch.autocast)
     eps_value: float = None   # the eps the probe found, for a module without an attribute
+    gate: str = None          # a gated RMSNorm's: the name of its forward's gate argument
+    group_attr: str = None    # where its group size is: 'group_size' (the size itself) or
+                              # 'n_groups' (D / it); None: one group per row
+    gate_optional: bool = True   # its forward without a gate is resnorm's (else its own
+                                 # forward takes such a call)
 
     @property
     def layer(self):
         return _flags(self.kind)[0]
+
+    @property
+    def norm_before_gate(self):
+        """A gated kind's order: the gate applied after the norm."""
+        return self.kind == "norm_gate"
+
+    def group_size(self, module, d):
+        """The module's group size for rows of d elements (read at each call, as eps)."""
+        return _group_size(module, self.group_attr, d)
 
     @property
     def zero_centered(self):
@@ -74,6 +106,15 @@ class NormSpec:
     def eps(self, module):
         """The module's eps (None: torch's default for the input's dtype)."""
         return _module_eps(module, self.eps_attr, self.eps_value)
+
+
+def _group_size(module, group_attr, d):
+    """The group size a gated module's attribute group_attr gives for rows of d elements
+    (None: d, one group)."""
+    if group_attr is None:
+        return d
+    value = getattr(module, group_attr)
+    return value if group_attr == "group_size" else d // value
 
 
 def _module_eps(module, eps_attr, eps_value):
@@ -191,9 +232,10 @@ def _mismatch(y, ref, dtype):
     return (diff if diff == diff else float("inf")), tol
 
 
-def _run(module, params, x):
+def _run(module, params, x, *others):
     """The module's output on x with params in place of its own, in training and in eval
-    mode (its parameters and mode are restored); no gradient is recorded.  Its class's
+    mode (its parameters and mode are restored); no gradient is recorded; others: the
+    forward's other arguments (a gated norm's gate).  Its class's
     forward is called, not the module: no hook (the module's, a global one, or a wrapper
     set on the instance) sees the probe.  Warnings the module gives on the probe's inputs
     (torch.nn.RMSNorm's dtype mismatch, for the probe's float64 x) are not the user's, and
@@ -206,7 +248,7 @@ def _run(module, params, x):
             module.training = training
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                outputs.append(forward(module, x))
+                outputs.append(forward(module, x, *others))
     finally:
         module._parameters.update(own)
         module.training = mode
@@ -230,12 +272,13 @@ def _other_arguments(module):
 def recognise(module):
     """(NormSpec, None) when resnorm computes what module computes, else (None, reason)."""
     others = _other_arguments(module)
-    if others:
-        # a patched forward takes the input alone: the model's call with the others
-        # (a gated RMSNorm's gate) would fail, and a probe without them does not show
-        # what the module computes with them
+    gate = others[0] if len(others) == 1 and not others[0].startswith("*") else None
+    if others and gate is None:
+        # a patched forward takes the input, and a gate: the model's call with the
+        # others would fail, and a probe without them does not show what the module
+        # computes with them
         return None, (f"its forward takes {', '.join(others)} besides the input; "
-                      f"resnorm's norms take the input alone")
+                      f"resnorm's norms take the input alone, or the input and a gate")
     params = dict(module.named_parameters(recurse=False))
     if any(name not in ("weight", "bias") for name in params):
         return None, (f"it has parameters {sorted(params)}; resnorm's norms have a weight "
@@ -254,6 +297,11 @@ def recognise(module):
     row, reason = _row(module, params)
     if reason is not None:
         return None, reason
+    if gate is not None and ("bias" in params or len(row) > 1):
+        listed = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+        return None, (f"its forward takes {gate} besides the input, and its parameters "
+                      f"({listed}) are not a weight over the last axis, as resnorm's gated "
+                      f"RMSNorm's is")
     eps_attr = _eps_attribute(module)
     dtypes = tuple({p.dtype for p in params.values()}) or tuple(
         d for d in T.NUMPY_DTYPES if T.dtype_problem(d) is None)
@@ -263,6 +311,8 @@ def recognise(module):
         # a half-precision module is also probed in float32, where the tolerance tells
         # formulas and eps apart (in 16 bits only gross differences show)
         dtypes += (torch.float32,)
+    if gate is not None:
+        return _probe_gated(module, params, row, eps_attr, dtypes, gate)
     return _probe(module, params, row, eps_attr, dtypes)
 
 
@@ -308,27 +358,142 @@ def _ratio(worst):
     return worst[0]
 
 
-def _probe_mixed(module, params, row, eps_attr, eps_value, kind, generator):
+def _probe_mixed(module, params, row, eps_attr, eps_value, kind, generator,
+                 group_size=None):
     """((half dtype, how), ...): for each half dtype resnorm takes, the first formula of
     MIXED that a float32 module matches on half-precision probe input (none: the module
-    keeps its own forward for that dtype)."""
+    keeps its own forward for that dtype).  group_size: a gated kind's (called with a
+    gate of the input's dtype)."""
     found = []
     for dtype in T.HALF_DTYPES:
         if T.dtype_problem(dtype) is not None:
             continue
         eps = _eps(module, eps_attr, eps_value, dtype)
         x = _probe_input(row, dtype, eps, generator)
+        gate = _probe_gate(x, generator) if kind in GATED_KINDS else None
         random = _random_params(params, row, torch.float32, generator)
         try:
-            outputs = _run(module, random, x)
+            outputs = _run(module, random, x, *(() if gate is None else (gate,)))
         except Exception:   # noqa: BLE001 - the module's own forward stays for this dtype
             continue
         for how in MIXED:
             with torch.no_grad():
-                ref = mixed_output(kind, how, x, random.get("weight"), random.get("bias"),
-                                   eps, row if len(row) > 1 else None)
+                if gate is not None:
+                    ref = mixed_gated_output(kind, how, x, gate, random.get("weight"), eps,
+                                             group_size)
+                else:
+                    ref = mixed_output(kind, how, x, random.get("weight"),
+                                       random.get("bias"), eps,
+                                       row if len(row) > 1 else None)
             last = torch.float32 if how == "widened" else dtype
             if all(diff <= tol for diff, tol in (_mismatch(y, ref, last) for y in outputs)):
                 found.append((dtype, how))
                 break
     return tuple(found)
+
+
+# --------------------------------------------------------------------------- gated RMSNorm
+
+GATED_KINDS = ("gate_norm", "norm_gate")
+GROUP_ATTRIBUTES = ("group_size", "n_groups")
+
+
+def mixed_gated_output(kind, how, x, gate, weight, eps, group_size):
+    """The gated norm (kind: 'gate_norm' or 'norm_gate') of half-precision x and gate with
+    a float32 weight as the formula `how` (one of MIXED) computes it: what a patched gated
+    module runs in that case, and the probe's reference."""
+    nbg = kind == "norm_gate"
+    if how == "round_once":
+        return gated.gated_norm(x, gate, weight, eps, group_size, nbg)
+    if how == "widened":
+        return gated.gated_norm(x.float(), None if gate is None else gate.float(), weight,
+                                eps, group_size, nbg)
+    # weight_after: the unweighted gated norm in x's dtype, then the float32 weight
+    y = gated.gated_norm(x, gate, None, eps, group_size, nbg).float()
+    return y if weight is None else y * weight
+
+
+def _probe_gate(x, generator):
+    """Gate logits for a probe input x: about N(0, 4), where silu is neither linear nor
+    zero."""
+    return (2 * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(x.dtype)
+
+
+def _group_attributes(module, d):
+    """The attributes that may give a gated module's group size for rows of d elements
+    (group_size: the size, n_groups: d / it), each only when it divides d, then None (one
+    group per row)."""
+    found = []
+    for name in GROUP_ATTRIBUTES:
+        value = module.__dict__.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= d \
+                and d % value == 0:
+            found.append(name)
+    return found + [None]
+
+
+def _gated_output(kind, x, gate, weight, eps, group_size):
+    with torch.no_grad():
+        return gated.gated_norm(x, gate, weight, eps, group_size, kind == "norm_gate")
+
+
+def _gate_optional(module, params, x, eps, kind, group_size):
+    """Whether the module's forward called without a gate computes resnorm's (ungated)
+    norm of x: then a patched module takes that call too; else its own forward does."""
+    try:
+        outputs = _run(module, params, x)
+    except Exception:   # noqa: BLE001 - without a gate its own forward answers
+        return False
+    ref = _gated_output(kind, x, None, params.get("weight"), eps, group_size)
+    return all(diff <= tol for diff, tol in (_mismatch(y, ref, x.dtype) for y in outputs))
+
+
+def _probe_gated(module, params, row, eps_attr, dtypes, gate):
+    """recognise's probe of a module whose forward takes (input, gate): the gated
+    RMSNorm's two orders, with each group size the module's attributes give (and one
+    group), called with a gate; then without one."""
+    generator = torch.Generator().manual_seed(20240611)   # never torch's global generator
+    closest = None
+    d = row[-1]
+    for kind in GATED_KINDS:
+        for group_attr in _group_attributes(module, d):
+            gs = _group_size(module, group_attr, d)
+            for eps_value in (None,) if eps_attr else EPS_GUESSES:
+                worst, probes = {}, {}
+                for dtype in dtypes:
+                    eps = _eps(module, eps_attr, eps_value, dtype)
+                    x = _probe_input(row, dtype, eps, generator)
+                    z = _probe_gate(x, generator)
+                    random = _random_params(params, row, dtype, generator)
+                    try:
+                        outputs = _run(module, random, x, z)
+                    except Exception as e:   # noqa: BLE001 - any failure: not recognised
+                        return None, (f"calling it with a {gate} on a probe input of shape "
+                                      f"{tuple(x.shape)} failed ({type(e).__name__}: {e})")
+                    ref = _gated_output(kind, x, z, random.get("weight"), eps, gs)
+                    probes[dtype] = (x, random, eps)
+                    worst[dtype] = max(((diff / tol, diff, tol, kind, dtype) for diff, tol in
+                                        (_mismatch(y, ref, dtype) for y in outputs)),
+                                       key=_ratio)
+                matched = tuple(dt for dt in dtypes if worst[dt][0] <= 1.0)
+                if matched == dtypes or (not params and torch.float32 in matched):
+                    x, random, eps = probes[matched[0]]
+                    optional = _gate_optional(module, random, x, eps, kind, gs)
+                    mixed = _probe_mixed(module, params, row, eps_attr, eps_value, kind,
+                                         generator, gs) if (
+                        dtypes == (torch.float32,) and params) else ()
+                    return NormSpec(kind, eps_attr, matched, None, mixed, eps_value, gate,
+                                    group_attr, optional), None
+                nearest = max(worst.values(), key=_ratio)
+                if closest is None or nearest[0] < closest[0]:
+                    closest = nearest
+    _, diff, tol, kind, dtype = closest
+    differs = (f"its output differs from resnorm's gated '{kind}' formula by {diff:.2g} "
+               f"(relative) on a {dtype} probe input, above the {tol:.2g} allowed")
+    if eps_attr is None:
+        return None, (f"its forward takes {gate} besides the input; it has no eps "
+                      f"attribute ({', '.join(EPS_ATTRIBUTES)}), and with eps "
+                      f"{' or '.join(map(str, EPS_GUESSES))} {differs}")
+    return None, (f"its forward takes {gate} besides the input, and {differs}: it "
+                  f"computes something else (another gate, formula, grouping, eps or "
+                  f"precision)")

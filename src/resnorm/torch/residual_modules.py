@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .elementwise import gated_residual, scaled_residual
-from .modules import GemmaRMSNorm, LayerNorm, RMSNorm
+from .modules import GatedRMSNorm, GemmaRMSNorm, LayerNorm, RMSNorm
 from .residual import fused
 
 _SEEDS = 2 ** 62   # dropout seeds are drawn in [0, _SEEDS)
@@ -268,5 +268,5 @@ class GatedResidual(nn.Module):
 
 
 # resnorm.torch's own modules: patch() leaves them as they are
-OWN_MODULES = (RMSNorm, GemmaRMSNorm, LayerNorm, AddRMSNorm, AddLayerNorm, AddRMSNormPost,
-               AddLayerNormPost, ScaledResidual, GatedResidual)
+OWN_MODULES = (RMSNorm, GemmaRMSNorm, LayerNorm, GatedRMSNorm, AddRMSNorm, AddLayerNorm,
+               AddRMSNormPost, AddLayerNormPost, ScaledResidual, GatedResidual)
