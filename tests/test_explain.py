@@ -619,7 +619,7 @@ def test_half_outputs_are_shown_as_their_rounding_and_agree(kind, kwargs, name):
         eps = eps if value.dtype.itemsize == 2 else 2.0 ** -23
         rule = ulps * eps * max(1.0, np.max(np.abs(
             e.step(f"{c.name}_exact").value if value.dtype.itemsize == 2 else value)))
-        if kind == "gated-rms" and c.name in ("dx", "dgate"):
+        if kind in ("rms", "layer", "gated-rms") and c.name in ("dx", "dgate"):
             # held at the size of the numbers the kernel forms them from, at least their own
             assert c.tolerance >= rule * (1 - 1e-12), c.name
         else:
@@ -733,6 +733,24 @@ def test_constant_and_zero_rows_agree(kind, x, dy, capsys):
     assert main(["explain", kind, "--x", rows]) == 0
     assert main(["explain", kind, "--x", rows, "--dy", dys]) == 0
     assert "verdict: AGREE" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind, x, dy", [("rms", [3.0, 0.0], [1.0, 0.5]),
+                                         ("layer", [3.0, 0.0], [1.0, 0.5]),
+                                         ("layer", [1e4, 1e4 + 1.0, 1e4 - 1.0], [1.0, 0, 0])])
+def test_float32_components_that_cancel_agree(kind, x, dy):
+    """A float32 dx component the norm makes nearly 0 (dx_0 of the row (3, 0) is
+    rstd * (1 - xn_0 * m), about 1e-7 of its terms) carries the rounding of its terms, not of
+    itself: the kernel is right, and the checks must say so."""
+    e = explain(kind, x, dy=dy, dtype="float32")
+    assert e.agree, [c for c in (*e.checks, *e.gradient_checks, *e.jacobians) if not c.agree]
+
+
+def test_a_wrong_float32_component_that_cancels_is_still_caught(monkeypatch):
+    _wrong_in_both(monkeypatch, "rms_norm_backward",
+                   lambda grads: (grads[0] + np.float32(1e-3), *grads[1:]))
+    e = explain("rms", [3.0, 0.0], dy=[1.0, 0.5], dtype="float32")
+    assert not {c.name: c for c in e.gradient_checks}["dx"].agree and not e.agree
 
 
 def test_a_wrong_backward_on_a_constant_row_is_still_caught(monkeypatch):

@@ -26,10 +26,10 @@ class Built:
     forward64: object = None          # values (name -> float64 array) -> outputs
     inputs64: dict = field(default_factory=dict)       # the differentiable inputs
     fd_spread: dict = field(default_factory=dict)      # input name -> its rows' spread
-    # "gated-rms": the finite-difference check also allows for its own truncation error and
-    # the output's smallest subnormal, and it, the check against the reference and the
-    # Jacobian's J^T dy allow for the kernel's rounding at the size of the numbers it forms
-    # each gradient from (gradient name -> that size, per component)
+    # "rms", "layer", "gated-rms": the finite-difference check also allows for its own
+    # truncation error and the output's smallest subnormal, and it, the check against the
+    # reference and the Jacobian's J^T dy allow for the kernel's rounding at the size of the
+    # numbers it forms each gradient from (gradient name -> that size, per component)
     fd_limits: bool = False
     fd_rounding_scale: dict = field(default_factory=dict)
     upstream: dict = field(default_factory=dict)       # output name -> its gradient
@@ -420,9 +420,24 @@ def rms(t, inp):
     built.fd_spread = {"x": _norm_spread({"rstd": rstd_ref})[:, None]}
     built.upstream = {"y": _f64(inp.dy)}
     built.jacobian = _jacobian("rms", "x", x64, w, None, eps, {"rstd": rstd_ref}, dx, inp.dy)
+    # dx = rstd * (g - xn * m): rounded at the size of those terms, though they may cancel
+    xn64 = x64 * rstd_ref[:, None]
+    g64 = np.abs(_f64(inp.dy) * (1.0 if w is None else _f64(w)))
+    _rounding_sizes(built, rstd_ref[:, None] * (
+        g64 + np.abs(xn64) * np.mean(g64 * np.abs(xn64), axis=1, keepdims=True)))
     built.invariants = _norm_invariants("rms", "x", "dx", _f64(dx), x64, {"rstd": rstd_ref},
                                         g, eps)
     return built
+
+
+def _rounding_sizes(built, dx_size):
+    """The finite-difference, reference and Jacobian checks of dx allow for the kernel's
+    rounding at dx_size, the size of the terms it forms dx from (a component the norm makes
+    nearly 0, as x_0 of the row (3, 0), is a difference of numbers of that size)."""
+    built.fd_limits = True
+    built.fd_rounding_scale = {"dx": dx_size}
+    if built.jacobian is not None:
+        built.jacobian["size"] = dx_size
 
 
 def layer(t, inp):
@@ -464,6 +479,12 @@ def layer(t, inp):
     built.fd_spread = {"x": _norm_spread(stats)[:, None]}
     built.upstream = {"y": _f64(inp.dy)}
     built.jacobian = _jacobian("layer", "x", x64, w, b, eps, stats, dx, inp.dy)
+    # dx = rstd * (g - mean_g - xhat * mean_gxhat), likewise
+    xhat64 = np.abs(x64 - mean_ref[:, None]) * rstd_ref[:, None]
+    g64 = np.abs(_f64(inp.dy) * (1.0 if w is None else _f64(w)))
+    _rounding_sizes(built, rstd_ref[:, None] * (
+        g64 + np.mean(g64, axis=1, keepdims=True)
+        + xhat64 * np.mean(g64 * xhat64, axis=1, keepdims=True)))
     built.invariants = _norm_invariants("layer", "x", "dx", _f64(dx), x64, stats, g, eps)
     return built
 

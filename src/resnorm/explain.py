@@ -205,15 +205,15 @@ class GradientCheck(Check):
         The smallest change the finite difference of each component can show: eps(float64)
         times the loss's terms, over the finest step.
     rounding : ndarray, optional
-        "gated-rms" only: the kernel's rounding beyond ``tolerance * scale``, per component:
-        its rounding at the size of the numbers it forms the component from (a component
-        that the norm makes nearly 0, as in a group with one nonzero element, is the
-        difference of numbers of the size rstd * |g|), and half the output dtype's smallest
-        subnormal (a 16-bit gradient below it rounds to 0).
+        "rms", "layer" and "gated-rms": the kernel's rounding beyond ``tolerance * scale``,
+        per component: its rounding at the size of the numbers it forms the component from
+        (a component that the norm makes nearly 0, as in a group with one nonzero element,
+        is the difference of numbers of the size rstd * |g|), and half the output dtype's
+        smallest subnormal (a 16-bit gradient below it rounds to 0).
     truncation : ndarray, optional
-        "gated-rms" only: the error of the finite difference itself, per component,
-        estimated as the difference of its last two Richardson levels (it matters where the
-        loss is nearly stationary, as at a gate z where silu'(z) = 0).
+        "rms", "layer" and "gated-rms": the error of the finite difference itself, per
+        component, estimated as the difference of its last two Richardson levels (it matters
+        where the loss is nearly stationary, as at a gate z where silu'(z) = 0).
 
     Examples
     --------
@@ -883,7 +883,7 @@ def _jacobians(built, dtype):
         # a 16-bit gradient through the norm is rounded at its own scale, which can pass J's
         rounded = np.concatenate([closed.ravel(), backward]) if _is_half(dtype) else closed
         if jac.get("size") is not None:
-            # "gated-rms": the kernel's gradient is formed from numbers of this size
+            # "rms", "layer", "gated-rms": the kernel's gradient is formed from numbers of this size
             rounded = np.append(np.ravel(rounded), np.ravel(jac["size"][r]))
         tol = FD_RELATIVE * float(np.max(np.abs(closed))) + _tolerance(rounded, dtype)
         diff_fd = float(np.max(np.abs(fd - closed)))
