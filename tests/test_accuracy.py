@@ -43,6 +43,20 @@ KNOWN_MISSES = {
     ("add_layer_norm_post", "y", "float32"): "log-uniform: p99.99 1253 > 1000 ulp(ref)",
     ("add_layer_norm_post", "dalpha", "float32"):
         "log-uniform: max 17 > 3 ulp normwise (and 1 more case)",
+    # the gated RMSNorm: x subnormal, u = x*silu(gate) underflows in float32 (its bound
+    # assumes no underflow: see resnorm.accuracy's _GATED_FLOAT32), and the norm scales
+    # the subnormals' absolute error up
+    ("gated_rms_norm", "y", "float32"): "subnormal: max 582 > 17 ulp(ref) (D=768)",
+    ("gated_rms_norm_grouped", "y", "float32"): "subnormal: max 582 > 17 ulp(ref) (D=768)",
+    ("gated_rms_norm", "dweight", "float32"):
+        "subnormal: max 10 > 3 ulp normwise (D=1, 256 rows: the underflowed u)",
+    ("gated_rms_norm_grouped", "dweight", "float32"):
+        "subnormal: max 10 > 3 ulp normwise (D=1, 256 rows: the underflowed u)",
+    # a column sum of 256 terms that cancels about 30-fold, each term carrying the float32
+    # silu's error (within 5.51 * 2**-24)
+    ("gated_rms_norm_norm_first", "dweight", "float32"):
+        "offset 1e4: max 8 > 3 ulp normwise (D=1, 256 rows; offset 1e2: 6 at D=1, "
+        "normal: 3.5 at D=3)",
 }
 
 # Where an installed peer is more accurate than resnorm today (float32).
@@ -50,6 +64,11 @@ KNOWN_PEER_WINS = {
     ("add_rms_norm", "torch"): "dalpha subnormal: max 1 vs 1.5 ulp normwise",
     ("add_rms_norm_post", "torch"): "dalpha offset 1e2: max 1.5 vs 2 ulp normwise; dx "
                                     "subnormal and zero: max 2 vs 3 ulp(S2)",
+    # a 1-ulp difference in y, whose error budget is mostly the gate's (the kernel's float32
+    # sigmoid is within 2.8 ulp, docs/residual.md); subnormal x underflows in both
+    ("gated_rms_norm", "torch"): "y subnormal: max 581 vs 582 ulp(ref) (both underflow)",
+    ("gated_rms_norm_grouped", "torch"): "y offset 1e2: max 4 vs 5 ulp(ref); y subnormal: "
+                                         "max 581 vs 582 ulp(ref) (both underflow)",
 }
 
 
@@ -128,11 +147,19 @@ def test_contract_bounds_at_every_simd_level(level, tmp_path):
     assert missed <= set(KNOWN_MISSES), (ran, sorted(missed - set(KNOWN_MISSES)))
 
 
+# The functions each peer computes (the gated RMSNorm: torch only).
+PEER_FUNCTIONS = {
+    peer: ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm", "add_rms_norm_post",
+           "add_layer_norm_post")
+    + (("gated_rms_norm", "gated_rms_norm_norm_first", "gated_rms_norm_grouped")
+       if peer == "torch" else ())
+    for peer in accuracy.PEERS}
+
+
 def _peer_cases():
     for peer in accuracy.PEERS:
         installed = peer in accuracy.peers_installed()
-        for name in ("rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm",
-                     "add_rms_norm_post", "add_layer_norm_post"):
+        for name in PEER_FUNCTIONS[peer]:
             marks = [pytest.mark.skipif(not installed, reason=f"{peer} is not installed")]
             if (name, peer) in KNOWN_PEER_WINS:
                 marks.append(pytest.mark.xfail(

@@ -19,9 +19,10 @@ INTRO = """\
 Every output of every function, forward and backward, on the cases of resnorm's accuracy
 contract, in units in the last place (ulp) **of the output's own dtype**, against the
 float64 formula (`resnorm.reference`) rounded to that dtype.  The same inputs go through the
-peers that were installed: torch eager (`torch.nn.functional.rms_norm` / `layer_norm`,
-autograd for backward), a numba `fastmath={{'reassoc', 'contract'}}` row loop and ONNX
-Runtime (forward y only for these two).
+peers that were installed: torch eager (`torch.nn.functional.rms_norm` / `layer_norm`;
+for the gated RMSNorm, the Hugging Face modules' formulas: `MambaRMSNormGated`, gate first,
+and `Qwen3NextRMSNormGated`, norm first; autograd for backward), a numba
+`fastmath={{'reassoc', 'contract'}}` row loop and ONNX Runtime (forward y only for these two).
 
 Made by `{command}` on {cpu}, SIMD level `{simd}` (`resnorm.simd_level()`), {cores} cores,
 resnorm {version}, NumPy {numpy}{peers}.
@@ -34,7 +35,8 @@ resnorm {version}, NumPy {numpy}{peers}.
   error in ulps of the result itself, the error is counted in ulps of the sum of the
   magnitudes of the terms: LayerNorm y, S2 = |xhat*w| + |b| + |w|; dx and dresidual,
   S2 = rstd*(|g| + mean|g| + |xhat|*mean|g*xhat|) with g = dy*w (RMSNorm: without the
-  mean|g| term; the Pre-Norm dresidual adds |dh|).
+  mean|g| term; the Pre-Norm dresidual adds |dh|; the gated RMSNorm's dx and dgate: the
+  same within each group, carried through the gate, `resnorm.accuracy.gated_rms_norm_s2`).
 * **normwise**: dweight, dbias and dalpha are sums over rows, counted in ulps of their
   largest magnitude.
 * **ulp of the float32 formula**: h = residual + alpha*dropout(x), dropout and the scaled

@@ -10,7 +10,8 @@ Scales, for an output o of dtype T with float64 reference r:
 
 * ``ulp(ref)``: the ulp in T of r rounded to T; errors are ``|o - T(r)| / ulp(T(r))``.
 * ``ulp(S2)``: the ulp in T of the sum S2 of the magnitudes of the terms an output is built
-  from, for outputs that cancel to near zero (LayerNorm y, dx, dresidual).
+  from, for outputs that cancel to near zero (LayerNorm y, dx, dresidual, the gated
+  RMSNorm's dx and dgate).
 * ``normwise``: the ulp in T of ``max |r|`` over the output (dweight, dbias, dalpha).
 * ``formula``: h = residual + alpha * dropout(x) (and the other one-product outputs: dropout,
   the scaled residual) against the same formula evaluated in float32 (float64 for float64)
@@ -34,9 +35,9 @@ from resnorm import reference as ref
 
 __all__ = ["BOUNDS", "CASES", "FULL_SIZES", "FUNCTIONS", "PEERS", "QUICK_SIZES", "SPECIALS",
            "Bound", "Measurement", "bias", "bound_failures", "case_rows", "dtypes",
-           "errors", "formula_h", "inputs", "layer_norm_dx_s2", "layer_norm_y_s2",
-           "measure", "normwise_ulp", "peer_wins", "peers_installed", "report",
-           "rms_norm_dx_s2", "row_count", "run", "special_rows", "specials_stay",
+           "errors", "formula_h", "gated_rms_norm_s2", "inputs", "layer_norm_dx_s2",
+           "layer_norm_y_s2", "measure", "normwise_ulp", "peer_wins", "peers_installed",
+           "report", "rms_norm_dx_s2", "row_count", "run", "special_rows", "specials_stay",
            "statistics", "ulp", "upstream", "weight"]
 
 CASES = ("normal", "offset 1e2", "offset 1e4", "student-t 2", "log-uniform",
@@ -47,7 +48,8 @@ FULL_SIZES = QUICK_SIZES + (65536,)
 PEERS = ("torch", "numba", "onnxruntime")
 P = 0.1                             # the fused forms' dropout probability
 SEED = 7                            # their dropout seed
-EPS = {"rms": 1e-6, "layer": 1e-5}  # the documented defaults
+EPS = {"rms": 1e-6, "layer": 1e-5}  # the documented defaults (the gated RMSNorm: "rms")
+GROUPS = 8                          # the grouped gated RMSNorm's groups per row, where D allows
 
 
 # --------------------------------------------------------------------------- dtypes
@@ -272,7 +274,8 @@ def inputs(case: str, shape: tuple[int, ...], dtype: np.dtype,
            seed: int = 0) -> dict[str, NDArray[Any]] | None:
     """Every array a measured function takes, for one case: x and residual (the case's
     rows, two seeds; residual is also the scaled and gated residuals' branch F), weight and
-    alpha (`weight`), bias, dy, dh and the gate logits g (`upstream`).
+    alpha (`weight`), bias, dy, dh and the gate logits g of the gated residual and the gated
+    RMSNorm (`upstream`).
 
     Parameters
     ----------
@@ -447,6 +450,68 @@ def rms_norm_dx_s2(rstd: ArrayLike, g: ArrayLike, xn: ArrayLike) -> NDArray[np.f
     g, xn = np.asarray(g, np.float64), np.asarray(xn, np.float64)
     terms = np.abs(g) + np.abs(xn) * np.mean(np.abs(g * xn), axis=-1, keepdims=True)
     return np.asarray(rstd, np.float64)[..., None] * terms
+
+
+def gated_rms_norm_s2(x: ArrayLike, gate: ArrayLike, weight: ArrayLike | None, dy: ArrayLike,
+                      rstd: ArrayLike, group_size: int | None = None,
+                      norm_before_gate: bool = False
+                      ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """S2 of the gated RMSNorm's dx and dgate: the magnitudes of the terms its backward adds.
+
+    With ``a = silu(z) = z*s``, ``s = sigmoid(z)``, and ``silu_grad(z) = s + z*s*(1 - s)``,
+    whose two terms cancel near z = -1.28 (so its magnitude is counted as
+    ``sp = s + |z|*s*(1 - s)``), per group of `group_size` elements (`rms_norm_dx_s2`
+    within each group, with the group's rstd and means over the group):
+
+    * gate before the norm: the norm's input gradient ``du = rstd*(g - un*mean(g*un))``,
+      ``g = dy*w``, ``un = x*a*rstd``, has ``S2(du) = rstd*(|g| + |un|*mean|g*un|)``;
+      ``dx = du*a``: ``S2 = |a|*S2(du)``; ``dgate = du*x*silu_grad(z)``:
+      ``S2 = |x|*sp*S2(du)``;
+    * norm before the gate: ``dx = rstd*(g - xn*mean(g*xn))`` with ``g = dy*a*w``,
+      ``xn = x*rstd``: ``S2 = rstd*(|g| + |xn|*mean|g*xn|)``; ``dgate = dy*xn*w*silu_grad(z)``:
+      ``S2 = |dy*xn*w|*sp``.
+
+    Parameters
+    ----------
+    x, gate, dy : array_like, shape (..., D)
+        The input, the gate logits z and the gradient arriving at y.
+    weight : array_like, shape (D,), or None
+        The gain w (None: 1).
+    rstd : array_like, shape (..., G)
+        Each group's 1/sqrt(mean(v**2) + eps), v = x*a (gate first) or x (norm first).
+    group_size : int, optional
+        The elements of a group (default D: one group per row).
+    norm_before_gate : bool, default False
+        The order of the gate and the norm.
+
+    Returns
+    -------
+    dx_s2, dgate_s2 : ndarray of float64, shape (..., D)
+
+    Examples
+    --------
+    >>> from resnorm import accuracy
+    >>> x, z, dy = [[1.0, -2.0]], [[0.0, 0.0]], [[1.0, 1.0]]
+    >>> accuracy.gated_rms_norm_s2(x, z, None, dy, [[0.5]])   # silu(0) = 0, silu_grad(0) = 1/2
+    (array([[0., 0.]]), array([[0.25, 0.5 ]]))
+    """
+    x, z, dy = (np.asarray(v, np.float64) for v in (x, gate, dy))
+    w = 1.0 if weight is None else np.asarray(weight, np.float64)
+    rstd = np.asarray(rstd, np.float64)
+    d = x.shape[-1]
+    gs = d if group_size is None else int(group_size)
+
+    def grouped(v):
+        return v.reshape(v.shape[:-1] + (d // gs, gs))
+
+    s = ref.sigmoid(z)
+    a, sp = z * s, s + np.abs(z) * ref.sigmoid_grad(z)
+    vn = grouped(x if norm_before_gate else x * a) * rstd[..., None]   # xn, or un
+    g = dy * a * w if norm_before_gate else dy * w
+    s2 = rms_norm_dx_s2(rstd, grouped(g), vn).reshape(x.shape)   # of dx, or of du
+    if norm_before_gate:
+        return s2, np.abs(dy * vn.reshape(x.shape) * w) * sp
+    return np.abs(a) * s2, np.abs(x) * sp * s2
 
 
 def normwise_ulp(reference: ArrayLike, dtype: np.dtype) -> NDArray[np.float64]:
@@ -677,10 +742,60 @@ BOUNDS = {
     **{("h", c): (Bound("formula", "max", 0),) for c in ("float32", "16-bit", "float64")},
     **{("gated", c): () for c in ("float32", "16-bit", "float64")},
 }
+
+# The gated RMSNorm (docs/gated_rms_norm.md).  Its dweight is a column sum like the other
+# norms' ("param").  Its y, dx and dgate carry the float32 sigmoid (vmath.h), which the
+# contract's rows do not cover: their float32 bounds are first-order worst cases of the
+# kernel's float32 arithmetic (gated_norm_kernels.pxd), in units of u = 2**-24, an error of
+# k*u*S being at most k ulp(S) (ulp(S) > u*S), plus 0.5 ulp for the reference's own
+# rounding to float32 (|ref| <= S), rounded up:
+#
+#   exp(-|z|) within 9e-8 = 1.51u (vmath.h); s = 1/(1+e) (z >= 0) or e/(1+e) (z < 0): 2.76u
+#   or 4.51u; s(1-s) = e*q*q, q = 1/(1+e): 7.51u; a = silu(z) = z*s: 5.51u; silu_grad =
+#   s + z*(s(1-s)): 9.51u of its terms' magnitudes s + |z|*s(1-s) (gated_rms_norm_s2's sp);
+#   the gated rows u = x*a: 6.51u (= E).
+#   RMSNorm's own arithmetic on float32 rows v and gradient g_in (r = float(rstd), rstd in
+#   double from double sums): y = (v*r)*w: 3u; m = float(sum((g_in*w)*(v*r)) / gs), terms
+#   in float32 (4u) summed in float32 blocks of 8 (7u) into double, rounded (u): 12u of
+#   mean|g*vn|; dv = r*(g_in*w - (v*r)*m): 4u of rstd*|g| + 17u of rstd*|vn|*mean|g*vn|,
+#   at most 17u of S2.
+#   Gate first, the norm of u instead of the exact x*a (u_j's relative error e_j <= E): y
+#   moves by |e_i - mean_w(e)| <= 2E (weights u_j**2/sum u**2); du by <= E*rstd*|g| +
+#   5E*rstd*|un|*mean|g*un| (rstd: E, un: 2E, mean(g*un): 2E).
+#
+#   gated y          (gate first)  3u + 2E                               = 16.02u -> 17 ulp(ref)
+#   gated dx         (gate first)  du 17u + 5E = 49.55u; *a: 5.51u + u   = 56.06u -> 57 ulp(S2)
+#   gated dgate      (gate first)  du 49.55u; *x: u; *silu_grad: 9.51u + u = 61.06u -> 62 ulp(S2)
+#   gated y, norm first            (x*r)*w: 3u; *a: 5.51u + u           =  9.51u -> 11 ulp(ref)
+#   gated dx, norm first           g_in = dy*a: 6.51u (linear in dx);  17u + 6.51u = 23.51u
+#                                                                                -> 25 ulp(S2)
+#   gated dgate, norm first        dy*((x*r)*w): 4u; *silu_grad: 9.51u + u = 14.51u -> 16 ulp(S2)
+#
+# Not covered: products that underflow into the subnormals (x subnormal: u = x*a keeps
+# only the subnormals' absolute precision, which the norm scales up) or overflow.
+# 16-bit rows are these float32 numbers rounded once: an error of at most 61.06u of the
+# scale is far below a 16-bit ulp (2**-11 of it at least), so the 16-bit output is the
+# rounded reference or its neighbour, <= 1 ulp (the contract's 16-bit bound); for y it is
+# not the rounded reference only where the reference lies within that error of a 16-bit
+# rounding boundary, a share of at most 16.02u * 2**11 = 0.196% (float16, every error at its
+# worst, the reference spread evenly between the boundaries): >= 99.8% equal, RMSNorm y's
+# 16-bit bound.  float64 rows keep float64 arithmetic (libm exp): today's bounds.
+_GATED_FLOAT32 = {"gated y": ("ref", 17), "gated dx": ("S2", 57), "gated dgate": ("S2", 62),
+                  "gated y, norm first": ("ref", 11), "gated dx, norm first": ("S2", 25),
+                  "gated dgate, norm first": ("S2", 16)}
+for _kind, (_scale, _limit) in _GATED_FLOAT32.items():
+    BOUNDS[_kind, "float32"] = (Bound(_scale, "max", _limit),)
+    BOUNDS[_kind, "16-bit"] = BOUNDS["rms y" if _scale == "ref" else "grad", "16-bit"]
+    BOUNDS[_kind, "float64"] = (Bound(_scale, "max", AS_TODAY),)
+del _kind, _scale, _limit
+
 # The scale a peer is compared in besides p99.99 ulp(ref): the contract's max ulp(S2)
 # (for RMSNorm y, which does not cancel: ulp(ref); for h: the float32 formula).
 PRIMARY = {"rms y": "ref", "layer y": "S2", "h": "formula", "grad": "S2",
-           "param": "normwise", "gated": "ref"}
+           "param": "normwise", "gated": "ref",
+           **{kind: scale for kind, (scale, _) in _GATED_FLOAT32.items()}}
+# The kinds of y, which do not cancel: a peer is compared in p99.99 ulp(ref) too.
+_Y_KINDS = ("rms y", "layer y", "gated y", "gated y, norm first")
 
 
 @dataclasses.dataclass
@@ -694,8 +809,9 @@ class Measurement:
     function, output : str
         The function (a key of `FUNCTIONS`) and its output (y, h, dx, dweight, ...).
     kind : str
-        Which row of the contract bounds it: "rms y", "layer y", "h", "grad", "param", or
-        "gated" (no bound).
+        Which row of the contract bounds it: "rms y", "layer y", "h", "grad", "param", the
+        gated RMSNorm's "gated y", "gated dx", "gated dgate" (and the same ", norm first"),
+        or "gated" (the gated residual: no bound).
     dtype, case : str
     resnorm : dict
         {scale: {statistic: value}} of resnorm's output.
@@ -779,7 +895,7 @@ def peer_wins(m: Measurement, peer: str) -> bool:
     theirs, ours, primary = m.peers[peer], m.resnorm, PRIMARY[m.kind]
     if theirs[primary]["max"] < ours[primary]["max"]:
         return True
-    return m.kind in ("rms y", "layer y") and theirs["ref"]["p99.99"] < ours["ref"]["p99.99"]
+    return m.kind in _Y_KINDS and theirs["ref"]["p99.99"] < ours["ref"]["p99.99"]
 
 
 # --------------------------------------------------------------------------- the functions
@@ -910,6 +1026,50 @@ _ELEMENTWISE_KINDS = {
     "gated_residual": {"h": "gated", "dx": "h", "dF": "gated", "dg": "gated"},
 }
 
+# The gated RMSNorm's measured forms: name -> (norm_before_gate, groups per row: None for
+# one).  The gate is the inputs' g, N(0, 1) logits.
+_GATED = {
+    "gated_rms_norm": (False, None),              # Mamba2, Bamba, Zamba2, ... (the default)
+    "gated_rms_norm_norm_first": (True, None),    # Qwen3-Next
+    "gated_rms_norm_grouped": (False, GROUPS),    # Mamba2 with n_groups
+}
+
+
+def _gated_group_size(groups: int | None, d: int) -> int | None:
+    """The group_size of a gated form at row length d: None (one group), or d / gcd(d,
+    groups): `GROUPS` groups where d allows, fewer (one for odd d) where it does not."""
+    return None if groups is None else d // math.gcd(d, groups)
+
+
+def _gated_kinds(before: bool) -> dict[str, str]:
+    suffix = ", norm first" if before else ""
+    return {"y": "gated y" + suffix, "dx": "gated dx" + suffix,
+            "dgate": "gated dgate" + suffix, "dweight": "param"}
+
+
+def _gated_resnorm(name: str, a: dict[str, NDArray[Any]],
+                   n_threads: int | None) -> dict[str, NDArray[Any]]:
+    """resnorm's training forward and backward of a gated RMSNorm form."""
+    before, groups = _GATED[name]
+    gs = _gated_group_size(groups, a["x"].shape[-1])
+    y, cache = resnorm.gated_rms_norm_forward(a["x"], a["g"], a["weight"], EPS["rms"],
+                                              group_size=gs, norm_before_gate=before,
+                                              n_threads=n_threads)
+    grads = resnorm.gated_rms_norm_backward(a["dy"], cache, n_threads=n_threads)
+    return dict(zip(["y", "dx", "dgate", "dweight"], [y, *grads]))
+
+
+def _gated_reference(name, a):
+    """(float64 reference, S2 (`gated_rms_norm_s2`), no formula) of a gated RMSNorm form."""
+    before, groups = _GATED[name]
+    x, z, w, dy = a["x"], a["g"], a["weight"], a["dy"]
+    gs = _gated_group_size(groups, x.shape[-1])
+    y, cache = ref.gated_rms_norm_forward(x, z, w, EPS["rms"], gs, before)
+    grads = ref.gated_rms_norm_backward(dy, cache)
+    s2 = gated_rms_norm_s2(x, z, w, dy, cache["rstd"], gs, before)
+    return (dict(zip(["y", "dx", "dgate", "dweight"], [y, *grads])),
+            dict(zip(["dx", "dgate"], s2)), {})
+
 
 @dataclasses.dataclass(frozen=True)
 class _Function:
@@ -935,6 +1095,10 @@ def _functions() -> dict[str, _Function]:
         found[name] = _Function(name, kinds,
                                 lambda a, nt, n=name: _elementwise_resnorm(n, a, nt),
                                 lambda a, n=name: _elementwise_reference(n, a))
+    for name, (before, _) in _GATED.items():
+        found[name] = _Function(name, _gated_kinds(before),
+                                lambda a, nt, n=name: _gated_resnorm(n, a, nt),
+                                lambda a, n=name: _gated_reference(n, a))
     return found
 
 
@@ -1052,9 +1216,48 @@ _PEER_DTYPES = {"torch": ("float32", "float64", "float16", "bfloat16"),
                 "numba": ("float32", "float64"), "onnxruntime": ("float32", "float64")}
 
 
+def _torch_gated_outputs(name: str, a: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:
+    """torch eager's outputs of a gated RMSNorm form: Hugging Face's modules as written,
+    autograd for the backward.  Gate first, MambaRMSNormGated (Mamba2's, with its groups):
+    ``h = x.float() * silu(gate.float())``, per group ``h * rsqrt(h.pow(2).mean + eps)``,
+    ``weight * h.to(dtype)``; norm first, Qwen3NextRMSNormGated: the norm of x.float(),
+    ``weight * h.to(dtype)``, times silu(gate.float()), ``.to(dtype)``.  float64 inputs stay
+    float64 (as the bench's peer: HF's .float() would round them to float32)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .bench._peers_torch import TorchSpec, _tensor, eager
+
+    before, groups = _GATED[name]
+    x, d = a["x"], a["x"].shape[-1]
+    gs = _gated_group_size(groups, d) or d
+    acc = torch.float64 if x.dtype == np.float64 else torch.float32
+
+    def gated(tx, tg, tw):
+        h = tx.to(acc)
+        if not before:
+            h = h * F.silu(tg.to(acc))
+        hg = h.view(*h.shape[:-1], d // gs, gs)
+        hg = hg * torch.rsqrt(hg.pow(2).mean(-1, keepdim=True) + EPS["rms"])
+        y = tw * hg.view(h.shape).to(tx.dtype)
+        return (y * F.silu(tg.to(acc))).to(tx.dtype) if before else y
+
+    spec = TorchSpec(gated, [x, a["g"], a["weight"]], [a["dy"]])
+    y = gated(*[_tensor(torch, v) for v in spec.inputs])
+    grads = eager(spec)(1, 1)()    # dx, dgate, dweight
+    return dict(zip(["y", "dx", "dgate", "dweight"],
+                    [_numpy(t, x.dtype) for t in [y, *grads]]))
+
+
 def _peer_outputs(peer: str, function: str, a: dict[str, NDArray[Any]]
                   ) -> dict[str, NDArray[Any]] | None:
-    """A peer's outputs of a norm function, None where it has no such computation."""
+    """A peer's outputs of a norm function, None where it has no such computation (the
+    gated RMSNorm: torch only; the bench's numba loops have the gate-first form alone, and
+    it has no ONNX Runtime peer for it)."""
+    if function in _GATED:
+        if peer != "torch" or a["x"].dtype.name not in _PEER_DTYPES[peer]:
+            return None
+        return _torch_gated_outputs(function, a)
     form = next((f for n in ("rms", "layer") for f in ("plain", "pre", "post")
                  if _norm_name(n, f) == function), None)
     if form is None or a["x"].dtype.name not in _PEER_DTYPES[peer]:
@@ -1071,7 +1274,7 @@ def _peer_outputs(peer: str, function: str, a: dict[str, NDArray[Any]]
 def _output_errors(kind, got, want, s2, formula, dtype):
     """{scale: errors} of one output in every scale its kind has."""
     errs = {"ref": errors(got, want, ulp(want.astype(dtype), dtype), dtype)}
-    if kind in ("layer y", "grad"):
+    if PRIMARY[kind] == "S2":
         errs["S2"] = errors(got, want, ulp(s2.astype(dtype), dtype), dtype)
     elif kind == "param":
         errs["normwise"] = errors(got, want, normwise_ulp(want, dtype), dtype)
@@ -1166,7 +1369,7 @@ def _stats(runs: list[dict[str, NDArray[np.float64]]]) -> dict[str, dict[str, fl
 def specials_stay(function: str, dtype: np.dtype, value: float, d: int = 17,
                   n_threads: int | None = None) -> bool:
     """Whether one NaN or inf in x stays in its row: every other row of every per-row
-    output (y, h, dx, dresidual, dF, dg) is bitwise what it is without it.
+    output (y, h, dx, dresidual, dF, dg, dgate) is bitwise what it is without it.
 
     Parameters
     ----------
@@ -1330,7 +1533,7 @@ def report(results: dict[str, Any]) -> str:
             for p in peers:
                 cells.append(_cell(m.peers[p], PRIMARY[m.kind])
                              + (" *" if peer_wins(m, p) else "") if p in m.peers else "")
-            if _column(m.dtype) == "16-bit" and m.kind == "rms y":
+            if any(b.stat == "equal" for b in BOUNDS[m.kind, _column(m.dtype)]):
                 cells[1] += f", {100 * m.resnorm['ref']['equal']:.2f}% equal"
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
