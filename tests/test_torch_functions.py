@@ -1,4 +1,5 @@
 """resnorm.torch autograd Functions: gradients, agreement with torch, no copies, errors."""
+import copy
 import itertools
 import subprocess
 import sys
@@ -10,6 +11,7 @@ torch = pytest.importorskip("torch")
 
 import resnorm  # noqa: E402
 import resnorm.torch as rt  # noqa: E402
+from resnorm.torch import _tensors as T  # noqa: E402
 
 F = torch.nn.functional
 
@@ -551,9 +553,15 @@ class _Net(torch.nn.Module):
         return self.ln(torch.relu(self.rms(self.fc(x)))) * 2
 
 
-def test_torch_compile_fullgraph_without_graph_breaks():
+@pytest.mark.parametrize("rows", [3, 700], ids=["small", "operator"])
+def test_torch_compile_fullgraph_without_graph_breaks(rows):
+    """Compiled, the net trains as eager does.  Beyond COMPILED_EXPRESSION_MAX elements
+    (700 x 5 x 8) the graph calls resnorm's operators: eager's values.  Small calls (3 x 5 x
+    8) are compiled as float64 expressions: their values and gradients are as close to the
+    float64 net's as eager's, within the rounding of the float32 layers around them."""
     torch.manual_seed(0)
-    net, x = _Net(), torch.randn(3, 5, 8, requires_grad=True)
+    net, x = _Net(), torch.randn(rows, 5, 8, requires_grad=True)
+    assert (x.numel() > T.COMPILED_EXPRESSION_MAX) == (rows == 700)
     explanation = torch._dynamo.explain(net)(x)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
     y = net(x)
@@ -561,9 +569,42 @@ def test_torch_compile_fullgraph_without_graph_breaks():
     compiled = torch.compile(net, fullgraph=True, backend="aot_eager")
     cy = compiled(x)
     cgrads = torch.autograd.grad(cy.square().sum(), [x, *net.parameters()])
-    torch.testing.assert_close(cy, y)
-    for g, r in zip(cgrads, grads):
-        torch.testing.assert_close(g, r)
+    if rows == 700:
+        torch.testing.assert_close(cy, y)
+        for g, r in zip(cgrads, grads):
+            torch.testing.assert_close(g, r)
+    else:
+        net64, x64 = copy.deepcopy(net).double(), x.detach().double().requires_grad_()
+        y64 = net64(x64)
+        grads64 = torch.autograd.grad(y64.square().sum(), [x64, *net64.parameters()])
+        for got, want, exact in ((cy, y, y64), *zip(cgrads, grads, grads64)):
+            err = (got.double() - exact).abs().max()
+            assert err <= max(4 * (want.double() - exact).abs().max(), 1e-6 * exact.abs().max())
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["rms", "layer"])
+def test_compile_records_small_norms_as_float64_expressions(layer):
+    """Inside torch.compile a norm of at most COMPILED_EXPRESSION_MAX elements is recorded as
+    torch operations in float64, rounded once (no resnorm operator in the graph: inductor
+    fuses it); a larger one as resnorm's operator."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    f = (lambda x: rt.layer_norm(x, w, b, 1e-5)) if layer else (lambda x: rt.rms_norm(x, w))
+    for rows, operator in ((4, False), (T.COMPILED_EXPRESSION_MAX // 64 + 1, True)):
+        x = torch.randn(rows, 64, generator=g) * 3 + 1
+        graph = str(torch._dynamo.explain(f)(x).graphs[0].graph)
+        assert ("resnorm" in graph) == operator, graph
+        y = torch.compile(f, fullgraph=True)(x)
+        if operator:
+            assert torch.equal(y, f(x))
+            continue
+        x64 = x.double()
+        xc = x64 - x64.mean(-1, keepdim=True) if layer else x64
+        exact = xc * (xc.square().mean(-1, keepdim=True) + (1e-5 if layer else 1e-6)).rsqrt()
+        exact = exact * w.double() + (b.double() if layer else 0.0)
+        ulp = (torch.nextafter(y.abs(), torch.tensor(float("inf"))) - y.abs()).double()
+        assert ((y.double() - exact).abs() <= 0.5001 * ulp).all()
     torch._dynamo.reset()
 
 

@@ -248,7 +248,9 @@ def _compile_block_like_eager(backend):
         want = eager(x, h)
         torch.manual_seed(step)
         got = compiled(x, h)
-        assert torch.equal(got, want)                        # the same masks, bit for bit
+        # the same masks: another mask would move outputs by O(1); the norms of these
+        # small rows are compiled as float64 expressions, within float32 rounding of eager
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         for g, r in zip(torch.autograd.grad(got, [x, *block.parameters()], dy),
                         torch.autograd.grad(want, [x, *eager.parameters()], dy)):
             torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)

@@ -16,6 +16,9 @@ LayerNorm only), so the same expression gives dx = J (dy * w) in backward and th
 J dx in forward mode.  The gain's derivative is that of the weight, so dweight = sum dy *
 xhat either way.
 
+norm_float64 and gated_norm_float64 are the forward computed in float64, which
+torch.compile records for small calls instead of resnorm's operators.
+
 The gated RMSNorm (gated_norm, gated_backward, gated_jvp) normalises groups of
 consecutive elements of a row, u = x * silu(gate) before the norm, or the norm's output
 times silu(gate) after it: the same J per group, with the chain rule through the gate.
@@ -36,6 +39,17 @@ def normalized(x, eps, layer, axes=1):
     xc = x - x.mean(dims, keepdim=True) if layer else x
     rstd = (xc * xc).mean(dims, keepdim=True).add(eps).rsqrt()
     return xc * rstd, rstd
+
+
+def norm_float64(x, weight, bias, eps, layer, axes=1, zero_centered=False):
+    """y of the norm computed in float64 and rounded once to x's dtype: what torch.compile
+    records for a small call (resnorm.torch._tensors.records_expression), at least as
+    accurate as the kernel.  The gain is formed in the weight's dtype, as the kernels form
+    it."""
+    xhat, _ = normalized(x.double(), eps, layer, axes)
+    w = gain(weight, zero_centered)
+    y = xhat if w is None else xhat * w.double()
+    return (y if bias is None else y + bias.double()).to(x.dtype)
 
 
 def jacobian_times(xhat, rstd, g, layer, axes=1):
@@ -111,6 +125,13 @@ def gated_norm(x, gate, weight, eps, group_size, norm_before_gate):
     if weight is not None:
         y = y * weight
     return y * silu if silu is not None and norm_before_gate else y
+
+
+def gated_norm_float64(x, gate, weight, eps, group_size, norm_before_gate):
+    """gated_norm computed in float64 and rounded once to x's dtype (as norm_float64)."""
+    return gated_norm(x.double(), None if gate is None else gate.double(),
+                      None if weight is None else weight.double(), eps, group_size,
+                      norm_before_gate).to(x.dtype)
 
 
 def gated_backward(dy, x, gate, weight, eps, group_size, norm_before_gate, want):

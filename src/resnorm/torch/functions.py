@@ -7,7 +7,10 @@ Which path a call takes (``norm``), cheapest first:
   inference function straight into a fresh tensor, no autograd node;
 * gradients wanted: the autograd Function (forward and backward kernels, first order);
 * torch.compile or torch.jit.trace recording a graph: the custom operators of
-  resnorm.torch.ops, so resnorm appears as one node of the graph;
+  resnorm.torch.ops, so resnorm appears as one node of the graph; except a call of at most
+  _tensors.COMPILED_EXPRESSION_MAX elements inside torch.compile (a decode step's rows),
+  which is recorded as the float64 torch expression (composite.norm_float64) for Inductor
+  to fuse: an operator costs more than such a norm inside a compiled graph;
 * inside torch.func transforms or a forward-mode AD dual level: the Function through
   torch's full machinery, which calls its vmap / jvp rules.
 
@@ -210,6 +213,9 @@ def norm(layer, x, weight, bias, eps, views=None, normalized_shape=None, zero_ce
     T.param_tensor(bias, "bias", x, row)
     ns = T.normalized_arg(row)
     if T.graph_capture():
+        if T.records_expression(x):
+            return composite.norm_float64(x, weight, bias, eps, layer, len(row),
+                                          zero_centered)
         if layer:
             return ops.layer_norm(x, weight, bias, eps, len(row), zero_centered)[0]
         return ops.rms_norm(x, weight, eps, len(row), zero_centered)[0]

@@ -141,6 +141,8 @@ def gated_norm(x, gate, weight, eps, group_size, norm_before_gate):
     gs = checked_group_size(group_size, x.shape[-1])
     norm_before_gate = bool(norm_before_gate)
     if T.graph_capture():
+        if T.records_expression(x):   # (as resnorm.torch.functions.norm)
+            return composite.gated_norm_float64(x, gate, weight, eps, gs, norm_before_gate)
         return ops.gated_rms_norm(x, gate, weight, eps, gs, norm_before_gate)[0]
     if not (T.wants_grad(x, gate, weight) or T.transforms_active()):
         try:
