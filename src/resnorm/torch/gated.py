@@ -11,7 +11,8 @@ row (group_size None: the whole row), each group with its slice of the weight.
 Paths, cheapest first: no gradient wanted, resnorm.gated_rms_norm into a fresh tensor;
 gradients wanted, GatedRMSNormFunction (resnorm's forward and backward kernels); a graph
 being recorded (torch.compile, torch.jit.trace), the custom operator
-resnorm::gated_rms_norm; inside torch.func transforms or a forward-mode AD level, the
+resnorm::gated_rms_norm (a small call inside torch.compile: the float64 expression, as in
+resnorm.torch.functions); inside torch.func transforms or a forward-mode AD level, the
 Function through torch's full machinery (its vmap and jvp rules).  A backward asked to
 build a graph returns resnorm.torch.composite's expressions carrying the kernel's values,
 so double backward is exact.

@@ -65,7 +65,7 @@ def module_norm(module, x, layer, eps, normalized_shape=None, zero_centered=Fals
     x's trailing axes (valid views imply it: they hold the axes they were made for).
     zero_centered: the gain is 1 + weight.
     """
-    if T.graph_capture():   # torch.compile / jit.trace: resnorm's custom operators
+    if T.graph_capture():   # torch.compile / jit.trace: functions.norm's graph path
         weight = parameter(module, "weight")
         bias = parameter(module, "bias") if layer else None
         return _checked_norm(layer, x, weight, bias, eps, normalized_shape, zero_centered)
