@@ -19,6 +19,12 @@ cdef inline Py_ssize_t group_size_of(group_size, Py_ssize_t d) except -1:
     return group_size
 
 
+cdef inline Py_ssize_t lined(Py_ssize_t nbytes) noexcept:
+    """nbytes rounded up to a cache line: each scratch region starts aligned (the double
+    rows after the float weight too)."""
+    return (nbytes + 63) & ~(<Py_ssize_t>63)
+
+
 cdef inline Py_ssize_t compute_bytes(Kind ek) noexcept:
     """The size of the type the gated norm computes rows of kind ek in."""
     return sizeof(double) if ek == KIND_F64 else sizeof(float)
@@ -76,13 +82,14 @@ cdef object gated_norm_call(x, gate, weight, eps, group_size, norm_before_gate, 
     cdef Py_ssize_t nstats = n * (d // gs)
     cdef cnp.ndarray rstd = new_stats(nstats) if training else None
     # scratch: the statistics (inference), the widened weight, the threads' rows
-    cdef Py_ssize_t stats_bytes = 0 if training else nstats * sizeof(double)
+    cdef Py_ssize_t stats_bytes = 0 if training else lined(nstats * sizeof(double))
+    cdef Py_ssize_t weight_bytes = lined(d * sizeof(float))
     cdef Py_ssize_t rows_bytes = nt * gated_norm_forward_floats(d) * compute_bytes(ek)
-    cdef Scratch scratch = lend(stats_bytes + d * sizeof(float) + rows_bytes)
+    cdef Scratch scratch = lend(stats_bytes + weight_bytes + rows_bytes)
     cdef double *prstd = (<double *>cnp.PyArray_DATA(rstd) if training
                           else <double *>scratch.data)
     cdef void *wbuf = scratch.data + stats_bytes
-    cdef void *work = scratch.data + stats_bytes + d * sizeof(float)
+    cdef void *work = scratch.data + stats_bytes + weight_bytes
     cdef void *py = cnp.PyArray_DATA(y)
     cdef void *px = cnp.PyArray_DATA(rows)
     cdef void *pz = data_of(zrows)
@@ -155,12 +162,13 @@ def gated_rms_norm_backward(dy, cache, *, out=None, dgate_out=None, n_threads=No
     dw = None if c.weight is None else new_vector(d, pt)
     cdef Kind ek = kind_of(rows)
     # the dweight partial rows (computed even without a weight: one form of the loops)
-    cdef Py_ssize_t part_bytes = row_blocks(n) * d * sizeof(double)
+    cdef Py_ssize_t part_bytes = lined(row_blocks(n) * d * sizeof(double))
+    cdef Py_ssize_t weight_bytes = lined(d * compute_bytes(ek))
     cdef Py_ssize_t rows_bytes = nt * gated_norm_backward_floats(d) * compute_bytes(ek)
-    cdef Scratch scratch = lend(part_bytes + d * compute_bytes(ek) + rows_bytes)
+    cdef Scratch scratch = lend(part_bytes + weight_bytes + rows_bytes)
     cdef double *parts = <double *>scratch.data
     cdef void *wbuf = scratch.data + part_bytes
-    cdef void *work = scratch.data + part_bytes + d * compute_bytes(ek)
+    cdef void *work = scratch.data + part_bytes + weight_bytes
     cdef void *pdx = cnp.PyArray_DATA(dx)
     cdef void *pdz = data_of(dz)
     cdef void *pdy = cnp.PyArray_DATA(rows)
