@@ -190,7 +190,7 @@ cdef inline void add_norm_forward_rows(element *y, element *h, double *mean, dou
                 rn_residual_shifted_sums(sums, residual + i * d, x + i * d, alpha,
                                          <uint8_t *>keep, i * d % 64, scale, d,
                                          pf * (hi - 1 - i))
-                if not shifted_moments(&mu, &var, sums, d):
+                if not shifted_moments(&mu, &var, sums, d, element is not double):
                     # (the first pass prefetched the next row)
                     mu = rn_residual_reduce(residual + i * d, x + i * d, alpha,
                                             <uint8_t *>keep, i * d % 64, scale, d, False, 0.0,

@@ -246,23 +246,34 @@ cdef inline void layer_forward_row(element *y, double *mean, double *rstd, const
 
 
 cdef inline bint shifted_moments(double *mean, double *var, const double *sums,
-                                 Py_ssize_t d) noexcept nogil:
+                                 Py_ssize_t d, bint float_lanes) noexcept nogil:
     """mean and var of a row from its shifted sums (c, sum(x - c), sum((x - c)^2)):
     mean = c + dm,  var = mean((x - c)^2) - dm^2,  dm = mean(x - c), when c lies within
-    half a standard deviation of the mean (dm^2 <= var / 4); else False, and the caller
-    takes the two-pass statistics (sum, then sumsqdev about the mean).
+    half a standard deviation of the mean (dm^2 <= var / 4) and the float lanes of
+    rn_shifted_sums held the squares (below); else False, and the caller takes the two-pass
+    statistics (sum, then sumsqdev about the mean, in double).
 
     In one pass over the row, where the two-pass statistics read it twice: the LayerNorm
     forward's second pass was compute that the memory traffic did not hide.  Why the
-    bound: with g the relative error bound of a sum of the 32 lanes (core/reduce.h), the
+    bound: with g the relative error bound of a sum of the lanes (core/reduce.h; float
+    lanes: about 16 float roundings, 2**-20, at worst, far less in practice), the
     second sum carries at most g * (var + dm^2) and dm^2 at most 2 g |dm| sqrt(var + dm^2),
     so var's rounding error is at most (1.25 + 1.12) g var with dm^2 <= var / 4: 2.4 times
     the two-pass bound, g var.  A shift c far from the mean (the row's first 32 elements
     unlike the rest) would scale it by dm^2 / var, hence the two-pass rows.  A row holding
-    inf or NaN fails the test too."""
+    inf or NaN fails the test too.
+
+    float_lanes: the sums of float and 16-bit rows, taken in float lanes.  A square past
+    FLT_MAX (|x - c| > 1.8e19) makes the sum inf, and squares under FLT_MIN (a mean
+    square under 2**-100, every |x - c| under about 1e-15) lose their precision in the
+    subnormals: both rows take the two-pass statistics.  A sum of exactly 0 (a constant
+    row, every x - c = 0) is exact."""
     cdef double dm = sums[1] / d
     mean[0] = sums[0] + dm
     var[0] = sums[2] / d - dm * dm
+    if float_lanes and not (isfinite(sums[2]) and
+                            (sums[2] == 0.0 or sums[2] >= d * 7.888609052210118e-31)):  # 2**-100
+        return False
     return 4.0 * (dm * dm) <= var[0]
 
 
@@ -278,7 +289,7 @@ cdef inline void ln_moments(double *mean, double *var, const element *x, Py_ssiz
 cdef inline void ln_moments_from(double *mean, double *var, const double *sums,
                                  const element *x, Py_ssize_t d) noexcept nogil:
     """ln_moments given the row's shifted sums (rn_shifted_sums' bits)."""
-    if not shifted_moments(mean, var, sums, d):
+    if not shifted_moments(mean, var, sums, d, element is not double):
         mean[0] = rn_sum(x, d, 0) / d
         var[0] = rn_sumsqdev(x, d, mean[0]) / d
 
@@ -310,7 +321,8 @@ cdef inline void layer_forward(element *y, double *mean, double *rstd, const ele
                                double eps, int n_threads, bint stream) noexcept nogil:
     """y := (x - mean) * rstd * w + b,  mean = mean(x),  rstd = 1/sqrt(mean((x-mean)^2) + eps).
 
-    Statistics in double about a shift near the row's mean (ln_moments), never
+    Statistics about a shift near the row's mean (ln_moments: float lanes finished in
+    double for float and 16-bit rows, double for double rows), never
     E[x^2] - E[x]^2, so a large mean (1e4 + N(0,1) in float32) costs no precision.
     w and b may be NULL, independently.  y may be x.
     NumPy reference: resnorm.reference.layer_norm_forward.

@@ -41,8 +41,8 @@ def test_statistics_match_the_float64_reference_in_both_forms(dtype, d):
     y, cache = rn.layer_norm_forward(x, w, b)
     y_ref, mean_ref, rstd_ref = reference.layer_norm_forward(x, w, b, 1e-5)
     assert_stats_close(cache.mean, mean_ref, "mean",
-                       scale=np.mean(np.abs(np.asarray(x, np.float64)), axis=1))
-    assert_stats_close(cache.rstd, rstd_ref, "rstd")
+                       scale=np.mean(np.abs(np.asarray(x, np.float64)), axis=1), lanes=dtype)
+    assert_stats_close(cache.rstd, rstd_ref, "rstd", lanes=dtype)
     # y's terms, with the reference's xhat shifted by a few double ulps of the mean (the
     # summation order differs), as conftest.ref_ln scales them
     x64 = np.asarray(x, np.float64)
@@ -87,3 +87,33 @@ def test_constant_rows_keep_their_value_as_the_mean():
     _, cache = rn.layer_norm_forward(x)
     assert np.all(cache.mean == np.float64(np.float32(0.1)))
     assert np.all(cache.rstd == 1.0 / np.sqrt(1e-5))
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-17])
+@pytest.mark.parametrize("fused", [False, True])
+def test_rows_float32_lanes_cannot_carry_take_the_double_statistics(scale, fused):
+    # |x - c| ~ 1e20: float32 squares overflow; ~1e-17: their squares (1e-34) lose
+    # their precision in the subnormals (a mean square under 2**-100).  Such rows take the
+    # two-pass statistics in double, and are as accurate as any other.
+    rng = np.random.default_rng(4)
+    x = (scale * rng.standard_normal((8, 1000))).astype(np.float32)
+    if fused:
+        (y, h), cache = rn.add_layer_norm_forward(x, np.zeros_like(x), eps=2e-38)
+    else:
+        y, cache = rn.layer_norm_forward(x, eps=2e-38)
+    y_ref, mean_ref, rstd_ref = reference.layer_norm_forward(x, None, None, 2e-38)
+    assert_stats_close(cache.rstd, rstd_ref, "rstd", lanes=np.float32)
+    assert np.all(np.abs(y - y_ref) <= 4 * 2.0 ** -24 * (np.abs(y_ref) + 1))
+
+
+def test_the_shift_leaves_no_bias_in_the_mean():
+    # float32 lanes form x - c in float32.  With c = the mean of the first 32 elements to
+    # all of its bits, every x - c of one binade rounded the same way: on N(0.1, 1) rows of
+    # 4096 that biased the mean by up to 0.27 float32 ulps of the spread.  c on a coarser
+    # grid leaves only the sums' random rounding (measured: 0.07).
+    rng = np.random.default_rng(5)
+    x = (0.1 + rng.standard_normal((64, 4096))).astype(np.float32)
+    _, cache = rn.layer_norm_forward(x)
+    x64 = x.astype(np.float64)
+    err = np.abs(cache.mean - x64.mean(axis=1)) / x64.std(axis=1)
+    assert err.max() <= 0.15 * 2.0 ** -24

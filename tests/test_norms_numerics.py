@@ -5,8 +5,8 @@ import pytest
 
 import resnorm
 from resnorm import reference as ref
-from conftest import (DTYPES, assert_bitwise_equal, assert_scaled_close, make_inputs, ref_ln,
-                      ref_rms, rtol_for, run_ln, run_rms)
+from conftest import (DTYPES, LANE_STAT_RTOL, assert_bitwise_equal, assert_scaled_close,
+                      make_inputs, ref_ln, ref_rms, rtol_for, run_ln, run_rms)
 
 # --------------------------------------------------------------------------- large mean
 
@@ -45,9 +45,10 @@ def test_large_mean_float32_layer_norm_error_is_small(rng):
     got, want = run_ln(x, w, b, dy), ref_ln(x, w, b, dy)
     err = _max_err(got["dx"], want["dx"])
     assert err < LARGE_MEAN_DX_BOUND, f"max |dx - ref| = {err:.3g}"
-    # the row statistics are as good as the float64 reference's
-    np.testing.assert_allclose(got["mean"], want["mean"], rtol=1e-14)
-    np.testing.assert_allclose(got["rstd"], want["rstd"], rtol=1e-12)
+    # the row statistics: the mean to the float32 lanes' rounding of the spread (x - c is
+    # exact here: c, near 1e4, within a factor 2 of every x), rstd to their relative bound
+    np.testing.assert_allclose(got["mean"], want["mean"], rtol=0, atol=LANE_STAT_RTOL)
+    np.testing.assert_allclose(got["rstd"], want["rstd"], rtol=LANE_STAT_RTOL)
 
 
 def test_large_mean_float32_layer_norm_no_worse_than_torch(rng):

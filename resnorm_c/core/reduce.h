@@ -7,12 +7,14 @@
  * busy, and because the lane structure is the same on every level, results are bitwise
  * identical on every level, thread count and machine, not merely close.
  *
- * The forward statistics (the cached mean and rstd) widen every element to double, which
- * is exact, and square in double (x^2 of a float near 1e30 would overflow float): they
- * are as good as a float64 reference.  The square of a widened float is exact in double
- * (24 significant bits squared fit in 53), so where the level has FMA, adding it with
- * one fused multiply-add gives bitwise the sum that multiplying, then adding, gives on
- * the levels without (RN_ADD_EXACT_SQUARE).
+ * RMSNorm's forward statistic (the cached rstd) widens every element to double, which is
+ * exact, and squares in double (x^2 of a float near 1e30 would overflow float): it is as
+ * good as a float64 reference.  LayerNorm's (RN_SHIFTED_SUMS) sum float rows in float
+ * lanes added into double ones every 16 elements per lane (docs/accuracy.md's contract);
+ * the rows float lanes cannot carry take the two-pass sums below, in double.  The square
+ * of a widened float is exact in double (24 significant bits squared fit in 53), so where
+ * the level has FMA, adding it with one fused multiply-add gives bitwise the sum that
+ * multiplying, then adding, gives on the levels without (add_exact_square).
  *
  * The backward terms are products of normalised values (dy*w * x*rstd), formed in the
  * input precision; each lane first sums the terms of up to RN_BLOCK consecutive elements
@@ -225,40 +227,88 @@ static double RN_NAME(sumsqdev)(const RN_T *x, Py_ssize_t d, double mean)
     return r;
 }
 
-/* a + b * 1 with one rounding: bitwise a + b, but on the multiply-add units where the
- * level has them, beside the adders that the sums keep busy. */
-static inline RN_DVEC RN_NAME(add_on_fma)(RN_DVEC a, RN_DVEC b)
+/* a + b * 1 with one rounding, on native vectors of the compute type: bitwise a + b, but
+ * on the multiply-add units where the level has them, beside the adders that the sums
+ * keep busy. */
+static inline RN_VEC RN_NAME(add_on_fma)(RN_VEC a, RN_VEC b)
 {
-#if RN_LEVEL == 3
-    return (RN_DVEC)_mm512_fmadd_pd((__m512d)b, _mm512_set1_pd(1.0), (__m512d)a);
+#if RN_LEVEL == 3 && RN_TFLOAT
+    return (RN_VEC)_mm512_fmadd_ps((__m512)b, _mm512_set1_ps(1.0f), (__m512)a);
+#elif RN_LEVEL == 3
+    return (RN_VEC)_mm512_fmadd_pd((__m512d)b, _mm512_set1_pd(1.0), (__m512d)a);
+#elif RN_LEVEL == 2 && RN_TFLOAT
+    return (RN_VEC)_mm256_fmadd_ps((__m256)b, _mm256_set1_ps(1.0f), (__m256)a);
 #elif RN_LEVEL == 2
-    return (RN_DVEC)_mm256_fmadd_pd((__m256d)b, _mm256_set1_pd(1.0), (__m256d)a);
+    return (RN_VEC)_mm256_fmadd_pd((__m256d)b, _mm256_set1_pd(1.0), (__m256d)a);
 #else
     return a + b;
 #endif
 }
 
+/* The shift c (RN_SHIFTED_SUMS) rounded to a multiple of a power of two G about 2^-12 of
+ * the spread of the row's first 32 elements (ss: their sum of squares about c): in float
+ * lanes x - c is then exact, or rounds away only bits of x.  With c's own low bits (a mean
+ * of 32 elements, finer than the elements near it) every x - c of one binade rounded the
+ * same way: a bias of up to half an ulp in the mean.  c stays within G/2 of where it was,
+ * far closer to the mean than the statistics need (shifted_moments).  Rows whose first
+ * chunk is constant or not finite keep c. */
+static inline double RN_NAME(coarse_shift)(double c, double ss)
+{
+    if (!(ss > 0.0 && ss <= DBL_MAX))
+        return c;
+    uint64_t bits;
+    memcpy(&bits, &ss, sizeof bits);
+    /* the exponent of sqrt(ss / 32), less 12 (>> of a negative int: floor, as GCC does) */
+    int eg = ((((int)(bits >> 52) & 0x7ff) - 1023 - 5) >> 1) - 12;
+    if (eg < -1022)
+        eg = -1022;
+    bits = (uint64_t)(eg + 1023) << 52;
+    double g;
+    memcpy(&g, &bits, sizeof g);
+    const double t = c / g;
+    if (fabs(t) >= 0x1p51)
+        return c;   /* c's own grid is already coarser than g */
+    return ((t + 0x1.8p52) - 0x1.8p52) * g;   /* t rounded to the nearest integer */
+}
+
+/* Chunks of 32 elements whose terms a lane sums in the compute type before they are added
+ * into its double accumulator (RN_SHIFTED_SUMS): 16 for float, as the accuracy contract's
+ * float32 lanes (docs/accuracy.md); double lanes are never flushed, so they keep one sum
+ * per lane. */
+#define RN_FLUSH (RN_TFLOAT ? 16 : PY_SSIZE_T_MAX / 32)
+
 /* The moments of a row about a shift c near its mean, in one pass (the LayerNorm forward's
  * statistics; shifted_moments in norm_kernels.pxd says when they stand):
  *   c = the mean of the row's first min(d, 32) elements, rounded to the compute type,
- *   sums[0] = c,  sums[1] = sum_i (v_i - c),  sums[2] = sum_i (v_i - c)^2
- * in RN_REDUCE's lanes.  LOAD(i): elements i .. i+RN_DW-1 as doubles; SLOAD(i): element i
- * as a double; PF(i): prefetch for chunk i.  c is a fold of fixed lanes, so every level
- * gives it the same bits, and rounded to the element's compute type, v - c is exact for
- * float rows (two floats whose exponents differ by at most 28).  The subtractions, and
+ *   sums[0] = c,  sums[1] = sum_i (v_i - c),  sums[2] = sum_i (v_i - c)^2.
+ * Element i goes to lane i % 32.  A lane forms v - c, (v - c)^2 and their sums in the
+ * compute type (float lanes: twice as many per vector as double's, and no conversion per
+ * element) for RN_FLUSH chunks, then adds the two sums into its double accumulators; the
+ * 32 double lanes are folded as RN_REDUCE's.  The lane structure and the operations (no
+ * FMA) are the same on every level, so every level gives the same bits.
+ * VLOAD(i): elements i .. i+RN_W-1 as a native vector of the compute type; VFIRST(i): the
+ * same for i < 32, the first chunk, which is read twice (for c, then for the sums);
+ * SLOAD(i): element i as a double, for rows under 32 and the last partial chunk, whose
+ * terms are formed in double (v - c is exact there).  PF(i): prefetch for chunk i.  Every
+ * accumulator starts from its first terms (+0 plus them), not from lanes zeroed in memory.
+ * c is a fold of fixed lanes, rounded to the compute type and, for float lanes, to a
+ * coarser grid (coarse_shift): v - c is then exact, or rounds only bits of v.  The subtractions, and
  * every other accumulator of the first sum, go to the multiply-add units (add_on_fma),
- * which the squares share, and the rest to the adders, which the conversions and the
- * second sum share: float32 layer_norm took 0.97-0.98 of the time of the first sum all on
- * the multiply-add units (which was 0.98-1.01 of it all on the adders), at AVX-512. */
-#define RN_SHIFTED_SUMS(d, PF, LOAD, SLOAD, sums)                                       \
+ * beside the adders that the squares' sums keep busy. */
+#define RN_SHIFTED_SUMS(d, PF, VFIRST, VLOAD, SLOAD, sums)                              \
     do {                                                                                \
-        const RN_DVEC zero_ = {0};                                                      \
-        RN_DVEC s1_[RN_NACC], s2_[RN_NACC];                                             \
+        const RN_DVEC dzero_ = {0};                                                     \
+        const RN_VEC zero_ = {0};                                                       \
+        RN_DVEC s1_[RN_NACC], s2_[RN_NACC], w1_[RN_NHALF], w2_[RN_NHALF];               \
+        RN_VEC f1_[32 / RN_W], f2_[32 / RN_W];                                          \
         double c_ = 0.0;                                                                \
         Py_ssize_t i_ = 0;                                                              \
         if ((d) >= 32) {                                                                \
-            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
-                s1_[q_] = zero_ + LOAD(q_ * RN_DW);                                     \
+            for (int q_ = 0; q_ < 32 / RN_W; q_++) {                                    \
+                RN_NAME(widen_vec)(VFIRST(q_ * RN_W), w1_);                             \
+                for (int h_ = 0; h_ < RN_NHALF; h_++)                                   \
+                    s1_[q_ * RN_NHALF + h_] = dzero_ + w1_[h_];                         \
+            }                                                                           \
             c_ = RN_NAME(fold_acc)(s1_) / 32;                                           \
         } else {                                                                        \
             for (Py_ssize_t j_ = 0; j_ < (d); j_++)                                     \
@@ -266,17 +316,50 @@ static inline RN_DVEC RN_NAME(add_on_fma)(RN_DVEC a, RN_DVEC b)
             c_ = (d) > 0 ? c_ / (d) : 0.0;                                              \
         }                                                                               \
         c_ = (double)(RN_C)c_;                                                          \
-        const RN_DVEC minus_c_ = zero_ - c_;                                            \
-        for (int q_ = 0; q_ < RN_NACC; q_++)                                            \
-            s1_[q_] = s2_[q_] = zero_;                                                  \
-        for (; i_ + 32 <= (d); i_ += 32) {                                              \
+        if (RN_TFLOAT && (d) >= 32) {                                                   \
+            for (int q_ = 0; q_ < 32 / RN_W; q_++) {                                    \
+                RN_NAME(widen_vec)(VFIRST(q_ * RN_W), w1_);                             \
+                for (int h_ = 0; h_ < RN_NHALF; h_++) {                                 \
+                    const RN_DVEC e_ = w1_[h_] - c_;                                    \
+                    s1_[q_ * RN_NHALF + h_] = dzero_ + e_ * e_;                         \
+                }                                                                       \
+            }                                                                           \
+            c_ = (double)(RN_C)RN_NAME(coarse_shift)(c_, RN_NAME(fold_acc)(s1_));       \
+        }                                                                               \
+        const RN_VEC minus_c_ = zero_ - (RN_C)c_;                                       \
+        const Py_ssize_t whole_ = (d) - (d) % 32;                                       \
+        for (; i_ < whole_; ) {                                                         \
+            const Py_ssize_t end_ = whole_ - i_ > 32 * RN_FLUSH ? i_ + 32 * RN_FLUSH    \
+                                                                : whole_;               \
             PF(i_);                                                                     \
-            for (int q_ = 0; q_ < RN_NACC; q_++) {                                      \
-                const RN_DVEC v_ = RN_NAME(add_on_fma)(LOAD(i_ + q_ * RN_DW), minus_c_); \
-                s1_[q_] = q_ % 2 ? s1_[q_] + v_ : RN_NAME(add_on_fma)(s1_[q_], v_);     \
-                s2_[q_] += v_ * v_;                                                     \
+            for (int q_ = 0; q_ < 32 / RN_W; q_++) {                                    \
+                const RN_VEC v_ = RN_NAME(add_on_fma)(                                  \
+                    i_ ? VLOAD(i_ + q_ * RN_W) : VFIRST(q_ * RN_W), minus_c_);          \
+                f1_[q_] = zero_ + v_;                                                   \
+                f2_[q_] = zero_ + v_ * v_;                                              \
+            }                                                                           \
+            for (i_ += 32; i_ < end_; i_ += 32) {                                       \
+                PF(i_);                                                                 \
+                for (int q_ = 0; q_ < 32 / RN_W; q_++) {                                \
+                    const RN_VEC v_ = RN_NAME(add_on_fma)(VLOAD(i_ + q_ * RN_W),        \
+                                                           minus_c_);                   \
+                    f1_[q_] = q_ % 2 ? f1_[q_] + v_ : RN_NAME(add_on_fma)(f1_[q_], v_); \
+                    f2_[q_] += v_ * v_;                                                 \
+                }                                                                       \
+            }                                                                           \
+            for (int q_ = 0; q_ < 32 / RN_W; q_++) {                                    \
+                RN_NAME(widen_vec)(f1_[q_], w1_);                                       \
+                RN_NAME(widen_vec)(f2_[q_], w2_);                                       \
+                for (int h_ = 0; h_ < RN_NHALF; h_++) {                                 \
+                    const int l_ = q_ * RN_NHALF + h_;                                  \
+                    s1_[l_] = (i_ <= 32 * RN_FLUSH ? dzero_ : s1_[l_]) + w1_[h_];       \
+                    s2_[l_] = (i_ <= 32 * RN_FLUSH ? dzero_ : s2_[l_]) + w2_[h_];       \
+                }                                                                       \
             }                                                                           \
         }                                                                               \
+        if (whole_ == 0)                                                                \
+            for (int q_ = 0; q_ < RN_NACC; q_++)                                        \
+                s1_[q_] = s2_[q_] = dzero_;                                             \
         if (i_ < (d)) {                                                                 \
             double l1_[32], l2_[32];                                                    \
             memcpy(l1_, s1_, sizeof l1_);                                               \
@@ -297,9 +380,9 @@ static inline RN_DVEC RN_NAME(add_on_fma)(RN_DVEC a, RN_DVEC b)
 /* sums = (c, sum_i (x_i - c), sum_i (x_i - c)^2) of RN_SHIFTED_SUMS */
 static void RN_NAME(shifted_sums)(double *sums, const RN_T *x, Py_ssize_t d, Py_ssize_t ahead)
 {
-#define L_(i) RN_NAME(dload)(x + (i))
+#define L_(i) RN_NAME(vload)(x + (i))
 #define S_(i) ((double)RN_LD(x + (i)))
-    RN_SHIFTED_SUMS(d, RN_PF_X, L_, S_, sums);
+    RN_SHIFTED_SUMS(d, RN_PF_X, L_, L_, S_, sums);
 #undef L_
 #undef S_
 }
@@ -442,9 +525,16 @@ static void RN_NAME(residual_shifted_sums)(double *sums, const RN_T *residual, c
 {
     const RN_C sc = (RN_C)scale;
 #define PF_(i) RN_PF_PX(residual, i)
-#define L_(i) RN_NAME(widen)(RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i))
+#define L_(i) RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), i)
 #define S_(i) ((double)RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), i))
-    RN_SHIFTED_SUMS(d, PF_, L_, S_, sums);
+    /* The plain add (no alpha, no dropout) gets its own expansion: with the branches left
+     * in, the compiler tests both at every vector. */
+    if (!alpha && !keep) {
+        const RN_T *alpha = NULL;
+        const uint8_t *keep = NULL;
+        RN_SHIFTED_SUMS(d, PF_, L_, L_, S_, sums);
+    }
+    else RN_SHIFTED_SUMS(d, PF_, L_, L_, S_, sums);
 #undef PF_
 #undef L_
 #undef S_
@@ -523,13 +613,10 @@ static void RN_NAME(residual_add_shifted_sums)(double *sums, RN_T *h, const RN_T
         for (Py_ssize_t k = 0; k < d; k++)
             RN_ST(h + k, RN_RESIDUAL_SUM(RN_LD, RN_NAME(keep_mult), k));
 #define PF_(i) RN_PF_PX(residual, i)
-#define L_(i) ({ RN_HVEC v_;                                                            \
-                 if ((i) < 32) v_ = RN_NAME(hload)(h + (i));                            \
-                 else {                                                                 \
-                     v_ = RN_RESIDUAL_SUM(RN_NAME(hload), RN_NAME(hmult), i);           \
-                     memcpy(h + (i), &v_, sizeof v_);                                   \
-                 }                                                                      \
-                 RN_NAME(widen)(v_); })
+#define F_(i) RN_NAME(vload)(h + (i))
+#define L_(i) ({ const RN_VEC v_ = RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), i);    \
+                 RN_NAME(vstore)(h + (i), v_);                                          \
+                 v_; })
 #define S_(i) ({ RN_C v_;                                                               \
                  if ((i) < 32) v_ = RN_LD(h + (i));                                     \
                  else {                                                                 \
@@ -537,8 +624,17 @@ static void RN_NAME(residual_add_shifted_sums)(double *sums, RN_T *h, const RN_T
                      RN_ST(h + (i), v_);                                                \
                  }                                                                      \
                  (double)v_; })
-    RN_SHIFTED_SUMS(d, PF_, L_, S_, sums);
+    /* The first chunk (F_) is h read back, the others are formed and stored (L_): two
+     * macros, where one that tested the index at every vector put a branch in the loop.
+     * The plain add gets its own expansion, as in residual_shifted_sums. */
+    if (!alpha && !keep) {
+        const RN_T *alpha = NULL;
+        const uint8_t *keep = NULL;
+        RN_SHIFTED_SUMS(d, PF_, F_, L_, S_, sums);
+    }
+    else RN_SHIFTED_SUMS(d, PF_, F_, L_, S_, sums);
 #undef PF_
+#undef F_
 #undef L_
 #undef S_
 }
@@ -546,6 +642,7 @@ static void RN_NAME(residual_add_shifted_sums)(double *sums, RN_T *h, const RN_T
 
 #undef RN_REDUCE
 #undef RN_SHIFTED_SUMS
+#undef RN_FLUSH
 #undef RN_REDUCE_BLOCKED
 #undef RN_BLOCK
 #undef RN_PF_X

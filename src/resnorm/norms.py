@@ -203,8 +203,10 @@ def layer_norm_forward(x: ArrayLike, weight: ArrayLike | None = None,
     """LayerNorm over the last axis, keeping what backward needs.
 
     ``y = (x - mean) * rstd * w + b``, ``rstd = 1 / sqrt(var + eps)`` per row, with the
-    biased variance (divide by D) computed in double about a shift near the row's mean
-    (two-pass for rows whose first 32 elements are unlike the rest).
+    biased variance (divide by D) summed in one pass about a shift near the row's mean
+    (float32 lanes added into double for float32 and 16-bit rows, double for float64;
+    two-pass in double for rows whose first 32 elements are unlike the rest, or whose
+    float32 squares would overflow or underflow).
 
     Parameters
     ----------
