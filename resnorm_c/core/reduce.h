@@ -552,7 +552,8 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
                                            Py_ssize_t ahead)
 {
     const RN_C sc = (RN_C)scale;
-    RN_DVEC acc[RN_NACC] = {{0}}, wide[RN_NHALF];
+    const RN_DVEC zero = {0};
+    RN_DVEC acc[RN_NACC], wide[RN_NHALF];
     Py_ssize_t i = 0;
 #define H_(k) ({ RN_VEC v_ = RN_RESIDUAL_SUM(RN_NAME(vload), RN_NAME(vmult), k);          \
                  RN_NAME(vstore)(h + (k), v_); v_; })
@@ -561,8 +562,11 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
 #else
 #define SQ_(a, v) ((a) + RN_NAME(square)(v))
 #endif
-#define PASS_                                                                           \
-    for (; i + 32 <= d; i += 32) {                                                      \
+    /* One chunk of 32 elements; LANE(l): what lane l adds its square to (the first chunk
+     * sets the lanes, +0 plus its squares, rather than adding to lanes zeroed in memory,
+     * which the compiler did with a string store at every row). */
+#define CHUNK_(LANE)                                                                    \
+    do {                                                                                \
         if (ahead) {                                                                    \
             RN_NAME(prefetch_next)(x, d, i, 32);                                        \
             RN_NAME(prefetch_next)(residual, d, i, 32);                                 \
@@ -570,8 +574,19 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
         for (int c = 0; c < 32 / RN_W; c++) {                                           \
             RN_NAME(widen_vec)(H_(i + c * RN_W), wide);                                 \
             for (int q = 0; q < RN_NHALF; q++)                                          \
-                acc[c * RN_NHALF + q] = SQ_(acc[c * RN_NHALF + q], wide[q]);            \
+                acc[c * RN_NHALF + q] = SQ_(LANE(c * RN_NHALF + q), wide[q]);           \
         }                                                                               \
+    } while (0)
+#define ZERO_(l) zero
+#define ACC_(l) acc[l]
+#define PASS_                                                                           \
+    if (d >= 32) {                                                                      \
+        CHUNK_(ZERO_);                                                                  \
+        for (i = 32; i + 32 <= d; i += 32)                                              \
+            CHUNK_(ACC_);                                                               \
+    } else {                                                                            \
+        for (int q = 0; q < RN_NACC; q++)                                               \
+            acc[q] = zero;                                                              \
     }
     /* The plain add (no alpha, no dropout) gets its own expansion: with the branches left
      * in, the compiler tests both at every vector. */
@@ -589,8 +604,11 @@ static double RN_NAME(residual_add_reduce)(RN_T *h, const RN_T *residual, const 
         memcpy(acc, lanes, sizeof lanes);
     }
 #undef H_
-#undef PASS_
 #undef SQ_
+#undef CHUNK_
+#undef ZERO_
+#undef ACC_
+#undef PASS_
     return RN_NAME(fold_acc)(acc);
 }
 
