@@ -5,12 +5,13 @@ The tests of the real time series and of the PNG need the 'demos' (statsmodels) 
 (matplotlib) extras, which README's test command installs; without one, they skip, naming
 it."""
 import functools
+import re
 import socket
 
 import numpy as np
 import pytest
 
-from resnorm import demos
+from resnorm import demos, nn
 from resnorm.__main__ import main
 from resnorm.demos import _stacks, _transformer, convergence, gradients, rms_vs_layer
 
@@ -80,13 +81,40 @@ def test_gradients():
     sens = {name: np.median(v) for name, v in res.data["sensitivity"].items()}
     assert sens["Post-Norm"] > 5 * sens["Pre-Norm, gain 1"]
     assert sens["Post-Norm"] > 5 * sens["DeepNorm"]
-    # ... and that measurement is in the linear range
+    # ... and that measurement is in the linear range, for the gradient and the sign step
+    assert len(res.data["linearity"]) == 2 * len(sens)
     for v in res.data["linearity"].values():
         np.testing.assert_allclose(v, 1.0, atol=0.02)
+    # the Adam-like step: Post-Norm still moves the output furthest, in every seed, but
+    # against Pre-Norm by less than the gradient step does (its gradients are larger)
+    sign = res.data["sign_sensitivity"]
+    for other in ("Pre-Norm, gain 1", "DeepNorm"):
+        assert np.all(sign["Post-Norm"] > 2 * sign[other])
+    assert (np.median(sign["Post-Norm"] / sign["Pre-Norm, gain 1"])
+            < np.median(res.data["sensitivity"]["Post-Norm"]
+                        / res.data["sensitivity"]["Pre-Norm, gain 1"]))
+    spread = re.search(r"Post-Norm moves the output \S+x as far as Pre-Norm with gain 1 "
+                       r"\((\S+)\.\.(\S+) over the seeds\) and \S+x as far as DeepNorm "
+                       r"\((\S+)\.\.(\S+)\)", next(f for f in res.findings
+                                                    if f.startswith("one Adam-like step")))
+    ratio = sign["Post-Norm"] / sign["DeepNorm"]
+    assert float(spread.group(3)) == pytest.approx(ratio.min(), rel=2e-3)
+    assert float(spread.group(4)) == pytest.approx(ratio.max(), rel=2e-3)
     scalar = res.data["scalar"]
     assert scalar["median"] == pytest.approx(scalar["closed_median"], rel=0.1)
     assert scalar["one_row"] == pytest.approx(scalar["one_row_closed"], rel=0.3)
     assert "2.66e-05" in res.tables[3][1] and "1.38e+04" in res.tables[3][1]
+
+
+def test_sign_step_is_adams_first_update():
+    # what the gradients demo calls the Adam-like step: Adam's first, bias-corrected update
+    # moves every weight by lr against the sign of its gradient, whatever its size
+    layer = nn.Linear(3, 2, bias=False, seed=0, dtype=np.float64)
+    start = layer.weight.copy()
+    layer.dweight[...] = np.array([[1e-3, -5.0, 0.2], [-0.01, 3.0, -100.0]])
+    nn.Adam(layer, lr=1e-3, betas=(0.9, 0.98)).step()
+    np.testing.assert_allclose(layer.weight - start, -1e-3 * np.sign(layer.dweight),
+                               rtol=1e-4)
 
 
 def test_one_row_drift_is_the_chi_square_log_mean():

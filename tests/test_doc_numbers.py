@@ -67,3 +67,17 @@ def test_a_stale_number_or_a_failed_claim_is_caught(doc_numbers, tmp_path):
     doc = tmp_path / "docs" / "rms_norm.md"
     doc.write_text(doc.read_text() + "\n<!--n:no.such.key-->1<!--/n-->\n")
     assert any("no.such.key" in p for p in doc_numbers.check(numbers, tmp_path))
+
+
+def test_every_entry_belongs_to_exactly_one_section(doc_numbers):
+    # `--only warmup deepnorm` replaces what those sections own and keeps the rest: that is
+    # only sound when every entry of the JSON is owned by one section, and by one only
+    numbers = doc_numbers.load()
+    assert {"warmup", "deepnorm"} <= set(doc_numbers.SECTIONS) == set(doc_numbers.OWNERS)
+    for kind in ("blocks", "values", "claims"):
+        for key in numbers[kind]:
+            owners = [s for s in doc_numbers.SECTIONS if doc_numbers._owned(key, s)]
+            assert len(owners) == 1, (kind, key, owners)
+    for section in ("warmup", "deepnorm"):
+        assert f"{section}.output" in numbers["blocks"]
+        assert numbers["claims"][f"{section}.ran"]["holds"]

@@ -16,6 +16,9 @@ that every claim held.  Commands (from the repository root, after building in pl
                                                             # the JSON, the docs and the demo PNGs
     PYTHONPATH=src python tools/doc_numbers.py --only explain layer_norm
                                                             # re-measure some sections only
+    PYTHONPATH=src python tools/doc_numbers.py --only warmup deepnorm
+                                                            # the two training demos (their
+                                                            # learning-rate sweeps take minutes)
     PYTHONPATH=src python tools/doc_numbers.py --write      # docs from the JSON, no measuring
     PYTHONPATH=src python tools/doc_numbers.py --check      # exit 1 where a doc differs
 
@@ -38,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 JSON_PATH = ROOT / "tools" / "doc_numbers.json"
 DOCS = ["docs/demos.md", "docs/explain.md", "docs/pre_post_norm.md", "docs/layer_norm.md",
-        "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md"]
+        "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md", "docs/deepnorm.md"]
 BLOCK = re.compile(r"(<!-- numbers:([\w.-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 VALUE = re.compile(r"(<!--n:([\w.-]+)-->)(.*?)(<!--/n-->)", re.S)
 CLAIM = re.compile(r"<!--claim:([\w.-]+)-->")
@@ -188,6 +191,11 @@ def _gradients(out, res):
     post_pre = _spread(sens["Post-Norm"] / sens["Pre-Norm, gain 1"])
     v["grad.post_over_pre"] = _range(post_pre)
     v["grad.post_over_deep"] = _num(np.median(sens["Post-Norm"] / sens["DeepNorm"]))
+    v["grad.post_over_deep.range"] = _range(_spread(sens["Post-Norm"] / sens["DeepNorm"]))
+    sign = data["sign_sensitivity"]
+    sign_pre = _spread(sign["Post-Norm"] / sign["Pre-Norm, gain 1"])
+    v["grad.sign.post_over_pre"] = _range(sign_pre)
+    v["grad.sign.post_over_deep"] = _range(_spread(sign["Post-Norm"] / sign["DeepNorm"]))
     steps = data["step_sizes"]
     for name in sens:
         for i, lr in enumerate(steps):
@@ -209,6 +217,11 @@ def _gradients(out, res):
     out.claim("grad.post.moves", "Post-Norm moves the output >10x more per unit lr than "
               "Pre-Norm gain 1 and than DeepNorm (medians)",
               post_pre[0] > 10 and np.median(sens["Post-Norm"] / sens["DeepNorm"]) > 10)
+    out.claim("grad.sign.larger", "per unit lr, the Adam-like step moves Post-Norm's output "
+              "further than Pre-Norm's (gain 1) and DeepNorm's in every seed",
+              sign_pre[1] > 1 and np.min(sign["Post-Norm"] / sign["DeepNorm"]) > 1)
+    out.claim("grad.sign.smaller", "per unit lr, the Adam-like step's Post-Norm / Pre-Norm "
+              "ratio (median) is below the gradient step's", sign_pre[0] < post_pre[0])
     out.claim("grad.linear", "the per-unit-lr measurement is linear to 1%",
               np.max(np.abs(lin - 1)) < 0.01)
     out.claim("grad.saturates", "at lr = 1e-3 the Post/Pre ratio is below the linear one "
@@ -323,6 +336,144 @@ def _batchnorm(out, res):
                            for n in ("LayerNorm", "RMSNorm")))
 
 
+# --------------------------------------------------------------------------- training demos
+
+def _run_demo(out, name, prefix):
+    """Runs demo `name` at full size as `python -m resnorm demo NAME --png PNG` would: its
+    printed output as a block, its wall time, its figure.  Returns the DemoResult."""
+    from resnorm import demos as d
+    png = f"docs/img/demo-{name}.png"
+    t0 = time.perf_counter()
+    res = d.run(name)
+    out.values[f"{prefix}.seconds"] = f"{time.perf_counter() - t0:.0f}"
+    d.save_png(res, ROOT / png)
+    out.blocks[f"{prefix}.output"] = _fence(f"{res.text()}\nfigure: {png}")
+    out.values[f"{prefix}.command"] = f"python -m resnorm demo {name} --png {png}"
+    out.claim(f"{prefix}.ran", f"demo {name} ran completely", not res.missing)
+    return res
+
+
+def _count(per_seed):
+    """'k of n' seeds for which a claim held."""
+    return f"{int(np.sum(per_seed))} of {len(per_seed)}"
+
+
+def _survives(res):
+    """The demo's 'what survives' finding, without its lead-in."""
+    line = next(f for f in res.findings if f.startswith("what survives"))
+    return line.split(": ", 1)[1]
+
+
+def warmup(out):
+    from resnorm.demos._common import majority, spread_text
+    from resnorm.demos._charlm import stalled
+    from resnorm.demos.warmup import GROWS, _per_layer_factor, warmup_claims
+    res = _run_demo(out, "warmup", "warmup")
+    data, v = res.data, out.values
+    w, tuned = data["warmup"], data["tuned"]
+    v["warmup.seeds"], v["warmup.steps"], v["warmup.warmup"] = (
+        str(len(data["seeds"])), str(data["steps"]), str(w))
+    v["warmup.lrs"] = ", ".join(f"{lr:g}" for lr in data["lrs"])
+    v["warmup.n_lrs"] = str(len(data["lrs"]))
+    keys = {("post", 0): "post0", ("post", w): "postw", ("pre", 0): "pre0", ("pre", w): "prew"}
+    for arm, key in keys.items():
+        v[f"warmup.{key}.best"] = spread_text(tuned[arm]["best_loss"])
+    for key in ("post0", "postw"):
+        v[f"warmup.{key}.stable"] = spread_text(tuned[("post", 0 if key == "post0" else w)]
+                                                ["n_stable"], 0)
+    v["warmup.post0.edge"] = _count(tuned["post", 0]["edge"])
+    claims, noise = warmup_claims(tuned, w)
+    v["warmup.noise"] = f"{noise:.2f}"
+    for key in ("post_wider", "post_worse", "pre_worse"):
+        v[f"warmup.{key}"] = _count(claims[key])
+    v["warmup.post.diff"] = spread_text(tuned["post", 0]["best_loss"]
+                                        - tuned["post", w]["best_loss"])
+    v["warmup.survives"] = _survives(res)
+    grads = data["grads"]
+    factor = np.array([_per_layer_factor(g) for g in grads["post"]])
+    last = grads["post"][:, -1] / grads["pre"][:, -1]
+    v["warmup.grad.post.factor"], v["warmup.grad.last"] = spread_text(factor), spread_text(last)
+    v["warmup.grad.grows"] = _count(factor > GROWS)
+    runs = data["runs"].values()
+    v["warmup.runs"] = str(len(runs))
+    v["warmup.diverged"] = str(sum(r["diverged"] for r in runs))
+    v["warmup.stalled"] = str(sum(stalled(r["held_out"], data["unigram"]) for r in runs))
+    n_lrs = len(data["lrs"])
+    out.claim("warmup.pre_all", "Pre-LN trains at every grid lr in every seed, with and "
+              "without warm-up", all(np.all(tuned["pre", x]["n_stable"] == n_lrs) for x in (0, w)))
+    out.claim("warmup.grad.not_growing", "Post-LN's gradient does not grow by more than the "
+              "threshold per layer in most seeds", not majority(factor > GROWS))
+    out.claim("warmup.grad.larger", "Post-LN's last-layer gradient is larger than Pre-LN's in "
+              "every seed", np.all(last > 1))
+    out.claim("warmup.post_wider", "warm-up widens Post-LN's stable lr range in most seeds",
+              majority(claims["post_wider"]))
+    out.claim("warmup.post_not_worse", "tuned, Post-LN without warm-up is not worse than "
+              "with it beyond the seed spread in most seeds", not majority(claims["post_worse"]))
+    out.claim("warmup.pre_not_worse", "tuned, Pre-LN without warm-up is not worse than with "
+              "it beyond the seed spread in most seeds", not majority(claims["pre_worse"]))
+    out.claim("warmup.post0_edge", "Post-LN without warm-up sits on the stability edge in "
+              "most seeds", majority(tuned["post", 0]["edge"]))
+
+
+def deepnorm(out):
+    from resnorm.demos._common import majority, spread_text
+    from resnorm.demos.deepnorm import depth_claims
+    res = _run_demo(out, "deepnorm", "deepnorm")
+    data, v = res.data, out.values
+    tuned, updates = data["tuned"], data["updates"]
+    v["deepnorm.seeds"], v["deepnorm.steps"], v["deepnorm.warmup"] = (
+        str(len(data["seeds"])), str(data["steps"]), str(data["warmup"]))
+    deepest = max(data["depths"])
+    v["deepnorm.post.lrs"] = ", ".join(f"{lr:g}" for lr in data["grids"]["post", deepest])
+    v["deepnorm.pre.lrs"] = ", ".join(f"{lr:g}" for lr in data["grids"]["pre", deepest])
+    v["deepnorm.probe_lr"] = f"{data['probe_lr']:g}"
+    v["deepnorm.depths"] = " and ".join(str(depth) for depth in data["depths"])
+    v["deepnorm.unigram"] = f"{data['unigram']:.2f}"
+    for arm in data["names"]:
+        v[f"deepnorm.{arm[0]}{arm[1]}.best"] = spread_text(tuned[arm]["best_loss"])
+    for block in ("post", "deepnorm"):
+        t = tuned[block, deepest]
+        v[f"deepnorm.{block}{deepest}.stable"] = spread_text(t["n_stable"], 0)
+        v[f"deepnorm.{block}{deepest}.update"] = spread_text(updates[block, deepest][:, 1])
+    v[f"deepnorm.post{deepest}.edge"] = _count(tuned["post", deepest]["edge"])
+    for depth, blocks in data["depths"].items():
+        claims, noise = depth_claims(tuned, updates, depth, blocks)
+        v[f"deepnorm.{depth}.deep_better"] = _count(claims["deep_better"])
+        out.claim(f"deepnorm.{depth}.post_trains", f"tuned, plain Post-LN trains at {depth} "
+                  f"layers in most seeds", not majority(claims["post_fails"]))
+        out.claim(f"deepnorm.{depth}.not_better", f"tuned, DeepNorm is not better than Post-LN "
+                  f"beyond the seed spread at {depth} layers in most seeds",
+                  not majority(claims["deep_better"]))
+        out.claim(f"deepnorm.{depth}.smaller_update", f"DeepNorm's early update is the "
+                  f"smaller at {depth} layers in every seed", np.all(claims["smaller_update"]))
+    claims, noise = depth_claims(tuned, updates, deepest, data["depths"][deepest])
+    v[f"deepnorm.{deepest}.noise"] = f"{noise:.2f}"
+    v[f"deepnorm.{deepest}.post_narrower"] = _count(claims["post_narrower"])
+    v[f"deepnorm.{deepest}.diff"] = spread_text(tuned["post", deepest]["best_loss"]
+                                                - tuned["deepnorm", deepest]["best_loss"])
+    v["deepnorm.survives"] = _survives(res)
+    runs = data["runs"].values()
+    v["deepnorm.runs"] = str(len(runs))
+    post, grid = tuned["post", deepest], data["grids"]["post", deepest]
+    trained = dict(zip(grid, post["stable"].sum(axis=0)))
+    probe = data["probe_lr"]
+    smaller = max(lr for lr in grid if lr < probe)
+    for lr in (smaller, probe):
+        v[f"deepnorm.post{deepest}.trained.{lr:g}"] = f"{trained[lr]} of {len(data['seeds'])}"
+    out.claim("deepnorm.lr_specific", f"plain Post-LN at {deepest} layers trains in at most "
+              f"half the seeds at lr {probe:g} and in most seeds at the next smaller grid lr",
+              2 * trained[probe] <= len(data["seeds"])
+              and 2 * trained[smaller] > len(data["seeds"]))
+    out.claim("deepnorm.deep_below", f"tuned, DeepNorm ends below plain Post-LN at {deepest} "
+              f"layers in every seed", np.all(claims["deep_below"]))
+    out.claim("deepnorm.reference", f"at {deepest} layers the unnormalised-stream blocks end "
+              f"within the seed spread of each other, and DeepNorm within it of their best, in "
+              f"every seed", np.all(claims["reference_agree"])
+              and np.all(claims["deep_like_reference"]))
+    out.claim("deepnorm.no_divergence", "no run diverged",
+              not any(r["diverged"] for r in runs))
+
+
 # --------------------------------------------------------------------------- explain
 
 EXPLAIN_EXAMPLES = {
@@ -404,7 +555,7 @@ def variances(offset, dtype, seed=0):
     x64 = x.astype(np.float64)
     one_pass_f64 = float(np.mean(x64 * x64) - np.mean(x64) ** 2)      # float32 data, double sums
     _, cache = resnorm.layer_norm_forward(x, eps=1e-5)
-    kernel = float(1 / cache.rstd[0] ** 2 - 1e-5)                     # shifted, in double
+    kernel = float(1 / cache.rstd[0] ** 2 - 1e-5)                     # the kernel: shifted
     return exact, one_pass_f32, one_pass_f64, kernel
 
 
@@ -412,7 +563,7 @@ for offset, dtype in ((1e4, np.float32), (1e6, np.float32), (1e8, np.float64)):
     exact, f32, f64, kernel = variances(offset, dtype)
     print(f"{np.dtype(dtype).name} input {offset:g} + N(0,1): variance {exact:.6g}; one-pass "
           f"E[x^2] - E[x]^2 summed in float32: {f32:.6g}, in double: {f64:.6g}; "
-          f"kernel (shifted, double): {kernel:.6g}")
+          f"kernel (shifted): {kernel:.6g}")
 '''
 
 
@@ -528,8 +679,9 @@ def dropout(out):
 
 # --------------------------------------------------------------------------- the docs
 
-SECTIONS = {"machine": machine, "demos": demos, "explain": explain, "layer_norm": layer_norm,
-            "rms_norm": rms_norm, "residual": residual, "dropout": dropout}
+SECTIONS = {"machine": machine, "demos": demos, "warmup": warmup, "deepnorm": deepnorm,
+            "explain": explain, "layer_norm": layer_norm, "rms_norm": rms_norm,
+            "residual": residual, "dropout": dropout}
 
 
 def load():
@@ -623,6 +775,7 @@ def main(argv=None):
 
 
 OWNERS = {"machine": ("machine.",), "demos": ("demo.", "depth.", "grad.", "rvl.", "conv.", "bn."),
+          "warmup": ("warmup.",), "deepnorm": ("deepnorm.",),
           "explain": ("explain.",), "layer_norm": ("layer_norm.",), "rms_norm": ("rms_norm.",),
           "residual": ("residual.",), "dropout": ("dropout.",)}
 

@@ -1,6 +1,7 @@
 """A character-level language model on text bundled with Python, for the training demos
 (warmup, deepnorm): the data, the model around a resnorm.nn.TransformerStack, the loss and
-a training loop with learning-rate warm-up.
+a training loop with learning-rate warm-up, and the learning-rate sweep both demos tune
+every configuration with.
 
 Data: the help texts of Python's own documentation topics (the standard library module
 pydoc_data.topics, what ``help("if")`` prints), about 465,000 characters; nothing is
@@ -11,15 +12,21 @@ Model: token embedding (N(0, 1)) + fixed sinusoidal positions -> the stack -> a 
 head over the vocabulary; loss: mean cross-entropy in nats per character.  Training: Adam,
 betas (0.9, 0.98) as in the Transformer papers, learning rate ramped linearly from lr/W
 to lr over the first W steps (W = 0: constant lr), a fresh random batch every step.
+
+Tuning: one shared learning rate favours whichever configuration it happens to suit, so
+each configuration (an "arm") is trained on its own grid of learning rates and over
+several seeds; per seed its result is the held-out loss at its best learning rate of that
+seed.  A claim is then checked seed by seed on those results and reported as "holds in k
+of n seeds".
 """
 import contextlib
 
 import numpy as np
 
 from .. import nn
+from ._common import markdown_table, spread_text
 
 HELD_OUT_EVERY = 10  # every tenth topic is held out
-MATTERS = 0.1        # nats per character: a difference of held-out loss worth reporting
 STALLED = 0.15       # held-out loss not this far below the unigram level: the run stalled
 MISSING_TEXT = ("the text these demos train on, Python's pydoc_data.topics, is missing "
                 "from this Python installation (some distributions ship it separately).")
@@ -157,6 +164,98 @@ def one_thread():
     except ImportError:
         return contextlib.nullcontext()
     return threadpool_limits(limits=1)
+
+
+def run_seeds(base, n):
+    """The n seeds of a sweep.  Each run uses seed, seed + 1 and seed + 2 (model, batches,
+    held-out batches), so seeds 10 apart never share a stream; the first is `base`."""
+    return [base + 10 * k for k in range(n)]
+
+
+def failed(run, unigram):
+    """True when a run diverged or stalled at the unigram level."""
+    return bool(run["diverged"] or stalled(run["held_out"], unigram))
+
+
+def sweep(grids, seeds, run_one):
+    """run_one(arm, lr, seed) for every arm, every lr of grids[arm] and every seed:
+    {(arm, lr, seed): result}."""
+    return {(arm, lr, s): run_one(arm, lr, s)
+            for arm, grid in grids.items() for lr in grid for s in seeds}
+
+
+def tune(runs, arm, grid, seeds, unigram):
+    """One arm of a sweep, tuned per seed.
+
+    Returns a dict of arrays over (seeds, grid): held (held-out loss, inf when diverged),
+    stable (neither diverged nor stalled); and over seeds: best (the index of the lr with
+    the lowest held-out loss), best_loss, n_stable (how many grid lrs trained), edge (the
+    best lr is the largest one that trained and a larger grid lr failed: the run sits on
+    the stability edge), top (the best lr is the largest of the grid, which then does not
+    show where this arm stops training).
+    """
+    held = np.array([[runs[arm, lr, s]["held_out"] for lr in grid] for s in seeds])
+    stable = np.array([[not failed(runs[arm, lr, s], unigram) for lr in grid] for s in seeds])
+    best = np.argmin(held, axis=1)
+    last_stable = np.array([np.flatnonzero(row).max() if row.any() else -1 for row in stable])
+    top = best == len(grid) - 1
+    edge = (best == last_stable) & ~top    # every grid lr above the best one failed
+    return {"held": held, "stable": stable, "best": best,
+            "best_loss": held[np.arange(len(seeds)), best], "n_stable": stable.sum(axis=1),
+            "edge": edge, "top": top}
+
+
+def lr_table(names, grids, tuned):
+    """Every arm at every lr of its grid: held-out loss over the seeds, how many seeds
+    trained (neither diverged nor stalled) and how many picked that lr as their best."""
+    rows = []
+    for arm, grid in grids.items():
+        t, n = tuned[arm], len(tuned[arm]["best"])
+        for i, lr in enumerate(grid):
+            rows.append([names[arm], f"{lr:g}", spread_text(t["held"][:, i]),
+                         f"{int(t['stable'][:, i].sum())} of {n}",
+                         f"{int(np.sum(t['best'] == i))} of {n}"])
+    return markdown_table(["configuration", "peak lr", "held-out loss, median (min..max)",
+                           "trained (not diverged or stalled)", "best lr of the seed"], rows)
+
+
+def best_table(names, grids, tuned, extra=None):
+    """Every arm at its best lr per seed: the held-out loss, the lrs picked, the number of
+    grid lrs that trained, and how often the best lr sits on the stability edge or at the
+    top of the grid.  extra: {header: {arm: cell}}, more columns."""
+    extra = extra or {}
+    rows = []
+    for arm, grid in grids.items():
+        t, n = tuned[arm], len(tuned[arm]["best"])
+        picked = ", ".join(f"{grid[i]:g} x{int(np.sum(t['best'] == i))}"
+                           for i in range(len(grid)) if np.any(t["best"] == i))
+        rows.append([names[arm]] + [cells[arm] for cells in extra.values()]
+                    + [spread_text(t["best_loss"]), picked,
+                       spread_text(t["n_stable"], 0) + f" of {len(grid)}",
+                       f"{int(t['edge'].sum())} of {n}", f"{int(t['top'].sum())} of {n}"])
+    return markdown_table(["configuration"] + list(extra)
+                          + ["held-out loss at the best lr, median (min..max)",
+                             "best lr (x seeds)", "lrs that trained, median (min..max)",
+                             "best lr on the stability edge", "best lr at the top of the grid"],
+                          rows)
+
+
+def edge_findings(names, grids, tuned):
+    """Sentences naming the arms whose best lr sits on the stability edge or at the top of
+    the grid in some seed: there the tuned result depends on where the grid's points fall."""
+    lines = []
+    for arm, grid in grids.items():
+        t, n = tuned[arm], len(tuned[arm]["best"])
+        if t["edge"].any():
+            lines.append(f"{names[arm]}: in {int(t['edge'].sum())} of {n} seeds the best lr is "
+                         f"the largest grid lr that trained and the next one failed: these "
+                         f"runs sit on the stability edge, and a grid point between the two "
+                         f"could change their result.")
+        if t["top"].any():
+            lines.append(f"{names[arm]}: in {int(t['top'].sum())} of {n} seeds the best lr is "
+                         f"the largest of the grid ({grid[-1]:g}): the grid does not show where "
+                         f"this configuration stops training.")
+    return lines
 
 
 SMOOTH = 10   # steps per point of a plotted loss curve (moving average)

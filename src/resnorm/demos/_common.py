@@ -86,3 +86,39 @@ def plot_band(ax, x, curves, label, log=True, alpha=0.2, color=None):
     ax.fill_between(x, curves.min(axis=0), curves.max(axis=0), color=line.get_color(),
                     alpha=alpha)
     return line
+
+
+def decimals(values, most=3):
+    """Decimal places that the spread of values supports: down to the first significant
+    digit of max - min (at least 1, at most `most`), so that seed-to-seed noise is not
+    printed as if it were signal.  Non-finite values are ignored."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    width = float(v.max() - v.min()) if v.size > 1 else 0.0
+    if width <= 0:
+        return most
+    return int(min(most, max(1, -np.floor(np.log10(width)))))
+
+
+def spread_text(values, places=None):
+    """'median (min..max)' of values, at the decimal places their spread supports (or
+    `places`)."""
+    med, lo, hi = spread(values)
+    p = decimals(values) if places is None else places
+    def text(x):
+        if not np.isfinite(x):
+            return str(x)
+        return f"{x:.{p}f}".replace(f"-{0:.{p}f}", f"{0:.{p}f}")   # no "-0.00"
+    return f"{text(med)} ({text(lo)}..{text(hi)})"
+
+
+def seeds_verdict(claim, per_seed):
+    """'claim: holds in k of n seeds', from one truth value per seed."""
+    per_seed = [bool(x) for x in per_seed]
+    return f"{claim}: holds in {sum(per_seed)} of {len(per_seed)} seeds"
+
+
+def majority(per_seed):
+    """True when a claim held in more than half of the seeds."""
+    per_seed = [bool(x) for x in per_seed]
+    return 2 * sum(per_seed) > len(per_seed)

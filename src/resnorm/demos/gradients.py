@@ -9,8 +9,10 @@ gradient is injected at the output (the loss is <g, output>) and backpropagated.
 Reported per layer l (1 = first, L = last):
 * ||dloss/dx|| at the input of layer l: the signal that reaches it;
 * ||dloss/dW_l||: what an optimizer step would use;
-and, for the warm-up question, how much the output moves after one gradient-descent step
-of size lr on every layer: per unit lr in the linear range (lr -> 0), and at larger lr.
+and, for the warm-up question, how much the output moves after one step on every layer:
+a gradient-descent step of size lr (per unit lr in the linear range, lr -> 0, and at
+larger lr), and an Adam-like step that moves every weight by lr against the sign of its
+gradient, which is what Adam's first, bias-corrected update m / sqrt(v) = g / |g| does.
 Also the scalar picture: a product of 100 per-layer factors.
 
 Closed forms beside the measurements.  No residual: the gradient at layer 1 is gain^(L-1)
@@ -33,6 +35,9 @@ from ._stacks import Stack
 SIZES = {"full": {"tokens": 8, "d": 64, "depth": 100, "seeds": 10},
          "tiny": {"tokens": 4, "d": 64, "depth": 100, "seeds": 3}}
 LINEAR_LR = 1e-6     # small enough that the output change is linear in lr (checked below)
+# the sign step moves each of the d^2 weights of a layer by lr, far more than a gradient
+# step of the same lr moves them: a smaller lr keeps it in the linear range (checked too)
+SIGN_LR = 1e-9
 STEP_SIZES = (1e-4, 1e-3, 1e-2)
 SCALAR_DEPTH = 100
 SCALAR_DRAWS = 10000
@@ -72,12 +77,18 @@ def _measure(stack, x, weights, g):
     depth = len(weights)
     reach = np.array([np.linalg.norm(dstreams[l]) for l in range(depth)])   # input of layer l+1
     dw = np.array([np.linalg.norm(dwl) for dwl in dweights])
-    moves = []
-    for lr in () if stack.kind == "plain" else (LINEAR_LR, LINEAR_LR / 10) + STEP_SIZES:
-        stepped = [w - lr * dwl for w, dwl in zip(weights, dweights)]
-        new_out, _ = _stacks.forward(stack.kind, x, stepped, stack.alpha)
-        moves.append(np.linalg.norm(new_out - out) / np.linalg.norm(out))
-    return reach, dw, np.array(moves)
+    def moved(steps):
+        new_out, _ = _stacks.forward(stack.kind, x, [w - s for w, s in zip(weights, steps)],
+                                     stack.alpha)
+        return np.linalg.norm(new_out - out) / np.linalg.norm(out)
+
+    if stack.kind == "plain":
+        return reach, dw, np.empty(0), np.empty(0)
+    moves = [moved([lr * dwl for dwl in dweights])
+             for lr in (LINEAR_LR, LINEAR_LR / 10) + STEP_SIZES]
+    signs = [np.sign(dwl) for dwl in dweights]
+    sign_moves = [moved([lr * s for s in signs]) for lr in (SIGN_LR, SIGN_LR / 10)]
+    return reach, dw, np.array(moves), np.array(sign_moves)
 
 
 def _scalar_table(rng, depth, d, plain_gain=1.1):
@@ -122,13 +133,14 @@ def run(size="full", seed=0):
     dw = {s.name: np.empty((seeds, depth)) for s in specs}
     moves = {s.name: np.empty((seeds, 0 if s.kind == "plain" else 2 + len(STEP_SIZES)))
              for s in specs}
+    sign_moves = {s.name: np.empty((seeds, 0 if s.kind == "plain" else 2)) for s in specs}
     for k in range(seeds):
         rng = np.random.default_rng([seed, k])
         x = rng.standard_normal((n, d))
         g = rng.standard_normal((n, d))
         g /= np.linalg.norm(g)
         for s in specs:
-            reach[s.name][k], dw[s.name][k], moves[s.name][k] = _measure(
+            reach[s.name][k], dw[s.name][k], moves[s.name][k], sign_moves[s.name][k] = _measure(
                 s, x, _stacks.weights_for(s, rng, depth, d), g)
     layers = _report_layers(depth)
     ratio = {name: v[:, 0] / v[:, -1] for name, v in reach.items()}
@@ -151,19 +163,25 @@ def run(size="full", seed=0):
                        markdown_table(["stack"] + [f"layer {l}" for l in layers], rows)))
     normed = [s for s in specs if s.kind != "plain"]
     sensitivity = {s.name: moves[s.name][:, 0] / LINEAR_LR for s in normed}
+    sign_sensitivity = {s.name: sign_moves[s.name][:, 0] / SIGN_LR for s in normed}
     linear = {s.name: moves[s.name][:, 1] / (LINEAR_LR / 10) / sensitivity[s.name]
               for s in normed}
-    rows = [[s.name, f"{num(np.median(sensitivity[s.name]))} "
-                     f"({num(sensitivity[s.name].min())}..{num(sensitivity[s.name].max())})"]
+    linear |= {f"{s.name}, sign step": sign_moves[s.name][:, 1] / (SIGN_LR / 10)
+               / sign_sensitivity[s.name] for s in normed}
+    band = lambda v: f"{num(np.median(v))} ({num(v.min())}..{num(v.max())})"
+    rows = [[s.name, band(sensitivity[s.name])]
             + [num(np.median(moves[s.name][:, 2 + i])) for i in range(len(STEP_SIZES))]
-            for s in normed]
+            + [band(sign_sensitivity[s.name])] for s in normed]
     res.tables.append((
-        "How far one gradient-descent step W_l -= lr * dloss/dW_l on every layer moves the "
-        "output: ||output after - before|| / ||output||, per unit lr in the linear range "
-        f"(measured at lr = {LINEAR_LR:g}; median (min..max) over {seeds} seeds), and at "
-        "larger lr (median).",
-        markdown_table(["stack", "change per unit lr, lr -> 0"]
-                       + [f"lr = {lr:g}" for lr in STEP_SIZES], rows)))
+        "How far one step on every layer moves the output: ||output after - before|| / "
+        "||output||.  Gradient descent W_l -= lr * dloss/dW_l: per unit lr in the linear "
+        f"range (measured at lr = {LINEAR_LR:g}; median (min..max) over {seeds} seeds), and "
+        "at larger lr (median).  Adam-like step W_l -= lr * sign(dloss/dW_l), every weight "
+        "moved by lr as by Adam's first update: per unit lr in the linear range (measured at "
+        f"lr = {SIGN_LR:g}).",
+        markdown_table(["stack", "gradient step, change per unit lr, lr -> 0"]
+                       + [f"gradient step, lr = {lr:g}" for lr in STEP_SIZES]
+                       + ["Adam-like step, change per unit lr, lr -> 0"], rows)))
     scalar_rows, scalar = _scalar_table(np.random.default_rng([seed, seeds]), depth, d)
     res.tables.append((f"The scalar picture: a product of {SCALAR_DEPTH} per-layer derivatives.",
                        markdown_table(["per-layer factor", "product", "value", "closed form"],
@@ -173,6 +191,8 @@ def run(size="full", seed=0):
     med = {name: spread(v) for name, v in ratio.items()}
     post_pre = spread(sensitivity[post] / sensitivity[pre1])
     post_deep = spread(sensitivity[post] / sensitivity[deep])
+    sign_pre = spread(sign_sensitivity[post] / sign_sensitivity[pre1])
+    sign_deep = spread(sign_sensitivity[post] / sign_sensitivity[deep])
     plain_drift = {s.gain: np.exp(np.mean(np.log(ratio[s.name] / s.gain ** (depth - 1))))
                    for s in specs if s.kind == "plain"}
     lin = np.concatenate(list(linear.values()))
@@ -195,9 +215,17 @@ def run(size="full", seed=0):
         f"({num(med[deep][1])}..{num(med[deep][2])}).",
         f"one step on every layer, per unit lr in the linear range: Post-Norm moves the output "
         f"{num(post_pre[0])}x as far as Pre-Norm with gain 1 ({num(post_pre[1])}..{num(post_pre[2])}"
-        f" over the seeds) and {num(post_deep[0])}x as far as DeepNorm; the change is linear in "
-        f"lr there (10x the change at lr = {LINEAR_LR / 10:g} is {num(lin.min(), 4)}.."
-        f"{num(lin.max(), 4)} times the change at {LINEAR_LR:g}).",
+        f" over the seeds) and {num(post_deep[0])}x as far as DeepNorm ({num(post_deep[1])}.."
+        f"{num(post_deep[2])}); the change is linear in lr there (10x the change at lr / 10 "
+        f"is {num(lin.min(), 4)}..{num(lin.max(), 4)} times the change at lr, for both kinds "
+        f"of step).",
+        f"one Adam-like step on every layer (each weight moved by lr against the sign of its "
+        f"gradient, as Adam's first update does), per unit lr: Post-Norm moves the output "
+        f"{num(sign_pre[0])}x as far as Pre-Norm with gain 1 ({num(sign_pre[1])}.."
+        f"{num(sign_pre[2])} over the seeds) and {num(sign_deep[0])}x as far as DeepNorm "
+        f"({num(sign_deep[1])}..{num(sign_deep[2])}): against Pre-Norm, "
+        f"{'smaller' if sign_pre[0] < post_pre[0] else 'not smaller'} than the "
+        f"gradient-descent ratio (Adam's step does not grow with the gradient's size).",
         f"at lr = 1e-3 the ratio Post-Norm / Pre-Norm (gain 1) is "
         f"{num(np.median(moves[post][:, 2 + i3] / moves[pre1][:, 2 + i3]))} (median): Post-Norm's"
         f" change saturates ({num(100 * np.median(moves[post][:, 2 + i3]))}% of the output), "
@@ -212,6 +240,7 @@ def run(size="full", seed=0):
     ]
     res.data = {"layers": np.arange(1, depth + 1), "reach": reach, "dweight": dw,
                 "ratio": ratio, "moves": moves, "sensitivity": sensitivity, "linearity": linear,
+                "sign_moves": sign_moves, "sign_sensitivity": sign_sensitivity,
                 "step_sizes": STEP_SIZES, "scalar": scalar, "depth": depth, "seeds": seeds,
                 "d": d}
     return res

@@ -7,28 +7,40 @@ parameters near the output is large (their Figure 3: it grows with the layer ind
 Pre-LN's is the same in every layer.
 
 The task: a character-level language model on the help texts of Python's documentation
-topics (pydoc_data, bundled with Python; _charlm.py has the data, the model and the
-training loop).  Each configuration (block type x learning rate x warm-up) starts from the
-same seed and sees the same batches.  Measured: the training loss curve, the held-out loss
-at the end, whether a run diverged (a non-finite loss) or stalled (its held-out loss not
-STALLED nats below the unigram level: it learnt the character frequencies and next to
-nothing else), and the gradient norm of each layer's linear2.weight (the paper's W^2) at
-initialisation, averaged over a few batches.
+topics (pydoc_data, bundled with Python; _charlm.py has the data, the model, the training
+loop and the sweep).  Each configuration (block type x warm-up, an "arm") is trained on a
+grid of peak learning rates and over several seeds; per seed, an arm's result is its
+held-out loss at its best learning rate, and every claim is checked seed by seed on those
+results.  Within a seed every run starts from the same initialisation and sees the same
+batches.  A run diverged when its loss became non-finite and stalled when its held-out
+loss is not STALLED nats below the unigram level (it learnt the character frequencies and
+next to nothing else); the arm's stable range is the number of grid learning rates at
+which it did neither.  Also measured: the gradient norm of each layer's linear2.weight
+(the paper's W^2) at initialisation, averaged over a few batches, for every seed.
 """
 import numpy as np
 
 from . import _charlm
-from ._charlm import MATTERS, MISSING_TEXT, STALLED
-from ._common import DemoResult, markdown_table, num
+from ._charlm import MISSING_TEXT, STALLED
+from ._common import (DemoResult, majority, markdown_table, num, seeds_verdict, spread,
+                      spread_text)
 
 BLOCKS = (("post", "Post-LN"), ("pre", "Pre-LN"))
 GROWS = 1.05      # a gradient norm growing by more than 5% per layer "grows with depth"
 SIZES = {
-    "full": {"layers": 6, "lrs": (1e-3, 1e-2), "steps": 250, "warmup": 60, "batch": 8,
-             "seq": 32, "d": 32, "heads": 4, "eval_batches": 8, "grad_batches": 4},
-    "tiny": {"layers": 6, "lrs": (1e-2,), "steps": 150, "warmup": 40, "batch": 8,
-             "seq": 32, "d": 32, "heads": 4, "eval_batches": 4, "grad_batches": 2},
+    "full": {"layers": 6, "lrs": (1e-3, 3e-3, 1e-2, 3e-2), "seeds": 5, "steps": 200,
+             "warmup": 50, "batch": 8, "seq": 32, "d": 32, "heads": 4, "eval_batches": 8,
+             "grad_batches": 4},
+    "tiny": {"layers": 2, "lrs": (3e-3, 1e-2, 3e-2, 1e-1), "seeds": 3, "steps": 60,
+             "warmup": 20, "batch": 8, "seq": 32, "d": 32, "heads": 4, "eval_batches": 2,
+             "grad_batches": 2},
 }
+
+
+def arms(warmup):
+    """(block, warm-up steps) -> its name, in table order."""
+    return {(b, w): f"{name}, {f'warm-up {warmup}' if w else 'no warm-up'}"
+            for b, name in BLOCKS for w in (0, warmup)}
 
 
 def _model(cfg, vocab, block, seed):
@@ -36,8 +48,8 @@ def _model(cfg, vocab, block, seed):
                           seed)
 
 
-def _run(cfg, data, vocab, block, lr, warmup, seed):
-    train, held_out = data
+def _run(cfg, data, vocab, arm, lr, seed):
+    (block, warmup), (train, held_out) = arm, data
     model = _model(cfg, vocab, block, seed)
     losses = _charlm.train(model, train, cfg["steps"], lr, warmup, cfg["batch"], cfg["seq"],
                            seed + 1)
@@ -60,10 +72,6 @@ def _gradient_norms(cfg, data, vocab, block, seed):
     return norms / cfg["grad_batches"]
 
 
-def _verdict(flag):
-    return "yes" if flag else "no"
-
-
 def run(size="full", seed=0):
     cfg = SIZES[size]
     res = DemoResult("warmup", "Post-LN vs Pre-LN, with and without learning-rate warm-up "
@@ -73,83 +81,124 @@ def run(size="full", seed=0):
     except ImportError:
         res.missing = MISSING_TEXT
         return res
-    data = (train, held_out)
     unigram = _charlm.unigram_loss(train, held_out, vocab)
-    runs, grads = {}, {}
+    seeds = _charlm.run_seeds(seed, cfg["seeds"])
+    names = arms(cfg["warmup"])
+    grids = {arm: cfg["lrs"] for arm in names}
     with _charlm.one_thread():
-        for block, _ in BLOCKS:
-            grads[block] = _gradient_norms(cfg, data, vocab, block, seed)
-            for lr in cfg["lrs"]:
-                for warmup in (0, cfg["warmup"]):
-                    runs[block, lr, warmup] = _run(cfg, data, vocab, block, lr, warmup, seed)
-    tail = max(1, cfg["steps"] // 10)
-    rows = []
-    for (block, lr, warmup), r in runs.items():
-        stalled = _charlm.stalled(r["held_out"], unigram)
-        rows.append([dict(BLOCKS)[block], f"{lr:g}", f"{warmup} steps" if warmup else "none",
-                     num(r["losses"][0]), num(np.nanmean(r["losses"][-tail:])),
-                     num(r["held_out"]), _verdict(r["diverged"]), _verdict(stalled)])
+        runs = _charlm.sweep(grids, seeds, lambda arm, lr, s: _run(
+            cfg, (train, held_out), vocab, arm, lr, s))
+        grads = {b: np.array([_gradient_norms(cfg, (train, held_out), vocab, b, s)
+                              for s in seeds]) for b, _ in BLOCKS}
+    tuned = {arm: _charlm.tune(runs, arm, grids[arm], seeds, unigram) for arm in names}
     res.tables.append((
         f"Character-level language model on Python's documentation topics ({len(train)} "
         f"training / {len(held_out)} held-out characters, {vocab} symbols): "
         f"{cfg['layers']} layers, d_model {cfg['d']}, {cfg['heads']} heads, "
         f"batch {cfg['batch']} x {cfg['seq']} characters, {cfg['steps']} Adam steps "
-        f"(betas 0.9, 0.98), warm-up linear over the first {cfg['warmup']} steps.  Losses "
-        f"in nats per character; the unigram level (character frequencies only) is "
-        f"{num(unigram)}.",
-        markdown_table(["block", "peak lr", "warm-up", "loss, step 1",
-                        f"training loss, last {tail} steps", "held-out loss, end",
-                        "diverged", f"stalled (held-out not {STALLED} below unigram)"],
-                       rows)))
+        f"(betas 0.9, 0.98), warm-up linear over the first {cfg['warmup']} steps.  Every "
+        f"configuration at every peak lr, over {len(seeds)} seeds (median (min..max); inf = "
+        f"diverged).  Losses in nats per character; the unigram level (character "
+        f"frequencies only) is {num(unigram)}; a run stalled when its held-out loss is not "
+        f"{STALLED} below it.",
+        _charlm.lr_table(names, grids, tuned)))
+    res.tables.append((
+        f"Each configuration at its own best peak lr, chosen per seed ({len(seeds)} seeds).",
+        _charlm.best_table(names, grids, tuned)))
     layers = cfg["layers"]
     res.tables.append((
         f"Gradient norm of each layer's linear2.weight at initialisation (the paper's W^2), "
-        f"mean over {cfg['grad_batches']} batches.",
+        f"mean over {cfg['grad_batches']} batches; median over {len(seeds)} seeds, and the "
+        f"last / first layer ratio with its min..max.",
         markdown_table(["block"] + [f"layer {i + 1}" for i in range(layers)]
                        + ["last / first"],
-                       [[name] + [num(v) for v in grads[b]] + [num(grads[b][-1] / grads[b][0])]
+                       [[name] + [num(v) for v in np.median(grads[b], axis=0)]
+                        + [spread_text(grads[b][:, -1] / grads[b][:, 0])]
                         for b, name in BLOCKS])))
-    _findings(res, runs, grads, unigram, cfg)
-    res.data.update(runs=runs, grads=grads, unigram=unigram, lrs=cfg["lrs"],
-                    warmup=cfg["warmup"], steps=cfg["steps"], layers=layers)
+    _findings(res, runs, tuned, names, grids, grads, unigram, cfg)
+    res.data.update(runs=runs, tuned=tuned, grids=grids, names=names, seeds=seeds,
+                    grads=grads, unigram=unigram, lrs=cfg["lrs"], warmup=cfg["warmup"],
+                    steps=cfg["steps"], layers=layers)
     return res
 
 
-def _findings(res, runs, grads, unigram, cfg):
+def warmup_claims(tuned, warmup):
+    """The per-seed truth of each claim about warm-up, from the tuned arms: a dict of
+    boolean arrays over the seeds, and the seed spread the loss differences are held
+    against."""
+    post0, postw = tuned["post", 0], tuned["post", warmup]
+    pre0, prew = tuned["pre", 0], tuned["pre", warmup]
+    # the seed-to-seed spread of a tuned result: the widest max - min of the four arms
+    noise = max(np.ptp(t["best_loss"]) for t in tuned.values())
+    return {
+        "post_wider": postw["n_stable"] > post0["n_stable"],
+        "pre_wider": prew["n_stable"] > pre0["n_stable"],
+        "post_worse": post0["best_loss"] - postw["best_loss"] > noise,
+        "pre_worse": pre0["best_loss"] - prew["best_loss"] > noise,
+    }, noise
+
+
+def _findings(res, runs, tuned, names, grids, grads, unigram, cfg):
     w = cfg["warmup"]
-    for lr in cfg["lrs"]:
-        post = runs["post", lr, 0]["held_out"], runs["post", lr, w]["held_out"]
-        pre = runs["pre", lr, 0]["held_out"], runs["pre", lr, w]["held_out"]
-        post_needs = post[0] - post[1] > MATTERS
-        pre_needs = pre[0] - pre[1] > MATTERS
-        res.findings.append(
-            f"peak lr {lr:g}: held-out loss without / with warm-up: Post-LN {num(post[0])} / "
-            f"{num(post[1])}, Pre-LN {num(pre[0])} / {num(pre[1])} (unigram level "
-            f"{num(unigram)}).  Warm-up helps Post-LN by more than {MATTERS}: "
-            f"{_verdict(post_needs)}; helps Pre-LN by more than {MATTERS}: "
-            f"{_verdict(pre_needs)}.  The paper's claim (Post-LN needs warm-up, Pre-LN does "
-            f"not) {'holds' if post_needs and not pre_needs else 'does not hold'} here.")
-    diverged = [f"{dict(BLOCKS)[b]} lr {lr:g} warm-up {wu}" for (b, lr, wu), r in runs.items()
-                if r["diverged"]]
-    stalled = [f"{dict(BLOCKS)[b]} lr {lr:g} {'with' if wu else 'without'} warm-up"
-               for (b, lr, wu), r in runs.items()
-               if _charlm.stalled(r["held_out"], unigram)]
+    claims, noise = warmup_claims(tuned, w)
+    n = len(claims["post_wider"])
+    post_diff = tuned["post", 0]["best_loss"] - tuned["post", w]["best_loss"]
+    pre_diff = tuned["pre", 0]["best_loss"] - tuned["pre", w]["best_loss"]
+    res.findings += [
+        "each configuration at its best peak lr (held-out loss over the seeds): "
+        + "; ".join(f"{names[a]} {spread_text(tuned[a]['best_loss'])}" for a in names)
+        + f" (unigram level {num(unigram)}).",
+        seeds_verdict("warm-up widens Post-LN's stable lr range (more grid lrs train "
+                      "without diverging or stalling)", claims["post_wider"])
+        + f" (lrs that trained, without / with warm-up: "
+        f"{spread_text(tuned['post', 0]['n_stable'], 0)} / "
+        f"{spread_text(tuned['post', w]['n_stable'], 0)} of {len(cfg['lrs'])}).",
+        seeds_verdict("warm-up widens Pre-LN's stable lr range", claims["pre_wider"])
+        + f" ({spread_text(tuned['pre', 0]['n_stable'], 0)} / "
+        f"{spread_text(tuned['pre', w]['n_stable'], 0)} of {len(cfg['lrs'])}).",
+        seeds_verdict(f"each at its best lr, Post-LN without warm-up ends worse than with it "
+                      f"by more than the seed spread ({noise:.2f})", claims["post_worse"])
+        + f" (difference without - with: {spread_text(post_diff)}).",
+        seeds_verdict(f"each at its best lr, Pre-LN without warm-up ends worse than with it "
+                      f"by more than the seed spread ({noise:.2f})", claims["pre_worse"])
+        + f" (difference without - with: {spread_text(pre_diff)}).",
+        _what_survives(claims, n),
+    ]
+    res.findings += _charlm.edge_findings(names, grids, tuned)
+    diverged = sum(r["diverged"] for r in runs.values())
+    stalled = sum(_charlm.stalled(r["held_out"], unigram) for r in runs.values())
     res.findings.append(
-        ("diverged (a non-finite loss): " + ", ".join(diverged)) if diverged else
-        "no run diverged: every loss stayed finite.  Failure here means stalling, not "
-        "blowing up.")
-    res.findings.append(
-        (f"stalled at the unigram level (held-out not {STALLED} below {num(unigram)}): "
-         + ", ".join(stalled)) if stalled else "no run stalled at the unigram level.")
-    factor = {b: _per_layer_factor(grads[b]) for b, _ in BLOCKS}
-    grows = factor["post"] > GROWS
-    res.findings.append(
-        f"gradient norm of linear2.weight at initialisation, layer 1 -> {cfg['layers']}: "
-        f"Post-LN {num(grads['post'][0])} -> {num(grads['post'][-1])} (fitted factor per "
-        f"layer {factor['post']:.3f}), Pre-LN {num(grads['pre'][0])} -> "
-        f"{num(grads['pre'][-1])} ({factor['pre']:.3f}); Post-LN / Pre-LN in the last layer "
-        f"{num(grads['post'][-1] / grads['pre'][-1])}.  The paper has Post-LN's growing with "
-        f"the layer index; by more than {GROWS - 1:.0%} per layer here: {_verdict(grows)}.")
+        f"of {len(runs)} runs, {diverged} diverged (a non-finite loss) and {stalled} stalled "
+        f"at the unigram level.")
+    factor = {b: np.array([_per_layer_factor(g) for g in grads[b]]) for b, _ in BLOCKS}
+    last = grads["post"][:, -1] / grads["pre"][:, -1]
+    res.findings += [
+        seeds_verdict(f"at initialisation Post-LN's linear2.weight gradient grows with the "
+                      f"layer index by more than {GROWS - 1:.0%} per layer (the paper's "
+                      f"Figure 3)", factor["post"] > GROWS)
+        + f" (fitted factor per layer: Post-LN {spread_text(factor['post'])}, Pre-LN "
+        f"{spread_text(factor['pre'])}).",
+        seeds_verdict("in the last layer Post-LN's linear2.weight gradient is larger than "
+                      "Pre-LN's", last > 1) + f" (Post-LN / Pre-LN {spread_text(last)}).",
+    ]
+
+
+def _what_survives(claims, n):
+    """The paper's claim, worded to what the seeds support."""
+    wider, worse = majority(claims["post_wider"]), majority(claims["post_worse"])
+    pre_fine = not majority(claims["pre_worse"])
+    if wider and not worse:
+        text = ("what survives: Post-LN without warm-up trains over a narrower lr range "
+                "than with it, and at its best lr ends as well (within the seed spread): it "
+                "does not need warm-up, it needs a smaller lr")
+    elif worse:
+        text = ("what survives: tuned Post-LN without warm-up ends worse than with it beyond "
+                "the seed spread: Post-LN needs warm-up here")
+    else:
+        text = ("what survives: in most seeds warm-up neither widens Post-LN's stable lr "
+                "range nor improves its tuned result")
+    return (f"{text}; Pre-LN {'does not need it' if pre_fine else 'needs it too'} "
+            f"(majorities of {n} seeds).")
 
 
 def _per_layer_factor(norms):
@@ -160,23 +209,36 @@ def _per_layer_factor(norms):
 def plot(res, path, plt):
     if res.missing:
         return _charlm.plot_not_run(res, path, plt)
-    lrs = res.data["lrs"]
-    fig, axes = _charlm.figure(plt, len(lrs) + 1)
-    for ax, lr in zip(axes, lrs):
-        for (block, r_lr, warmup), r in res.data["runs"].items():
-            if r_lr == lr:
-                _charlm.loss_curve(
-                    ax, r["losses"], ls="-" if warmup else "--",
-                    color="C0" if block == "post" else "C1",
-                    label=f"{dict(BLOCKS)[block]}, {'warm-up' if warmup else 'no warm-up'}")
-        _charlm.finish_loss_panel(
-            ax, f"training loss, peak lr {lr:g} (warm-up {res.data['warmup']} steps)",
-            res.data["unigram"])
-    ax = axes[-1]
+    fig, axes = _charlm.figure(plt, 3)
+    names, grids, tuned, w = (res.data[k] for k in ("names", "grids", "tuned", "warmup"))
+    style = {arm: {"color": "C0" if arm[0] == "post" else "C1", "ls": "-" if arm[1] else "--"}
+             for arm in names}
+    ax = axes[0]
+    for arm, grid in grids.items():
+        held = np.minimum(tuned[arm]["held"], 2 * res.data["unigram"])   # inf: off the top
+        ax.plot(grid, np.median(held, axis=0), "o", label=names[arm], **style[arm])
+        ax.fill_between(grid, held.min(axis=0), held.max(axis=0), alpha=0.15,
+                        color=style[arm]["color"])
+    ax.axhline(res.data["unigram"], color="gray", lw=0.8, ls=":", label="unigram level")
+    ax.set_xscale("log")
+    ax.set_title(f"held-out loss vs peak lr ({len(res.data['seeds'])} seeds: median, min..max)")
+    ax.set_xlabel("peak lr")
+    ax.set_ylabel("nats / character")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    first = res.data["seeds"][0]
+    for arm, grid in grids.items():
+        lr = grid[tuned[arm]["best"][0]]
+        _charlm.loss_curve(ax, res.data["runs"][arm, lr, first]["losses"],
+                           label=f"{names[arm]}, lr {lr:g}", **style[arm])
+    _charlm.finish_loss_panel(ax, f"training loss at each one's best lr, seed {first}",
+                              res.data["unigram"])
+    ax = axes[2]
     layers = np.arange(1, res.data["layers"] + 1)
     for block, name in BLOCKS:
-        ax.semilogy(layers, res.data["grads"][block], "o-", label=name)
-    ax.set_title("||d linear2.weight|| at initialisation")
+        ax.semilogy(layers, np.median(res.data["grads"][block], axis=0), "o-", label=name)
+    ax.set_title("||d linear2.weight|| at initialisation (median over seeds)")
     ax.set_xlabel("layer")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
