@@ -135,14 +135,23 @@ def _rms_backward_steps(t, dy, weight, vn, name):
     return g, m, f"{{rstd}} * ({{g}} - {{{name}n}} * {{m}})"
 
 
+def _kernel_sums(dtype, d):
+    """How the kernel sums a LayerNorm row of d elements of dtype (layer_norm.md)."""
+    if np.dtype(dtype) != np.float64 and d >= 32:
+        return "in float32 lanes, each added into double every 16 of its elements"
+    return "in double"
+
+
 def _layer_forward_steps(t, v, name, weight, bias, mean_kernel, mean_ref, rstd_kernel,
-                         rstd_ref, y_kernel):
-    """LayerNorm of v (called `name`); returns the normalised rows vhat (reference)."""
+                         rstd_ref, y_kernel, dtype):
+    """LayerNorm of v (called `name`, of dtype in the kernel); returns the normalised rows
+    vhat (reference)."""
     v = _f64(v)
     t.add(f"sum_{name}", v.sum(axis=1), "row", "reference", "forward", f"{{{name}}}", "sum",
           note="reduction 1")
     t.add("mean", mean_kernel, "row", "kernel", "forward", f"{{sum_{name}}} / {{D}}",
-          note="cached for backward (float64)")
+          note=f"cached for backward (float64); the kernel: one pass about a shift near the "
+               f"mean (two where it is far), summed {_kernel_sums(dtype, v.shape[1])}")
     centred = v - mean_ref[:, None]
     t.add("centred", centred, "element", "reference", "forward", f"{{{name}}} - {{mean}}")
     t.add("sq_dev", centred * centred, "element", "reference", "forward", "{centred}^2")
@@ -445,7 +454,8 @@ def layer(t, inp):
     y, cache = resnorm.layer_norm_forward(x, w, b, eps)
     _record_inputs(t, inp, ["x", "w", "b", "eps", "D", "dy"])
     y_ref, mean_ref, rstd_ref = resnorm.reference.layer_norm_forward(x, w, b, eps)
-    xhat = _layer_forward_steps(t, x, "x", w, b, cache.mean, mean_ref, cache.rstd, rstd_ref, y)
+    xhat = _layer_forward_steps(t, x, "x", w, b, cache.mean, mean_ref, cache.rstd, rstd_ref, y,
+                                x.dtype)
     built = Built([("y", y, y_ref), ("mean", cache.mean, mean_ref),
                    ("rstd", cache.rstd, rstd_ref)], cache, {"x": x, "w": w},
                   "backward needs xhat = (x - mean) * rstd: x is the input (kept by "
@@ -547,7 +557,7 @@ def add_norm(t, inp):
         vn = _rms_forward_steps(t, h_ref, "h", w, cache.rstd, stats_ref["rstd"], y)
     else:
         vn = _layer_forward_steps(t, h_ref, "h", w, b, cache.mean, stats_ref["mean"],
-                                  cache.rstd, stats_ref["rstd"], y)
+                                  cache.rstd, stats_ref["rstd"], y, np.asarray(inp.x).dtype)
     why = ("h is an output anyway (kept by reference: no extra memory) and the norm's "
            "statistics are one float64 per row" if prenorm else
            "x and residual are kept by reference and h is recomputed in backward: no N x D "
@@ -978,25 +988,20 @@ def gated_rms(t, inp):
     rstd_at = _to_elements(rstd_ref, gs)
     part = rstd_at * (np.abs(g) + np.abs(vn) * _to_elements(_group_mean(np.abs(g * vn), gs),
                                                             gs))
-    built.fd_limits = True
-    if z is not None:
-        s64, ds64 = resnorm.reference.sigmoid(z64), resnorm.reference.sigmoid_grad(z64)
-        slope_size = np.abs(s64) + np.abs(z64 * ds64)
-    if gate_first:
-        du = rstd_at * (g - vn * _to_elements(m, gs))
-        built.fd_rounding_scale = {"dx": part * np.abs(a),
-                                   "dgate": np.abs(x64) * (part + np.abs(du)) * slope_size}
-    else:
-        built.fd_rounding_scale = {"dx": part}
-        if z is not None:
-            built.fd_rounding_scale["dgate"] = np.abs(
-                dy64 * vn * (1.0 if w is None else w64)) * slope_size
     built.jacobian = _gated_jacobian(
         x64, z64, w, gs, gate_first, rstd_ref, spread_x,
         lambda row, r: resnorm.gated_rms_norm(row, None if z is None else z64[r:r + 1], w64,
                                               eps, **kw), dx, inp.dy)
-    if built.jacobian is not None:
-        built.jacobian["size"] = built.fd_rounding_scale["dx"]
+    _rounding_sizes(built, part * np.abs(a) if gate_first else part)
+    if z is not None:
+        s64, ds64 = resnorm.reference.sigmoid(z64), resnorm.reference.sigmoid_grad(z64)
+        slope_size = np.abs(s64) + np.abs(z64 * ds64)
+        if gate_first:
+            du = rstd_at * (g - vn * _to_elements(m, gs))
+            built.fd_rounding_scale["dgate"] = np.abs(x64) * (part + np.abs(du)) * slope_size
+        else:
+            built.fd_rounding_scale["dgate"] = np.abs(
+                dy64 * vn * (1.0 if w is None else w64)) * slope_size
     # y of a group does not change when its x is scaled: sum_{i in k} dx_i x_i is the eps term
     terms = _f64(dx) * x64
     ms = _group_mean(v * v, gs)

@@ -196,25 +196,35 @@ def gated_jvp(x, gate, weight, eps, group_size, norm_before_gate, dx, dgate, dwe
     return t
 
 
-def gated_gradients(ctx, dy, kernel_backward):
-    """What the gated RMSNorm's autograd backward returns: (dx, dgate, dweight, None for
-    the options): kernel_backward(ctx, dy) -> (dx, dgate, dweight), resnorm's backward
-    kernel, or, for a backward that builds a graph, gated_backward's expressions carrying
-    the kernel's values (as gradients does for the norms).  ctx holds x, gate and weight
-    as its first saved tensors, eps, group_size and norm_before_gate."""
-    x, gate, weight = ctx.saved_tensors[:3]
-    want = ctx.needs_input_grad
-    if dy is None:
-        return (None,) * len(want)
+def kernel_or_expressions(ctx, dy, kernel_backward, expressions):
+    """The gradients an autograd backward returns, normally kernel_backward(ctx, dy),
+    resnorm's backward kernel.  With create_graph=True (torch.is_grad_enabled() inside
+    backward; also how torch.func.grad runs backward) they are expressions(), torch
+    expressions that can be differentiated again, carrying the kernel's values
+    (kernel_valued); for a batched dy (no storage to view: vmap over autograd.grad,
+    gradcheck's batched gradients, torch.func) the expressions alone."""
     grads = None
     try:
         grads = kernel_backward(ctx, dy)
     except NoStorage:   # a batched dy: vmap over autograd.grad, gradcheck's batches
         pass
     if grads is None or torch.is_grad_enabled():
-        expressions = gated_backward(dy, x, gate, weight, ctx.eps, ctx.group_size,
-                                     ctx.norm_before_gate, want)
-        grads = expressions if grads is None else kernel_valued(expressions, grads)
+        exprs = expressions()
+        grads = exprs if grads is None else kernel_valued(exprs, grads)
+    return grads
+
+
+def gated_gradients(ctx, dy, kernel_backward):
+    """What the gated RMSNorm's autograd backward returns: (dx, dgate, dweight, None for
+    the options): kernel_or_expressions of kernel_backward(ctx, dy) -> (dx, dgate,
+    dweight), resnorm's backward kernel, and gated_backward's expressions.  ctx holds x,
+    gate and weight as its first saved tensors, eps, group_size and norm_before_gate."""
+    x, gate, weight = ctx.saved_tensors[:3]
+    want = ctx.needs_input_grad
+    if dy is None:
+        return (None,) * len(want)
+    grads = kernel_or_expressions(ctx, dy, kernel_backward, lambda: gated_backward(
+        dy, x, gate, weight, ctx.eps, ctx.group_size, ctx.norm_before_gate, want))
     return tuple(g if w else None for g, w in zip(grads, want[:3])) + (None,) * (
         len(want) - 3)
 
@@ -267,28 +277,16 @@ def gradients(ctx, dy, layer, kernel_backward):
 
     ctx holds x and weight as its first saved tensors (unpacking them is also autograd's
     check that x was not modified in place since forward), eps, has_bias, axes (how many
-    trailing axes a row spans) and zero_centered.  Normally the
-    gradients come from kernel_backward(ctx, dy) -> (dx, dweight, dbias), resnorm's
-    backward kernel.  With create_graph=True (torch.is_grad_enabled() inside backward; also
-    how torch.func.grad runs backward) they are norm_backward's differentiable expressions,
-    so that they can be differentiated again, carrying the kernel's values
-    (kernel_valued); for a batched dy (no storage to view: vmap over autograd.grad,
-    gradcheck's batched gradients, torch.func) the expressions alone.
+    trailing axes a row spans) and zero_centered.  The gradients: kernel_or_expressions of
+    kernel_backward(ctx, dy) -> (dx, dweight, dbias), resnorm's backward kernel, and
+    norm_backward's expressions.
     """
     x, weight = ctx.saved_tensors[:2]
     want = ctx.needs_input_grad
     if dy is None:
         return (None,) * len(want)
-    grads = None
-    try:
-        grads = kernel_backward(ctx, dy)
-    except NoStorage:   # a batched dy: vmap over autograd.grad, gradcheck's batches
-        pass
-    if grads is None or torch.is_grad_enabled():
-        expressions = norm_backward(dy, x, weight, ctx.has_bias, ctx.eps, layer, want,
-                                    ctx.axes, ctx.zero_centered)
-        grads = expressions if grads is None else kernel_valued(expressions, grads)
-    dx, dw, db = grads
+    dx, dw, db = kernel_or_expressions(ctx, dy, kernel_backward, lambda: norm_backward(
+        dy, x, weight, ctx.has_bias, ctx.eps, layer, want, ctx.axes, ctx.zero_centered))
     rest = (None,) * (len(want) - (3 if layer else 2))
     if layer:
         return (dx if want[0] else None, dw if want[1] else None, db if want[2] else None,
