@@ -41,7 +41,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 JSON_PATH = ROOT / "tools" / "doc_numbers.json"
 DOCS = ["docs/demos.md", "docs/explain.md", "docs/pre_post_norm.md", "docs/layer_norm.md",
-        "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md", "docs/deepnorm.md"]
+        "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md", "docs/deepnorm.md",
+        "docs/parallel_residual.md", "docs/sandwich_norm.md"]
 BLOCK = re.compile(r"(<!-- numbers:([\w.-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 VALUE = re.compile(r"(<!--n:([\w.-]+)-->)(.*?)(<!--/n-->)", re.S)
 CLAIM = re.compile(r"<!--claim:([\w.-]+)-->")
