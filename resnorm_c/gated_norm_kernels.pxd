@@ -14,7 +14,15 @@
 # norm's row primitives (sum of squares, apply, backward dot) read it from L1.  Sums over
 # rows (dweight) go through the fixed row blocks of common.pxd, so every thread count gives
 # the same bits.
+#
+# Gate first, a float product u = x * a (a = silu(z)) under 2**-126 keeps only the
+# subnormals' absolute precision, which the norm then scales up (subnormal x: hundreds of
+# ulps in y, as in torch).  A group whose every |u| is under 2**-63 (tiny_group) is
+# normalised from the exact products x * a in double instead (tiny_group_forward and
+# tiny_group_backward); both passes decide on the same u, so they agree.
 from cython.parallel cimport prange, threadid
+from libc.math cimport sqrt
+from libc.stdint cimport uint32_t
 
 from common cimport at, first_row, row_blocks, sum_partials, zero_partials
 from norm_kernels cimport rms_rstd
@@ -35,6 +43,78 @@ cdef inline Py_ssize_t gated_norm_backward_floats(Py_ssize_t d) noexcept nogil:
     return 9 * d
 
 
+# --------------------------------------------------------------------------- tiny groups
+
+cdef inline bint tiny_bits(uint32_t e) noexcept nogil:
+    """Whether floats whose words OR to e are all under 2**-63 in magnitude: their exponent
+    fields are all under 64 exactly when their OR is (an OR of words, which the compiler
+    vectorises, where a maximum of floats it would not)."""
+    return (e & 0x7f800000u) < (64u << 23)
+
+
+cdef inline bint tiny_group(const real *u, Py_ssize_t n) noexcept nogil:
+    """Whether every |u_i| of a float group is under 2**-63; double groups: never."""
+    cdef const uint32_t *bits = <const uint32_t *>u
+    cdef uint32_t e = 0
+    cdef Py_ssize_t i
+    if real is double:
+        return False
+    for i in range(n):
+        e |= bits[i]
+    return tiny_bits(e)
+
+
+cdef inline bint gated_products(real *u, const real *x, const real *z, const real *s,
+                                Py_ssize_t n) noexcept nogil:
+    """u := x * (z * s) (gate first: the gated rows, s = sigmoid(z)); returns
+    tiny_group(u), from the same loop."""
+    cdef const uint32_t *bits = <const uint32_t *>u
+    cdef uint32_t e = 0
+    cdef Py_ssize_t i
+    if real is double:
+        for i in range(n):
+            u[i] = x[i] * (z[i] * s[i])
+        return False
+    for i in range(n):
+        u[i] = x[i] * (z[i] * s[i])
+        e |= bits[i]
+    return tiny_bits(e)
+
+
+cdef inline double tiny_group_forward(real *y, const real *x, const real *z, const real *s,
+                                      const real *w, Py_ssize_t gs, double eps) noexcept nogil:
+    """y of a tiny group (gate first) from v = x * a formed exactly in double, a = z * s
+    rounded as the float path rounds it (s = sigmoid(z)); returns its rstd.  y may be x or
+    z (each element is read before it is written)."""
+    cdef double ss = 0.0, v, r
+    cdef Py_ssize_t i
+    for i in range(gs):
+        v = <double>x[i] * <double>(z[i] * s[i])
+        ss += v * v
+    r = 1.0 / sqrt(ss / gs + eps)
+    for i in range(gs):
+        v = <double>x[i] * <double>(z[i] * s[i]) * r
+        y[i] = <real>(v if w == NULL else v * <double>w[i])
+    return r
+
+
+cdef inline void tiny_group_backward(real *du, double *dw_part, const real *dy,
+                                     const real *x, const real *z, const real *s,
+                                     const real *w, double r, Py_ssize_t gs) noexcept nogil:
+    """du = rstd * (g - vn * m) of a tiny group (gate first; g = dy * w), from vn = x * a *
+    rstd in double (a = z * s as tiny_group_forward forms it), rounded once; its dweight
+    terms dy * vn into dw_part."""
+    cdef double m = 0.0, vn
+    cdef Py_ssize_t i
+    for i in range(gs):
+        m += <double>dy[i] * <double>w[i] * (<double>x[i] * <double>(z[i] * s[i]) * r)
+    m /= gs
+    for i in range(gs):
+        vn = <double>x[i] * <double>(z[i] * s[i]) * r
+        du[i] = <real>(r * (<double>dy[i] * <double>w[i] - vn * m))
+        dw_part[i] += <double>dy[i] * vn
+
+
 # --------------------------------------------------------------------------- forward
 
 cdef inline void gated_norm_forward_row(real *y, double *rstd, const real *x, const real *z,
@@ -46,6 +126,7 @@ cdef inline void gated_norm_forward_row(real *y, double *rstd, const real *x, co
     cdef real *u = work + d
     cdef const real *v = x   # the rows the statistics are taken of
     cdef Py_ssize_t i, k, q
+    cdef double ss
     if z != NULL:
         rn_sigmoid(s, NULL, z, d)
         if not norm_first:
@@ -59,7 +140,12 @@ cdef inline void gated_norm_forward_row(real *y, double *rstd, const real *x, co
     cdef int st = 0 if (norm_first and z != NULL) else stream
     for q in range(d // gs):
         k = q * gs
-        rstd[q] = rms_rstd(v + k, gs, eps, rn_sumsq(v + k, gs, 0))
+        ss = rn_sumsq(v + k, gs, 0)
+        # a tiny group's squares are each under 2**-126 (so only a small sum is tested)
+        if v == u and ss < gs * 2.350988701644575e-38 and tiny_group(u + k, gs):   # 2**-125
+            rstd[q] = tiny_group_forward(y + k, x + k, z + k, s + k, at(w, k), gs, eps)
+            continue
+        rstd[q] = rms_rstd(v + k, gs, eps, ss)
         rn_rms_apply(y + k, v + k, at(w, k), rstd[q], gs, st, 0)
     if norm_first and z != NULL:
         for i in range(d):
@@ -136,9 +222,7 @@ cdef inline void gated_norm_backward_row(real *dx, real *dz, double *dw_part, co
     if z != NULL:
         rn_sigmoid(s, ds, z, d)
         if gate_first:
-            for i in range(d):
-                t[i] = x[i] * (z[i] * s[i])   # u, as the forward formed it
-            v = t
+            v = t   # u, formed group by group below as the forward formed it
         else:
             # da first: dz may be dy (da reads every element of dy before dz is written)
             for i in range(d):
@@ -150,6 +234,10 @@ cdef inline void gated_norm_backward_row(real *dx, real *dz, double *dw_part, co
             gin = t
     for q in range(g):
         k = q * gs
+        if gate_first and gated_products(t + k, x + k, z + k, s + k, gs):
+            tiny_group_backward(du + k, dw_part + k, dy + k, x + k, z + k, s + k, w + k,
+                                rstd[q], gs)
+            continue
         m = <real>(rn_rms_bwd_dot(gin + k, v + k, w + k, rstd[q], gs, 0) / gs)
         r = <real>rstd[q]
         for i in range(k, k + gs):

@@ -43,15 +43,6 @@ KNOWN_MISSES = {
     ("add_layer_norm_post", "y", "float32"): "log-uniform: p99.99 1253 > 1000 ulp(ref)",
     ("add_layer_norm_post", "dalpha", "float32"):
         "log-uniform: max 17 > 3 ulp normwise (and 1 more case)",
-    # the gated RMSNorm: x subnormal, u = x*silu(gate) underflows in float32 (its bound
-    # assumes no underflow: see resnorm.accuracy's _GATED_FLOAT32), and the norm scales
-    # the subnormals' absolute error up
-    ("gated_rms_norm", "y", "float32"): "subnormal: max 582 > 17 ulp(ref) (D=768)",
-    ("gated_rms_norm_grouped", "y", "float32"): "subnormal: max 582 > 17 ulp(ref) (D=768)",
-    ("gated_rms_norm", "dweight", "float32"):
-        "subnormal: max 10 > 3 ulp normwise (D=1, 256 rows: the underflowed u)",
-    ("gated_rms_norm_grouped", "dweight", "float32"):
-        "subnormal: max 10 > 3 ulp normwise (D=1, 256 rows: the underflowed u)",
     # a column sum of 256 terms that cancels about 30-fold, each term carrying the float32
     # silu's error (within 5.51 * 2**-24)
     ("gated_rms_norm_norm_first", "dweight", "float32"):
@@ -65,10 +56,8 @@ KNOWN_PEER_WINS = {
     ("add_rms_norm_post", "torch"): "dalpha offset 1e2: max 1.5 vs 2 ulp normwise; dx "
                                     "subnormal and zero: max 2 vs 3 ulp(S2)",
     # a 1-ulp difference in y, whose error budget is mostly the gate's (the kernel's float32
-    # sigmoid is within 2.8 ulp, docs/residual.md); subnormal x underflows in both
-    ("gated_rms_norm", "torch"): "y subnormal: max 581 vs 582 ulp(ref) (both underflow)",
-    ("gated_rms_norm_grouped", "torch"): "y offset 1e2: max 4 vs 5 ulp(ref); y subnormal: "
-                                         "max 581 vs 582 ulp(ref) (both underflow)",
+    # sigmoid is within 2.8 ulp, docs/residual.md)
+    ("gated_rms_norm_grouped", "torch"): "y offset 1e2: max 4 vs 5 ulp(ref)",
 }
 
 

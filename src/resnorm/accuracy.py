@@ -771,8 +771,12 @@ BOUNDS = {
 #                                                                                -> 25 ulp(S2)
 #   gated dgate, norm first        dy*((x*r)*w): 4u; *silu_grad: 9.51u + u = 14.51u -> 16 ulp(S2)
 #
-# Not covered: products that underflow into the subnormals (x subnormal: u = x*a keeps
-# only the subnormals' absolute precision, which the norm scales up) or overflow.
+# Not covered: products that underflow into the subnormals (u = x*a keeps only the
+# subnormals' absolute precision, which the norm scales up) or overflow.  The kernel
+# normalises a group whose every |u| is under 2**-63 from the exact products x*a in double
+# (y, and du and the dweight terms in backward: then at most 1 ulp from the rounding of
+# each, and a's 5.51u), so rows of subnormal x are within the bounds; a group mixing
+# subnormal products with large ones is not.
 # 16-bit rows are these float32 numbers rounded once: an error of at most 61.06u of the
 # scale is far below a 16-bit ulp (2**-11 of it at least), so the 16-bit output is the
 # rounded reference or its neighbour, <= 1 ulp (the contract's 16-bit bound); for y it is
