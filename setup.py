@@ -74,9 +74,8 @@ def _base_flags(kind):
     # on any x86-64. Wider vectors are reached through runtime dispatch (resnorm_c/core/
     # dispatch.c). -ffp-contract=off keeps a*b+c from becoming an FMA on some dispatch levels
     # only, so every level computes bitwise the same numbers.  -O3, though -O2 builds in half
-    # the time (the sse2 level file: 50 s against 86-100 s, GCC 12) with the same output bits:
-    # at -O2 the kernels took 1.16x the time (median of 66 cases, one thread, AVX-512), up
-    # to 1.7x (rms_norm in cache) and 2.2x (dropout).
+    # the time with the same output bits: at -O2 the kernels are slower, up to twice as slow
+    # (benchmarks/TUNING.md).
     # -g0: no debug information (Python's own CFLAGS ask for -g): it made the compiled core
     # 72 MB, and took compile time, for symbols a user never reads.
     opt = os.environ.get("RESNORM_OPT", "-O3")

@@ -337,11 +337,8 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
     # One pass over the rows instead of three (the norm's into gs, then dresidual and dx).
     # Post-Norm recomputes h into dresidual's rows first, for that pass to read back
     # (before it stores each element), or into gs where dresidual is streamed (h's plain
-    # stores would first read dresidual's lines from memory: 1.25x the time at (65536, 256)
-    # float32).  Against the three passes there, float32, medians of 3 runs alternated with
-    # the build without, one thread: add_rms_norm_post_backward (2048, 4096) 0.82 of the
-    # time, (8192, 4096) 0.86, (16384, 1024) 0.96, (65536, 256) 0.93; LayerNorm 0.84,
-    # 0.86, 1.00, 0.97; two threads (2048, 4096) 0.60 and 0.73.
+    # stores would first read dresidual's lines from memory).  (Measurements:
+    # benchmarks/TUNING.md.)
     cdef bint direct = (dp == NULL and alpha == NULL
                         and (element is float or element is double))
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))

@@ -103,15 +103,9 @@ cdef enum:
 cdef inline bint widens(Kind ek, bint mixed, Py_ssize_t n, bint params) noexcept nogil:
     """Whether a norm of n rows of kind ek takes its parameters widened to float32 once per
     call, for the mixed kernels (mixed: the parameters are float32 already; params: a weight
-    or a bias is given).  bfloat16, one thread, widened against the 16-bit kernels,
-    layer_norm and rms_norm: (2048, 4096) 0.89 and 0.80 of the time, (2048, 768) 0.89 and
-    0.90, (128, 4096) 0.83 and 0.90, (16, 4096) 0.90 and 0.96, (2048, 256) 0.98 and 1.01.
-    Fewer rows do not repay the pass over the parameters: at 8 rows 0.95-1.01 and
-    1.00-1.04, at 2 rows 0.99-1.07 and 1.05-1.06.  Backward (its weight widened), medians
-    of 2-3 runs alternated with the build without, dx preallocated, rms_norm_backward and
-    layer_norm_backward: (2048, 4096) 0.90 and 0.92, (16384, 1024) 0.87 and 0.88,
-    (2048, 768) 0.93 and 0.93, (128, 4096) 0.94 and 0.96, (16, 4096) 0.94 and 0.94,
-    (2048, 256) 0.93 and 0.94."""
+    or a bias is given): the mixed kernels convert no parameter per row, which repays the
+    one pass over the parameters from WIDENED_PARAMS_MIN_ROWS rows on, forward and backward
+    (measurements: benchmarks/TUNING.md)."""
     return ((ek == KIND_BF16 or ek == KIND_F16) and not mixed and params
             and n >= WIDENED_PARAMS_MIN_ROWS)
 

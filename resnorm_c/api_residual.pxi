@@ -145,11 +145,8 @@ cdef object add_norm_call(bint layer, bint prenorm, x, residual, weight, bias, e
     cdef Py_ssize_t masks_bytes = max(1, nt) * add_norm_mask_words(d, &site) * 8
     cdef Kind ek = kind_of(rows_x)
     # LayerNorm's 16-bit parameters of many rows: widened to float32 once, for the fused
-    # pass.  bfloat16, one thread, medians of 4 runs alternated with the build without:
-    # add_layer_norm (2048, 4096) 0.99 of the time, (2048, 768) 0.95, (64, 1024) 0.94;
-    # add_layer_norm_post 0.95, 0.93, 0.92.  Not RMSNorm's: add_rms_norm (2048, 4096) took
-    # 1.09x, (2048, 768) 1.03x (a float32 weight row beside the two 16-bit rows read fills
-    # more of L1 than the one LayerNorm's pass saves work for).
+    # pass.  Not RMSNorm's: a float32 weight row beside the two 16-bit rows read fills more
+    # of L1 than the one conversion saves (measurements: benchmarks/TUNING.md).
     cdef bint widen = layer and widens(ek, pdt is not None, n, w is not None or b is not None)
     # the widened rows (mixed, one per thread), or the widened parameters
     cdef Py_ssize_t buf_bytes = (max(1, nt) * forward_floats(d) * 4 if pdt is not None

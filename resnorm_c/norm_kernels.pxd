@@ -42,21 +42,10 @@ cdef inline Py_ssize_t forward_prefetch(bint stream, Py_ssize_t row_bytes) noexc
     add + norm forward (add_norm_kernels.pxd), prefetch each next row (the primitives'
     `ahead` is then the rows after this one), 0 when they leave it to the CPU's own
     prefetchers: streamed rows (outputs of 8 MiB and more, read from memory) shorter than
-    PREFETCHED_STREAMED_ROW_BYTES.  The benchmark, float32, outputs preallocated, medians
-    of 3 runs alternated with the build that always prefetched, one thread: rms_norm
-    (16384, 768) 0.58 of the time, (16384, 1024) 0.69 (and 0.59 at (32768, 512), where the
-    rows also went in pairs); layer_norm (16384, 768) 0.76, (32768, 512) 0.73,
-    (16384, 1024) and (65536, 256) 0.97; two threads: layer_norm (16384, 768) 0.76,
-    (32768, 512) 0.71.  Without it, rows of 8 KiB took 1.30x (layer_norm (8192, 2048)),
-    rows of 16 KiB 1.04-1.11x (rms_norm), unstreamed rows from cache 1.04-1.09x.
-
-    The fused add + norm forward, medians of 6 runs, one thread: add_rms_norm
-    (16384, 768) 0.81, (32768, 512) 0.82, (16384, 1024) 0.85, (65536, 256) 0.86;
-    add_layer_norm 0.85-0.92 (1.01 at (16384, 1024)); add_rms_norm_post 0.73-0.96 (3 runs);
-    two threads 0.86-1.10, within the runs' spread.  The backward passes keep their
-    prefetch of the next group of rows: without it, their streamed rows under 8 KiB took
-    1.15-1.40x on one thread (rms_norm_backward and layer_norm_backward at (16384, 768),
-    (16384, 1024), (32768, 512))."""
+    PREFETCHED_STREAMED_ROW_BYTES, which those prefetchers fetch in time, where the
+    software prefetches only add instructions; longer rows, and rows from cache, are
+    fetched faster with them.  The backward passes keep their prefetch of the next group
+    of rows at every width.  (Measurements: benchmarks/TUNING.md.)"""
     return 0 if stream and row_bytes < PREFETCHED_STREAMED_ROW_BYTES else 1
 
 
@@ -67,13 +56,8 @@ cdef inline bint backward_prefetch_dx(Py_ssize_t n, Py_ssize_t row_bytes) noexce
     PREFETCHED_DX_ROW_BYTES in a dx of PREFETCHED_DX_MIN_BYTES or more.  A group's apply
     pass stores to RN_GROUP rows at once, streams too short, at such widths, for the CPU's
     prefetchers to fetch the lines of an output not in cache before the stores need them.
-    float32, one thread, dx preallocated and evicted from the caches before each call (dy
-    and x in the last level), medians of 15 calls, two runs alternated with the build
-    without: rms_norm_backward (2048, 768) 0.90 of the time, (1536, 1024) 0.96,
-    (512, 768) 0.92-0.96; layer_norm_backward 0.88-0.90, 0.94-0.96, 0.85-0.90.  Where dx
-    stayed in cache, the prefetches cost 1.02-1.06x up to (512, 768), and 1.03-1.05x at
-    (384, 4096) for 0.91-0.94 evicted; at (768, 2048) 0.97-1.02 evicted, 1.01-1.05
-    cached."""
+    Smaller outputs stay in cache, where the prefetches only cost; longer rows are long
+    enough streams.  (Measurements: benchmarks/TUNING.md.)"""
     return row_bytes <= PREFETCHED_DX_ROW_BYTES and n * row_bytes >= PREFETCHED_DX_MIN_BYTES
 
 
@@ -84,12 +68,7 @@ cdef inline bint one_group(Py_ssize_t n, bint stream) noexcept nogil:
     partials' total (the same bits: core/backward.h, put_total): calls of 1 to RN_GROUP rows
     not streamed (a group's streamed rows take the chunked pass, whose sums go through
     memory).  Those two passes over float64 rows of D weighed most where D is large and the
-    rows few.  The benchmark's small-call latency, float32, outputs preallocated, medians of
-    5 runs alternated with the build without: at (1, 4096) rms_norm_backward 0.66 of the
-    time (2.72 -> 1.79 us), layer_norm_backward 0.49 (4.27 -> 2.10 us),
-    add_rms_norm_backward 0.72, add_layer_norm_backward 0.55; bfloat16 rows (whose
-    narrowing from float64 then went lane by lane: partials.h) 0.28 and 0.20 (timed
-    directly: 7.65 -> 2.12, 14.24 -> 2.85 us), at (4, 1024) 0.58 and 0.46."""
+    rows few: small calls took up to twice the time with them (benchmarks/TUNING.md)."""
     return 0 < n <= RN_GROUP and not stream
 
 
