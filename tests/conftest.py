@@ -3,6 +3,7 @@ tolerance checks scaled by the size of the terms (never by the result itself).""
 import ast
 import collections
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -13,8 +14,21 @@ import zlib
 import numpy as np
 import pytest
 
-import resnorm
-from resnorm import reference as ref
+# resnorm's optional packages, hidden from this process and its subprocesses when
+# RESNORM_TESTS_WITHOUT_EXTRAS is set (without_extras/sitecustomize.py says how and why)
+_WITHOUT_EXTRAS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "without_extras")
+if os.environ.get("RESNORM_TESTS_WITHOUT_EXTRAS"):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in [_WITHOUT_EXTRAS, os.environ.get("PYTHONPATH")] if p)
+# (loaded by path: a Python may have a sitecustomize of its own, imported at startup)
+_spec = importlib.util.spec_from_file_location(
+    "resnorm_tests_without_extras", os.path.join(_WITHOUT_EXTRAS, "sitecustomize.py"))
+_hider = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_hider)   # hides them, before resnorm loads
+EXTRA_PACKAGES = _hider.EXTRA_PACKAGES
+
+import resnorm  # noqa: E402
+from resnorm import reference as ref  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
 
@@ -83,8 +97,12 @@ def pytest_collection_modifyitems(config, items):
 # an import, a check of whether one is installed), and on every test of a file whose shared
 # code (imports, helpers, fixtures) names them: so a new test that needs torch is never left
 # out of CI, and a large file with one torch test does not run whole a second time.
-TORCH_PACKAGES = {"torch", "transformers"}
+TORCH_NAMES = frozenset({"torch", "transformers"})
 DOTTED_NAME = re.compile(r"[A-Za-z_][\w.]*")
+# The tests marked `extras`: those that name an optional package, or resnorm's modules and
+# commands that use them (the benchmark's peers and plots, the accuracy table's peers,
+# explain's bfloat16), found as the torch tests are.
+EXTRA_NAMES = frozenset(EXTRA_PACKAGES | {"bench", "accuracy", "explain"})
 
 
 def pytest_configure(config):
@@ -94,11 +112,15 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "docs: builds or checks the documentation site (tests/test_docs_site.py; "
                    "the build needs docs/requirements.txt and torch, else it skips)")
+    config.addinivalue_line(
+        "markers", "extras: uses an optional package, or checks more with one (set by "
+                   "conftest.py; CI runs these again without them: "
+                   "RESNORM_TESTS_WITHOUT_EXTRAS=1 pytest -m extras)")
 
 
-def _names_torch(tree):
-    """Whether code names torch or transformers, as a name, a module or a string such as
-    "torch" or "resnorm.torch" (comments and prose do not count)."""
+def _names(tree, names):
+    """Whether code names one of names, as a name, a module or a string such as "torch" or
+    "resnorm.torch" (comments and prose do not count)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
             dotted = node.id
@@ -112,30 +134,33 @@ def _names_torch(tree):
             dotted = node.value if DOTTED_NAME.fullmatch(node.value) else ""
         else:
             continue
-        if TORCH_PACKAGES & set(dotted.split(".")):
+        if names & set(dotted.split(".")):
             return True
     return False
 
 
 @functools.lru_cache(maxsize=None)
-def torch_tests(path):
-    """The tests of a Python file to mark `torch`: all of them (True) when its shared code
-    names torch or transformers, else the names of the test functions and classes that do."""
+def tests_naming(path, names):
+    """The tests of a Python file that name one of names: all of them (True) when its shared
+    code does, else the names of the test functions and classes that do."""
     with open(path, encoding="utf-8") as f:
         body = ast.parse(f.read()).body
     tests = [node for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
              and node.name.startswith(("test", "Test"))]
-    if any(_names_torch(node) for node in body if node not in tests):
+    if any(_names(node, names) for node in body if node not in tests):
         return True
-    return {node.name for node in tests if _names_torch(node)}
+    return {node.name for node in tests if _names(node, names)}
 
 
 def pytest_itemcollected(item):
     if item.path.suffix != ".py":
         return
-    marked = torch_tests(item.path)
-    if marked is True or item.nodeid.split("::")[1].split("[")[0] in marked:
-        item.add_marker(pytest.mark.torch)
+    test = item.nodeid.split("::")[1].split("[")[0]
+    for names, mark in ((TORCH_NAMES, pytest.mark.torch),
+                        (EXTRA_NAMES, pytest.mark.extras)):
+        marked = tests_naming(item.path, names)
+        if marked is True or test in marked:
+            item.add_marker(mark)
 
 
 @pytest.fixture

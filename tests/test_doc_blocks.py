@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import EXTRA_PACKAGES, TORCH_NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
+# examples may use optional packages: CI runs these again with them hidden (conftest.py)
+pytestmark = pytest.mark.extras
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 # Packages a documentation example may use that resnorm does not require.
-OPTIONAL = {"torch", "matplotlib", "threadpoolctl", "statsmodels", "transformers"}
+OPTIONAL = EXTRA_PACKAGES | TORCH_NAMES
 TIMEOUT_S = 180  # generous on a loaded machine; the examples run in seconds
 
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\s]*)")
@@ -55,7 +59,8 @@ def _cases():
 
 
 def imported_packages(code):
-    """Top-level names of the packages a block imports (resnorm.torch counts as torch)."""
+    """Top-level names of the packages a block imports (resnorm.torch counts as torch, and
+    bfloat16 arrays or tensors, which resnorm views as ml_dtypes' arrays, as ml_dtypes)."""
     names = set()
     for node in ast.walk(ast.parse(code)):
         if isinstance(node, ast.Import):
@@ -66,6 +71,8 @@ def imported_packages(code):
     tops = {n.split(".")[0] for n in names}
     if any(n == "resnorm.torch" or n.startswith("resnorm.torch.") for n in names):
         tops.add("torch")
+    if "bfloat16" in code:
+        tops.add("ml_dtypes")
     return tops
 
 
