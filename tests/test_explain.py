@@ -1058,3 +1058,178 @@ def test_gated_rms_groups_of_one_element_agree(dtype, before):
     assert e["rstd"].shape == (2, 4)
     assert e.agree, [c for c in (*e.checks, *e.forward_invariants, *e.gradient_checks,
                                  *e.jacobians, *e.invariants) if not c.agree]
+
+
+# --------------------------------------------------------------------------- forward invariants
+#                                              of the fused, dropout and residual kinds
+
+FUSED_KINDS = ["add-rms", "add-layer", "add-rms-post", "add-layer-post"]
+RESIDUAL = [0.5, -1.0, 0.0, 2.0]
+
+
+def _fused_forward_name(kind):
+    norm = "rms" if "rms" in kind else "layer"
+    return f"add_{norm}_norm{'_post' if kind.endswith('-post') else ''}_forward"
+
+
+def _wrong_fused(monkeypatch, kind, wrong):
+    """The fused forward of kind with its (y, h) replaced by wrong(y, h), in the kernel and
+    the reference alike (h is None for a Post-Norm kernel, which does not return it)."""
+    def kernel(out):
+        outputs, cache = out
+        if isinstance(outputs, tuple):
+            return wrong(*outputs), cache
+        return wrong(outputs, None)[0], cache
+
+    name = _fused_forward_name(kind)
+    _wrong_gated(monkeypatch, name, kernel, modules=(resnorm,))
+    _wrong_gated(monkeypatch, name, lambda out: (*wrong(out[0], out[1]), *out[2:]),
+                 modules=(reference,))
+
+
+def _forward_invariant(e, name):
+    return {i.name: i for i in e.forward_invariants}[name]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_fused_forward_invariants_hold(kind, dtype):
+    e = explain(kind, [X, [3.0, -1.0, 0.5, 2.0]], residual=[RESIDUAL, [1.0, 1.0, 1.0, 1.0]],
+                weight=W, alpha=0.5, p=0.25, seed=3, dy=[DY, DY], dtype=dtype)
+    scaled, shifted = "y(2x, 2residual) - y(x, residual)", "y(x, residual + c) - y(x, residual)"
+    names = {"add-rms": ["rms hn", scaled],
+             "add-layer": ["mean hhat", "rms hhat", scaled, shifted]}[kind.removesuffix("-post")]
+    prenorm = not kind.endswith("-post")
+    assert [i.name for i in e.forward_invariants] == \
+        ["h - (residual + alpha d)"] * prenorm + names
+    # h against its definition is the formula coded again; the norm's properties are not
+    assert [i.name for i in e.forward_invariants if not i.independent] == \
+        ["h - (residual + alpha d)"] * prenorm
+    assert e.agree and all(i.agree for i in e.forward_invariants)
+
+
+@pytest.mark.parametrize("kind", FUSED_KINDS)
+def test_fused_forward_invariants_catch_a_norm_wrong_like_its_reference(kind, monkeypatch):
+    """y off by 0.1% in the kernel and the reference alike: the comparison passes, the
+    normalised row's root mean square does not."""
+    _wrong_fused(monkeypatch, kind, lambda y, h: (y * 1.001, h))
+    e = explain(kind, X, residual=RESIDUAL, p=0.25, seed=3)
+    assert all(c.agree for c in e.checks) and not e.agree
+    failed = {i.name for i in e.forward_invariants if not i.agree}
+    assert failed == {"rms hn" if "rms" in kind else "rms hhat"}
+
+
+def test_fused_forward_invariants_catch_a_norm_that_is_not_scale_invariant(monkeypatch):
+    _wrong_fused(monkeypatch, "add-rms", lambda y, h: (y + 1e-3 * h, h))
+    e = explain("add-rms", X, residual=RESIDUAL)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert not _forward_invariant(e, "y(2x, 2residual) - y(x, residual)").agree
+
+
+def test_fused_forward_invariants_catch_a_norm_that_is_not_shift_invariant(monkeypatch):
+    # a LayerNorm that keeps a trace of the stream's mean: y moves when residual is shifted
+    _wrong_fused(monkeypatch, "add-layer",
+                 lambda y, h: (y + 1e-3 * h.mean(axis=1, keepdims=True), h))
+    e = explain("add-layer", X, residual=RESIDUAL)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert not _forward_invariant(e, "y(x, residual + c) - y(x, residual)").agree
+
+
+def test_fused_forward_invariants_catch_a_stream_wrong_like_its_reference(monkeypatch):
+    _wrong_fused(monkeypatch, "add-layer", lambda y, h: (y, h + 1e-3))
+    e = explain("add-layer", X, residual=RESIDUAL, alpha=0.5, p=0.25, seed=3)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert {i.name for i in e.forward_invariants if not i.agree} == {"h - (residual + alpha d)"}
+
+
+def test_dropout_forward_invariants_catch_dropout_wrong_like_its_reference(monkeypatch):
+    e = explain("dropout", X, p=0.5, seed=1)
+    assert [i.name for i in e.forward_invariants] == ["kept", "dropped", "y(2x) - 2y(x)"]
+    assert e.agree and all(i.independent for i in e.forward_invariants)
+    # not inverted: the kept elements are not scaled up
+    _wrong_gated(monkeypatch, "dropout_forward", lambda out: (out[0] * 0.5, out[1]))
+    e = explain("dropout", X, p=0.5, seed=1)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert {i.name for i in e.forward_invariants if not i.agree} == {"kept"}
+
+
+def test_dropout_forward_invariants_catch_a_mask_that_depends_on_the_values(monkeypatch):
+    for module in (resnorm, reference):
+        real = module.dropout_forward
+
+        def big_dropped(x, *a, _real=real, **kw):
+            y, rest = _real(x, *a, **kw)
+            return np.where(np.abs(x) > 2.5, 0.0, y).astype(y.dtype), rest
+        monkeypatch.setattr(module, "dropout_forward", big_dropped)
+    e = explain("dropout", X, p=0.0)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert not _forward_invariant(e, "y(2x) - 2y(x)").agree
+
+
+def test_scaled_forward_invariants_catch_a_skip_path_wrong_like_its_reference(monkeypatch):
+    e = explain("scaled", X, F=RESIDUAL, alpha=0.5)
+    assert [i.name for i in e.forward_invariants] == [
+        "h(x, 0) - x", "h(x, 2F) - x - 2(h - x)", "h(2x, 2F) - 2h"] and e.agree
+    _wrong_gated(monkeypatch, "scaled_residual_forward", lambda out: (out[0] + 1e-3, out[1]),
+                 modules=(resnorm,))
+    _wrong_gated(monkeypatch, "scaled_residual_forward", lambda h: h + 1e-3,
+                 modules=(reference,))
+    e = explain("scaled", X, F=RESIDUAL, alpha=0.5)
+    assert all(c.agree for c in e.checks) and not e.agree
+    # an offset is neither the identity at F = 0, nor linear, nor scaled with the inputs
+    assert not any(i.agree for i in e.forward_invariants)
+
+
+def test_gated_forward_invariants_catch_a_gate_that_is_not_a_sigmoid(monkeypatch):
+    """sigmoid(g + 0.5) in the kernel and the reference alike: h is still x plus a gate
+    times F, but the gate and its mirror no longer add up to 1."""
+    for module in (resnorm, reference):
+        real = module.gated_residual_forward
+        monkeypatch.setattr(module, "gated_residual_forward",
+                            lambda x, F, g, _real=real: _real(x, F, g + 0.5))
+    e = explain("gated", X, F=RESIDUAL, g=Z)
+    assert all(c.agree for c in e.checks) and not e.agree
+    assert {i.name for i in e.forward_invariants if not i.agree} == {"h(g) + h(-g) - 2x - F"}
+
+
+ZERO_AND_CONSTANT_ROWS = [[0.0, 0.0, 0.0, 0.0], [5.0, 5.0, 5.0, 5.0]]
+
+
+@pytest.mark.parametrize("kind, extra, dtype", [
+    (kind, extra, dtype) for kind, extra in [
+        *[(kind, {"residual": residual, **p}) for kind in FUSED_KINDS
+          for residual, p in [(ZERO_AND_CONSTANT_ROWS, {}), (ZERO_AND_CONSTANT_ROWS, {"p": 0.25}),
+                              ([[0.0] * 4, [-5.0] * 4], {})]],
+        ("dropout", {"p": 0.5}), ("dropout", {"p": 0.5, "training": False}),
+        ("scaled", {"F": ZERO_AND_CONSTANT_ROWS, "alpha": 0.5}),
+        ("gated", {"F": ZERO_AND_CONSTANT_ROWS, "g": Z})]
+    for dtype in ["float64", "float32", "float16"]
+    if dtype != "float16" or kind not in FUSED_KINDS])     # the fused kinds: 32 and 64 bits
+def test_forward_invariants_of_zero_and_constant_rows_agree(kind, extra, dtype):
+    """No false DISAGREE: a zero row, a constant one, and (the fused kinds, with
+    residual = -x) a stream h that is 0 though x and residual are not."""
+    dy = {} if kind in ("scaled", "gated") else {"dy": [DY, DY]}
+    dh = {"dh": [DY, DY]} if kind in ("scaled", "gated") else {}
+    e = explain(kind, ZERO_AND_CONSTANT_ROWS, dtype=dtype, **extra, **dy, **dh)
+    assert e.forward_invariants
+    assert e.agree, [c for c in (*e.checks, *e.forward_invariants, *e.gradient_checks,
+                                 *e.jacobians, *e.invariants) if not c.agree]
+
+
+def test_every_kind_prints_whether_each_forward_invariant_is_independent(capsys):
+    runs = {"rms": [], "layer": [], "add-rms": ["--residual=0.5,-1,0,2"],
+            "add-layer": ["--residual=0.5,-1,0,2", "--p", "0.25"],
+            "add-rms-post": ["--residual=0.5,-1,0,2"],
+            "add-layer-post": ["--residual=0.5,-1,0,2", "--alpha", "0.5"],
+            "dropout": ["--p", "0.5"], "scaled": ["--F", "1,1,2,2", "--alpha", "0.5"],
+            "gated": ["--F", "1,1,2,2", "--g", "0,1,2,3"], "gated-rms": ["--gate", "0,1,2,3"]}
+    from resnorm.explain import KINDS
+    assert sorted(runs) == sorted(KINDS)
+    for kind, args in runs.items():
+        assert main(["explain", kind, "--x", "1,2,3,4", *args]) == 0
+        out = capsys.readouterr().out
+        block = out.split("invariants of the forward: ", 1)[1].split("\n\n", 1)[0]
+        heads = [line for line in block.splitlines()[1:] if not line.startswith("    ")]
+        assert heads and all("independent of the kernel's formula]" in h for h in heads), kind
+        said = [h for h in heads if "[NOT independent" in h]
+        assert len(said) == (kind in ("add-rms", "add-layer")), kind

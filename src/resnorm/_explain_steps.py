@@ -36,12 +36,34 @@ class Built:
     gradients: list = field(default_factory=list)      # (gradient, input name, kernel value)
     jacobian: dict | None = None
     invariants: list = field(default_factory=list)     # see _norm_invariants
-    forward_invariants: list = field(default_factory=list)   # see _forward_invariants
+    forward_invariants: list = field(default_factory=list)   # ForwardInvariant
     philox: dict | None = None
+
+
+@dataclass
+class ForwardInvariant:
+    """A property of the forward output, checked on the kernel's outputs (explain.py turns
+    it into an Invariant)."""
+    name: str
+    formula: str
+    value: object            # per row (N,) or per group (N, G), from the kernel's outputs
+    exact: object            # what exact arithmetic gives, the same shape
+    note: str
+    # the kernel values compared: twice their rounding is allowed for (None: none is)
+    compared: object
+    allowance: float = 0.0   # beyond that rounding
+    # False where the expectation is the kernel's formula coded again (a definition, or
+    # another kernel of the library)
+    independent: bool = True
 
 
 def _f64(a):
     return None if a is None else np.asarray(a, dtype=np.float64)
+
+
+def _row_max(a):
+    """The largest |a| of each row (0 for an empty selection)."""
+    return np.max(np.abs(a), axis=1, initial=0.0)
 
 
 def _dropout_active(inp):
@@ -315,52 +337,88 @@ def _shift_of(v):
     return 2.0 ** np.floor(np.log2(top)) if top > 0 else 1.0
 
 
-def _forward_invariants(norm, v_name, run, v, w, b, eps):
+def _forward_invariants(norm, v_name, run, inputs, v64, w, b, eps, shift_into, formed=None,
+                        definition=""):
     """Properties any correct norm's output has, checked on the kernel's outputs alone:
-    xhat (y without w and b) has mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 +
-    eps)); y(2 v) = y(v) up to eps's effect; LayerNorm: y(v + c) = y(v).  The expectations
-    come from the input's mean square or variance s2 and eps, never from the kernel's steps
-    or the reference.  run(v, w, b): the kernel's y.  Each: (name, formula, value per row,
-    exact value per row, note, the kernel values compared (their rounding is allowed for),
-    allowance beyond that rounding)."""
-    v64 = _f64(v)
+    the normalised row (y without w and b) has mean 0 (LayerNorm) and root mean square
+    sqrt(s2 / (s2 + eps)); y(2 v) = y(v) up to eps's effect; LayerNorm: y(v + c) = y(v).  The
+    expectations come from the mean square or variance s2 of v and eps, never from the
+    kernel's steps or the reference.
+
+    v (called v_name) is what the norm normalises, formed by the kernel from its array
+    inputs (name -> array): scaling every input by SCALE scales v by SCALE exactly, and a
+    constant added to inputs[shift_into] is added to v.  v64: v from its definition, in
+    float64 (`definition` says how, "" when v is an input itself).  run(inputs, w, b): the
+    kernel's y.  formed(inputs): per row, a bound on the kernel's rounding of v when it
+    forms v from several inputs (None: v is an input, taken as it is)."""
     spread2 = _mean_square(norm, v64)
+    rounded = np.zeros(len(v64)) if formed is None else formed(inputs)
+    # v rounded by up to `rounded` moves sqrt(s2) (the rms of the centred row) by as much:
+    # an expectation that is a monotone function of sqrt(s2) may be anywhere in its band
+    s = np.sqrt(spread2)
+    low, high = np.maximum(s - rounded, 0.0) ** 2, (s + rounded) ** 2
+    rstd = 1.0 / np.sqrt(low + eps)      # the largest in the band
+
+    def band(f):
+        return float(np.max(np.abs(f(high) - f(low))))
     hat_name = f"{v_name}hat" if norm == "layer" else f"{v_name}n"
-    hat_kernel = run(v, None, None)
+    hat_kernel = run(inputs, None, None)
     hat = _f64(hat_kernel)
+    args = ", ".join(inputs)
     out = []
     if norm == "layer":
-        out.append((f"mean {hat_name}", f"mean_i {hat_name}_i", hat.mean(axis=1),
-                    np.zeros(len(v64)), "exact: 0; the norm removes the row's mean", hat_kernel,
-                    0.0))
-    out.append((f"rms {hat_name}", f"sqrt(mean_i {hat_name}_i^2)",
-                np.sqrt((hat * hat).mean(axis=1)), np.sqrt(spread2 / (spread2 + eps)),
-                f"exact: sqrt(s2 / (s2 + eps)), s2 = {'var' if norm == 'layer' else 'ms'}"
-                f"({v_name}): 1 up to eps", hat_kernel, 0.0))
-    y_kernel = run(v, w, b)
+        # the kernel centres v at v's size: its rounding there, times rstd, moves the mean
+        centring = np.finfo(np.result_type(inputs[shift_into].dtype, np.float32)).eps * \
+            _row_max(v64)
+        out.append(ForwardInvariant(
+            f"mean {hat_name}", f"mean_i {hat_name}_i", hat.mean(axis=1), np.zeros(len(v64)),
+            "exact: 0; the norm removes the row's mean (up to the rounding of centring "
+            f"{v_name})", hat_kernel,
+            float(np.max((rounded + centring) * rstd))))
+
+    def unit_rms(s2):
+        return np.sqrt(s2 / (s2 + eps))
+    out.append(ForwardInvariant(
+        f"rms {hat_name}", f"sqrt(mean_i {hat_name}_i^2)", np.sqrt((hat * hat).mean(axis=1)),
+        unit_rms(spread2),
+        f"exact: sqrt(s2 / (s2 + eps)), s2 = {'var' if norm == 'layer' else 'ms'}({v_name})"
+        + (f", {definition}, up to the kernel's rounding of {v_name}" if definition else "")
+        + ": 1 up to eps", hat_kernel, band(unit_rms)))
+    y_kernel = run(inputs, w, b)
     y = _f64(y_kernel)
     bias = 0.0 if b is None else _f64(b)
-    scaled = _f64(run(v * np.asarray(SCALE, dtype=v.dtype), w, b))
-    out.append((f"y(2{v_name}) - y({v_name})", f"max_i |y_i(2{v_name}) - y_i({v_name})|",
-                np.max(np.abs(scaled - y), axis=1),
-                np.max(np.abs(y - bias), axis=1) * _eps_effect(spread2, eps),
-                f"exact: max_i |y_i - b_i| * (sqrt((s2 + eps) / (s2 + eps/4)) - 1): y does "
-                f"not change when {v_name} is scaled, but for eps", y_kernel, 0.0))
+    scaled = _f64(run({k: a * np.asarray(SCALE, dtype=a.dtype) for k, a in inputs.items()},
+                      w, b))
+    doubled = ", ".join(f"{SCALE:g}{k}" for k in inputs)
+    size = _row_max(y - bias)
+    out.append(ForwardInvariant(
+        f"y({doubled}) - y({args})", f"max_i |y_i({doubled}) - y_i({args})|",
+        _row_max(scaled - y), size * _eps_effect(spread2, eps),
+        f"exact: max_i |y_i - b_i| * (sqrt((s2 + eps) / (s2 + eps/4)) - 1): y does not change "
+        f"when {v_name} is scaled, but for eps"
+        + (f" (scaling {' and '.join(inputs)} scales {v_name} exactly)" if formed else ""),
+        y_kernel, band(lambda s2: size * _eps_effect(s2, eps))))
     if norm == "layer":
-        c = _shift_of(v)
-        moved = (v64 + c).astype(v.dtype)
-        # the rounding of v + c moves each element by up to delta: y moves by at most
-        # |w| * rstd * delta * (2 + max |xhat|) (the centred value, and rstd through var)
-        delta = float(np.max(np.abs(_f64(moved) - c - v64))) + float(np.spacing(
-            np.max(np.abs(_f64(moved)))))
+        c = _shift_of(v64)
+        a = inputs[shift_into]
+        moved = {**inputs, shift_into: (_f64(a) + c).astype(a.dtype)}
+        # the rounding of a + c moves each element of v by up to delta (and so does the
+        # kernel's rounding of v, in each run): y moves by at most |w| * rstd * delta *
+        # (2 + max |xhat|) (the centred value, and rstd through var)
+        delta = float(np.max(np.abs(_f64(moved[shift_into]) - c - _f64(a)))) + float(
+            np.spacing(np.max(np.abs(_f64(moved[shift_into]))))) + rounded
+        if formed is not None:
+            delta = delta + formed(moved)
         wmax = 1.0 if w is None else float(np.max(np.abs(_f64(w))))
-        allowance = float(np.max(wmax * delta * (2.0 + np.max(np.abs(hat), axis=1))
-                                 / np.sqrt(spread2 + eps)))
-        out.append((f"y({v_name} + c) - y({v_name})",
-                    f"max_i |y_i({v_name} + c) - y_i({v_name})|, c = {c:g}",
-                    np.max(np.abs(_f64(run(moved, w, b)) - y), axis=1), np.zeros(len(v64)),
-                    f"exact: 0; y does not change when a constant is added to {v_name} (up "
-                    f"to the rounding of {v_name} + c)", y_kernel, allowance))
+        allowance = float(np.max(wmax * delta * (2.0 + _row_max(hat)) * rstd))
+        shifted = args.replace(shift_into, f"{shift_into} + c")
+        out.append(ForwardInvariant(
+            f"y({shifted}) - y({args})", f"max_i |y_i({shifted}) - y_i({args})|, c = {c:g}",
+            _row_max(_f64(run(moved, w, b)) - y), np.zeros(len(v64)),
+            f"exact: 0; y does not change when a constant is added to {v_name} ("
+            + (f"here: to {shift_into}; " if formed else "") + f"up to the rounding of "
+            f"{shift_into} + c" + (f" and of {v_name}" if formed else "") + ")", y_kernel,
+            allowance))
     return out
 
 
@@ -409,7 +467,8 @@ def rms(t, inp):
                   "and rstd one float64 per row, so recomputing xn costs one multiply per "
                   "element instead of storing and re-reading an N x D array")
     built.forward_invariants = _forward_invariants(
-        "rms", "x", lambda v, w_, b_: resnorm.rms_norm_forward(v, w_, eps)[0], x, w, None, eps)
+        "rms", "x", lambda v, w_, b_: resnorm.rms_norm_forward(v["x"], w_, eps)[0], {"x": x},
+        _f64(x), w, None, eps, "x")
     if inp.dy is None:
         return built
     dx, dw = resnorm.rms_norm_backward(inp.dy, cache)
@@ -463,8 +522,8 @@ def layer(t, inp):
                   "costs two flops per element instead of storing and re-reading an N x D "
                   "array")
     built.forward_invariants = _forward_invariants(
-        "layer", "x", lambda v, w_, b_: resnorm.layer_norm_forward(v, w_, b_, eps)[0], x, w, b,
-        eps)
+        "layer", "x", lambda v, w_, b_: resnorm.layer_norm_forward(v["x"], w_, b_, eps)[0],
+        {"x": x}, _f64(x), w, b, eps, "x")
     if inp.dy is None:
         return built
     dx, dw, db = resnorm.layer_norm_backward(inp.dy, cache)
@@ -510,8 +569,9 @@ FUSED = {  # kind -> (norm, Pre-Norm?, forward, backward, reference forward, ref
 }
 
 
-def _fused_forward64(kind, eps, p, seed, training):
-    """The float64 fused forward as a function of its differentiable inputs."""
+def _fused_forward(kind, eps, p, seed, training):
+    """The fused forward as a function of its arrays (name -> array: x, residual, and w, b,
+    alpha when given), in their dtype."""
     norm, prenorm, fwd_name, _ = FUSED[kind]
     fwd = getattr(resnorm, fwd_name)
 
@@ -521,6 +581,45 @@ def _fused_forward64(kind, eps, p, seed, training):
                          alpha=v.get("alpha", 1.0), p=p, seed=seed, training=training)
         return {"y": outputs[0], "h": outputs[1]} if prenorm else {"y": outputs}
     return forward
+
+
+# The fused kernels form h = residual + alpha * dropout(x) in at most four roundings (of
+# 1 / (1 - p), of its product with x, of the product with alpha, of the sum), each within
+# eps(dtype) / 2 of the size of what it rounds: within FORMED_ULPS * eps(dtype) *
+# (|residual_i| + |alpha * d_i|) of the exact h.
+FORMED_ULPS = 2
+
+
+def _add_norm_invariants(inp, forward, h, kept):
+    """The fused add + norm's forward invariants: the norm's (_forward_invariants) of
+    h = residual + alpha * d, d = x * kept (kept: the keep-mask times 1 / (1 - p), from
+    Philox by the reference, as the step d), which scaling x and residual by 2 scales and a
+    constant added to residual shifts; and, Pre-Norm, the kernel's h against its definition
+    (not independent: the formula itself).  forward: the fused forward of arrays."""
+    norm, prenorm = FUSED[inp.kind][:2]
+    alpha = _f64(inp.alpha)
+    h64 = _f64(inp.residual) + alpha * _f64(inp.x) * kept
+    unit = np.finfo(inp.x.dtype).eps
+
+    def formed(arrays):
+        size = np.abs(_f64(arrays["residual"])) + np.abs(alpha * _f64(arrays["x"]) * kept)
+        return FORMED_ULPS * unit * np.max(size, axis=1)
+
+    def run(arrays, w, b):
+        return forward({**arrays, "w": w, "b": b, "alpha": inp.alpha})["y"]
+
+    inputs = {"x": inp.x, "residual": inp.residual}
+    out = _forward_invariants(norm, "h", run, inputs, h64, inp.weight, inp.bias, inp.eps,
+                              "residual", formed, "h = residual + alpha * d in float64")
+    if prenorm:
+        out.insert(0, ForwardInvariant(
+            "h - (residual + alpha d)", "max_i |h_i - (residual_i + alpha * d_i)|",
+            _row_max(_f64(h) - h64), np.zeros(len(h64)),
+            f"exact: 0 up to the kernel's rounding, {FORMED_ULPS} * eps(dtype) * max_i "
+            "(|residual_i| + |alpha * d_i|): h is the stream plus the scaled branch by "
+            "definition, coded again in float64", None, float(np.max(formed(inputs))),
+            independent=False))
+    return out
 
 
 def add_norm(t, inp):
@@ -567,6 +666,8 @@ def add_norm(t, inp):
            if prenorm and _learnable(alpha) else "")
     arrays = {"x": x, "residual": res, "w": w, "h": h, "alpha": alpha}
     built = Built(comparisons, cache, arrays, why, philox=philox)
+    forward = _fused_forward(inp.kind, eps, inp.p, inp.seed, inp.training)
+    built.forward_invariants = _add_norm_invariants(inp, forward, h, keep_ref * scale)
     if inp.dy is None:
         return built
 
@@ -620,7 +721,7 @@ def add_norm(t, inp):
         built.comparisons.append(("dalpha", dalpha, dalpha_ref))
         built.gradients.append(("dalpha", "alpha", dalpha))
 
-    built.forward64 = _fused_forward64(inp.kind, eps, inp.p, inp.seed, inp.training)
+    built.forward64 = forward
     built.inputs64 = {"x": _f64(x), "residual": _f64(res), "w": _f64(w), "b": _f64(b),
                       "alpha": _f64(alpha) if _learnable(alpha) else alpha}
     # x reaches the norm as alpha * dropout(x): the row's spread of h is the scale for both
@@ -640,6 +741,29 @@ def add_norm(t, inp):
 
 # --------------------------------------------------------------------------- dropout
 
+def _dropout_invariants(run, x, y, keep, scale, active):
+    """Inverted dropout's output from x, the kernel's keep-mask and its scale 1 / (1 - p)
+    alone (no Philox): kept elements scaled, dropped ones 0, and y(2x) = 2 y(x) (the mask
+    depends on the seed and the position, never on the values).  run(x): the kernel's y;
+    active: False when dropout is off (all kept, scale 1)."""
+    x64, y64 = _f64(x), _f64(y)
+    doubled = run(x * np.asarray(SCALE, dtype=x.dtype))
+    kept = ("exact: 0; each kept element is scaled by 1 / (1 - p), so that E[y] = x (the "
+            "mask: keep, as the kernel returns it)" if active else
+            "exact: 0; dropout off (p = 0 or training=False): every element kept, unscaled")
+    return [
+        ForwardInvariant("kept", "max_{i kept} |y_i - x_i" + (" / (1 - p)|" if active else "|"),
+                         _row_max(np.where(keep, y64 - x64 * scale, 0.0)), np.zeros(len(x64)),
+                         kept, y),
+        ForwardInvariant("dropped", "max_{i dropped} |y_i|",
+                         _row_max(np.where(keep, 0.0, y64)), np.zeros(len(x64)),
+                         "exact: 0; each dropped element is 0", y),
+        ForwardInvariant("y(2x) - 2y(x)", "max_i |y_i(2x) - 2 y_i(x)|",
+                         _row_max(_f64(doubled) - SCALE * y64), np.zeros(len(x64)),
+                         "exact: 0; the mask depends on the seed and the element's position, "
+                         "not on x", np.concatenate([y, doubled]))]
+
+
 def dropout(t, inp):
     x = inp.x
     y, cache = resnorm.dropout_forward(x, inp.p, seed=inp.seed, training=inp.training)
@@ -650,12 +774,16 @@ def dropout(t, inp):
                   "only p, seed and the shape: backward regenerates the mask from "
                   "(seed, k), so nothing of size N x D is kept between the passes")
     if active:
-        keep, keep_check, _, built.philox = _mask_steps(t, inp)
+        keep, keep_check, scale, built.philox = _mask_steps(t, inp)
         built.comparisons.append(("keep", keep, keep_check))
         t.add("y", y, "element", "kernel", "forward", "{x} * {keep} * {scale}")
     else:
+        keep, scale = np.ones(x.shape, dtype=bool), 1.0
         t.add("y", y, "element", "kernel", "forward", "{x}",
               note="p = 0 or training=False: the identity")
+    built.forward_invariants = _dropout_invariants(
+        lambda v: resnorm.dropout_forward(v, inp.p, seed=inp.seed, training=inp.training)[0],
+        x, y, keep, scale, active)
     if inp.dy is None:
         return built
     dx = resnorm.dropout_backward(inp.dy, cache)
@@ -683,6 +811,29 @@ def _skip_and_branch(t, built, dx, dF, dF_expr):
     built.gradients += [("dx", "x", dx[0]), ("dF", "F", dF[0])]
 
 
+def _residual_invariants(run, x, F, h, factor):
+    """h = x + factor * F from the kernel's outputs alone, whatever the factor (alpha, or
+    the gate): the skip path is the identity, the branch enters linearly, and scaling both
+    inputs scales h.  run(x, F): the kernel's h, the factor fixed."""
+    x64, h64 = _f64(x), _f64(h)
+    two = np.asarray(SCALE, dtype=x.dtype)
+    no_branch = run(x, np.zeros_like(F))
+    branch_doubled = run(x, F * two)
+    both_doubled = run(x * two, F * two)
+    return [
+        ForwardInvariant("h(x, 0) - x", "max_i |h_i(x, 0) - x_i|", _row_max(
+            _f64(no_branch) - x64), np.zeros(len(x64)),
+            "exact: 0; without a branch the skip path passes x unchanged", no_branch),
+        ForwardInvariant(
+            "h(x, 2F) - x - 2(h - x)", "max_i |h_i(x, 2F) - x_i - 2 (h_i - x_i)|",
+            _row_max(_f64(branch_doubled) - x64 - SCALE * (h64 - x64)), np.zeros(len(x64)),
+            f"exact: 0; the branch enters linearly, {factor} * F (up to the rounding of each h)",
+            np.concatenate([h, branch_doubled])),
+        ForwardInvariant("h(2x, 2F) - 2h", "max_i |h_i(2x, 2F) - 2 h_i|",
+                         _row_max(_f64(both_doubled) - SCALE * h64), np.zeros(len(x64)),
+                         "exact: 0; scaling both inputs by 2 scales h by 2", both_doubled)]
+
+
 def scaled(t, inp):
     x, F, alpha = inp.x, inp.F, inp.alpha
     h, cache = resnorm.scaled_residual_forward(x, F, alpha)
@@ -692,6 +843,8 @@ def scaled(t, inp):
     built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "alpha": alpha},
                   "alpha, and F by reference only when alpha is learnable (dalpha = "
                   "sum dh * F); with a fixed alpha backward needs no array at all")
+    built.forward_invariants = _residual_invariants(
+        lambda x_, F_: resnorm.scaled_residual_forward(x_, F_, alpha)[0], x, F, h, "alpha")
     if inp.dh is None:
         return built
     dx, dF, dalpha = resnorm.scaled_residual_backward(inp.dh, cache)
@@ -725,6 +878,15 @@ def gated(t, inp):
         why += ("; a per-channel gate keeps sigmoid(g) and its derivative as (D,) vectors "
                 "instead, computed once per call")
     built = Built([("h", h, h_ref)], cache, {"x": x, "F": F, "g": g}, why)
+
+    def run(x_, F_, g_=g):
+        return resnorm.gated_residual_forward(x_, F_, g_)[0]
+    mirrored = run(x, F, -g)
+    built.forward_invariants = _residual_invariants(run, x, F, h, "sigmoid(g)") + [
+        ForwardInvariant("h(g) + h(-g) - 2x - F", "max_i |h_i(g) + h_i(-g) - 2 x_i - F_i|",
+                         _row_max(_f64(h) + _f64(mirrored) - 2 * _f64(x) - _f64(F)),
+                         np.zeros(len(x)), "exact: 0; sigmoid(g) + sigmoid(-g) = 1: a gate and "
+                         "its mirror share F between them", np.concatenate([h, mirrored, F]))]
     if inp.dh is None:
         return built
     dx, dF, dg = resnorm.gated_residual_backward(inp.dh, cache)
@@ -785,19 +947,19 @@ def _gated_forward_invariants(run, x, z, w, eps, gs, gate_first):
     """The properties any correct gated RMSNorm has, per group, checked on the kernel's
     outputs: the normalised groups' root mean square, y(c x) = y(x) up to eps's effect and,
     without a gate, y = rms_norm of each group.  The expectations come from the inputs (the
-    gated row u = x * silu(z) by its definition, in float64) and eps; see
-    _forward_invariants for the tuples."""
+    gated row u = x * silu(z) by its definition, in float64) and eps."""
     x64 = _f64(x)
     v64 = x64 * resnorm.reference.silu(_f64(z)) if gate_first else x64
     ms = _group_mean(v64 * v64, gs)
     hat_name, v_name = ("un", "u") if gate_first else ("xn", "x")
     hat_kernel = run(x, z if gate_first else None, None)
     hat = _f64(hat_kernel)
-    out = [(f"rms {hat_name}", f"sqrt(mean_{{i in k}} {hat_name}_i^2)",
-            np.sqrt(_group_mean(hat * hat, gs)), np.sqrt(ms / (ms + eps)),
-            f"exact: sqrt(ms / (ms + eps)), ms = mean_{{i in k}} {v_name}_i^2"
-            + (" (u = x * silu(z) from the inputs, in float64)" if gate_first else "")
-            + ": 1 up to eps, 0 for a zero group", hat_kernel, 0.0)]
+    out = [ForwardInvariant(
+        f"rms {hat_name}", f"sqrt(mean_{{i in k}} {hat_name}_i^2)",
+        np.sqrt(_group_mean(hat * hat, gs)), np.sqrt(ms / (ms + eps)),
+        f"exact: sqrt(ms / (ms + eps)), ms = mean_{{i in k}} {v_name}_i^2"
+        + (" (u = x * silu(z) from the inputs, in float64)" if gate_first else "")
+        + ": 1 up to eps, 0 for a zero group", hat_kernel)]
     y_kernel = run(x, z, w)
     y = _f64(y_kernel)
     n_groups = x.shape[1] // gs
@@ -805,22 +967,23 @@ def _gated_forward_invariants(run, x, z, w, eps, gs, gate_first):
     scaled = _f64(run(x * _to_elements(c[None, :], gs).astype(x.dtype), z, w))
     effect = np.abs(np.sqrt((ms + eps) / (ms + eps / c**2)) - 1.0)
     scales = "c = 2" if n_groups == 1 else "c = 2 in even groups k, 1/2 in odd ones"
-    out.append(("y(cx) - y(x)", f"max_{{i in k}} |y_i(c x) - y_i(x)|, {scales}",
-                _group_max(np.abs(scaled - y), gs), _group_max(np.abs(y), gs) * effect,
-                "exact: max_{i in k} |y_i| * |sqrt((ms + eps) / (ms + eps/c^2)) - 1|: y of a "
-                f"group does not change when its {v_name} is scaled"
-                + (" (here: its x)" if gate_first else "")
-                + ", but for eps; nor when another group is", y_kernel, 0.0))
+    out.append(ForwardInvariant(
+        "y(cx) - y(x)", f"max_{{i in k}} |y_i(c x) - y_i(x)|, {scales}",
+        _group_max(np.abs(scaled - y), gs), _group_max(np.abs(y), gs) * effect,
+        "exact: max_{i in k} |y_i| * |sqrt((ms + eps) / (ms + eps/c^2)) - 1|: y of a group "
+        f"does not change when its {v_name} is scaled" + (" (here: its x)" if gate_first else "")
+        + ", but for eps; nor when another group is", y_kernel))
     if z is None:
         w_ = None if w is None else np.asarray(w)
         rms = np.concatenate([
             resnorm.rms_norm_forward(np.ascontiguousarray(x[:, k * gs:(k + 1) * gs]),
                                      None if w_ is None else w_[k * gs:(k + 1) * gs],
                                      eps)[0] for k in range(n_groups)], axis=1)
-        out.append(("y - rms_norm", "max_{i in k} |y_i - rms_norm(x_k, w_k)_i|",
-                    _group_max(np.abs(y - _f64(rms)), gs), np.zeros((len(x64), n_groups)),
-                    "exact: 0; without a gate, each group's y is the RMSNorm of its slice "
-                    "(resnorm.rms_norm_forward on x_k and w_k)", y_kernel, 0.0))
+        out.append(ForwardInvariant(
+            "y - rms_norm", "max_{i in k} |y_i - rms_norm(x_k, w_k)_i|",
+            _group_max(np.abs(y - _f64(rms)), gs), np.zeros((len(x64), n_groups)),
+            "exact: 0; without a gate, each group's y is the RMSNorm of its slice "
+            "(resnorm.rms_norm_forward on x_k and w_k)", y_kernel, independent=False))
     return out
 
 

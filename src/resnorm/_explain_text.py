@@ -236,9 +236,12 @@ class _Printer:
                               f"max diff {j.max_abs_diff_backward:.3g}   (tolerance "
                               f"{j.tolerance:.3g})  {mark}")
 
-    def invariant_lines(self, invariants):
+    def invariant_lines(self, invariants, formula):
+        """Each invariant: its formula, whether it is independent of `formula` (the
+        kernel's or the backward's), why it holds, and its value in each row or group."""
         for inv in invariants:
-            self.lines.append(f"  {inv.formula}  -- {inv.note}")
+            said = "independent" if inv.independent else "NOT independent"
+            self.lines.append(f"  {inv.formula}  [{said} of {formula}]  -- {inv.note}")
             # one value per row, or per group of each row (N, G)
             values, exact = np.asarray(inv.value), np.asarray(inv.exact)
             for idx in np.ndindex(values.shape):
@@ -255,18 +258,19 @@ class _Printer:
         e = self.e
         if not e.forward_invariants:
             return
-        self.lines += ["", "invariants of the forward: properties of any correct norm, "
-                       "independent of the kernel's formula (the expectations use only the "
-                       "input's var or ms and eps)"]
-        self.invariant_lines(e.forward_invariants)
+        self.lines += ["", "invariants of the forward: properties any correct kernel's "
+                       "output has, checked on this kernel's outputs; the expectations come from "
+                       "the inputs (and eps, or dropout's keep-mask), never from the kernel's "
+                       "steps or the reference"]
+        self.invariant_lines(e.forward_invariants, "the kernel's formula")
 
     def invariants(self):
         e = self.e
         if not e.invariants:
             return
         self.lines += ["", "invariants of the gradient through the norm: properties of any "
-                       "correct gradient, independent of the backward formula"]
-        self.invariant_lines(e.invariants)
+                       "correct gradient"]
+        self.invariant_lines(e.invariants, "the backward formula")
 
     def checks(self):
         e = self.e

@@ -20,6 +20,11 @@ dalpha.
 * each kernel output is compared with its ``resnorm.reference`` twin (``.checks``);
 * each gradient is also compared with central finite differences of the forward kernel run
   in float64 (``.gradient_checks``): an independent check, which needs no backward formula;
+* the properties any correct output has, checked on the kernel's outputs
+  (``.forward_invariants``: a norm's y does not change when its input is scaled, nor,
+  LayerNorm's, shifted; its normalised row has root mean square 1 up to eps; dropout keeps
+  or zeroes each element; a residual add is linear in its branch), most of them
+  independent of the kernel's formula (``Invariant.independent``);
 * for the norms, with a gradient: the Jacobian dy/dx of each short row in closed form,
   checked by finite differences (``.jacobians``), and the identities the gradient obeys
   (``.invariants``: LayerNorm sum dx = 0 and dx . xhat = 0, RMSNorm dx . x = 0, up to eps;
@@ -312,11 +317,12 @@ class Jacobian(Check):
 
 @dataclass(frozen=True)
 class Invariant:
-    """An identity a norm obeys, per row (or per group of a row): of its gradient (in
-    `Explanation.invariants`) or of its output (in `Explanation.forward_invariants`); the
-    kernel's value against the
-    value exact arithmetic gives (0, or a term of eps).  The identities hold for any correct
-    norm: they check the kernel without its formula.
+    """An identity a kernel's results obey, per row (or per group of a row): of a norm's
+    gradient (in `Explanation.invariants`) or of the forward output (in
+    `Explanation.forward_invariants`); the kernel's value against the value exact
+    arithmetic gives (0, or a term of eps).  Most hold for any correct kernel of the kind,
+    so they check the kernel without its formula (``independent``); the others compare it
+    with the formula's definition or another kernel of the library.
 
     Parameters
     ----------
@@ -334,7 +340,12 @@ class Invariant:
     tolerance : float
         The largest difference that counts as agreement: the kernel's rounding tolerance,
         as `Check`'s (twice it where two kernel outputs are compared), and for the shift of
-        a LayerNorm the effect of rounding x + c.
+        a LayerNorm the effect of rounding x + c; for a value the kernel forms from several
+        inputs (h of the fused kinds), the bound on its rounding of them.
+    independent : bool, default True
+        True when the expectation needs no coding of the kernel's formula (of the forward's,
+        for a forward invariant; of the backward's, for a gradient's); False when it is the
+        formula's definition coded again, or another kernel of the library.
 
     Examples
     --------
@@ -352,6 +363,7 @@ class Invariant:
     exact: NDArray[np.float64]
     note: str
     tolerance: float
+    independent: bool = True
 
     @property
     def agree(self) -> bool:
@@ -385,10 +397,15 @@ class Explanation:
     invariants : tuple of Invariant, default ()
         The identities the norm's gradient obeys (the norm kinds, with a gradient given).
     forward_invariants : tuple of Invariant, default ()
-        The properties the norm's output has, whatever its formula ("rms", "layer" and
-        "gated-rms"): xhat's mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 +
-        eps)), y(2x) = y(x) up to eps's effect, LayerNorm's y(x + c) = y(x); per group for
-        "gated-rms", whose y without a gate is also rms_norm of each group.
+        The properties the forward output has, whatever its formula (every kind): for a
+        norm, xhat's mean 0 (LayerNorm) and root mean square sqrt(s2 / (s2 + eps)),
+        y(2x) = y(x) up to eps's effect, LayerNorm's y(x + c) = y(x) (per group for
+        "gated-rms"; for the fused kinds of h = residual + alpha * dropout(x), with x and
+        residual scaled and residual shifted, and Pre-Norm's h against its definition);
+        for "dropout", kept elements scaled by 1 / (1 - p), dropped ones 0 and y(2x) =
+        2 y(x); for "scaled" and "gated", h(x, 0) = x, h linear in F and h(2x, 2F) = 2h,
+        and "gated"'s h(g) + h(-g) = 2x + F.  ``.independent`` says which need no coding of
+        the formula.
     cache : tuple of (str, str), default ()
         (field, what it holds) of the forward's cache.
     cache_why : str, default ""
@@ -904,11 +921,13 @@ def _invariants(built, dtype):
 
 def _forward_invariants(built, dtype):
     out = []
-    for name, formula, value, exact, note, compared, allowance in built.forward_invariants:
+    for f in built.forward_invariants:
         # each side is a kernel output, rounded on its own: twice the rounding of one
-        tolerance = 2 * _tolerance(compared, _rule(compared, dtype)) + allowance
-        out.append(Invariant(name, formula, np.asarray(value, dtype=np.float64),
-                             np.asarray(exact, dtype=np.float64), note, tolerance))
+        tolerance = f.allowance if f.compared is None else \
+            2 * _tolerance(f.compared, _rule(f.compared, dtype)) + f.allowance
+        out.append(Invariant(f.name, f.formula, np.asarray(f.value, dtype=np.float64),
+                             np.asarray(f.exact, dtype=np.float64), f.note, tolerance,
+                             f.independent))
     return tuple(out)
 
 
