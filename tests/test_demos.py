@@ -235,26 +235,107 @@ def test_causal_attention_does_not_see_the_future():
         assert np.array_equal(a, b) == same
 
 
+def _verdict(findings, claim):
+    """(k, n) of the finding 'claim: holds in k of n seeds'."""
+    line = next(f for f in findings if f.startswith(claim + ": holds in "))
+    k, n = re.match(r"(\d+) of (\d+) seeds", line[len(claim) + len(": holds in "):]).groups()
+    return int(k), int(n)
+
+
+def _check_tuning(task_data):
+    """Every beta's tuning, recomputed per seed from the raw loss curves: a run trained
+    when its losses stayed finite and ended below the first; the best lr has the lowest
+    final / initial loss among those; the edge is a best lr whose next grid lr failed."""
+    for beta, t in task_data["tuned"].items():
+        grid = t["grid"]
+        assert grid == task_data["tuned"][0.0]["grid"][:len(grid)]    # one smallest step
+        for k, study in enumerate(task_data["studies"]):
+            curves = [study.losses[:, study.index(beta, lr)] for lr in grid]
+            trained = [bool(np.all(np.isfinite(c)) and c[-1] < c[0]) for c in curves]
+            assert list(t["trained"][k]) == trained
+            ratios = [c[-1] / c[0] if ok else np.inf for c, ok in zip(curves, trained)]
+            best = int(np.argmin(ratios))
+            assert t["best"][k] == best and t["best_ratio"][k] == ratios[best]
+            assert t["best_lr"][k] == grid[best]
+            last = max(i for i, ok in enumerate(trained) if ok)
+            assert t["limit_lr"][k] == grid[last]
+            assert t["edge"][k] == (best == last < len(grid) - 1)
+            assert t["bracketed"][k] == (trained[0] and not trained[-1])
+            assert t["monotone"][k][0] == bool(np.all(np.diff(curves[0]) <= 1e-12 * curves[0][:-1]))
+
+
 def test_convergence():
     pytest.importorskip("statsmodels")   # the sunspot numbers of its real time series
     res = tiny("convergence")
     assert not res.missing, res.missing
     _structure(res, "convergence", 4)
+    n = res.data["seeds"]
     for task in ("synthetic", "sunspots"):
-        rows = res.data[task]["analysis"]["per_beta"]
-        small = [r["small"] for r in rows]
-        # the theorem's regime: monotone descent at the smallest step, and there the
-        # conditioning of Z and the convergence both improve with beta
-        assert all(s["monotone"] for s in small)
-        assert all(b["cond0"] > a["cond0"] for a, b in zip(small, small[1:]))
-        assert all(b["ratio"][0] < a["ratio"][0] for a, b in zip(small, small[1:]))
-        # the grid brackets every beta's stability limit, and the best step is inside it
-        for r in rows:
-            assert r["bracketed"] and r["limit"] < r["diverges"]
-            assert r["tuned"]["ratio"][0] <= r["small"]["ratio"][0]
-        att = res.data[task]["attention"]
-        assert att["max_weight"] > att["uniform"]
+        d = res.data[task]
+        t, claims = d["tuned"], d["claims"]
+        assert len(d["studies"]) == n >= 3
+        assert all(len(t[b]["grid"]) >= 4 for b in convergence.BETAS)
+        _check_tuning(d)
+        # the claims, recomputed from the tuned numbers, and printed seed by seed
+        col = lambda key: np.array([t[b][key] for b in convergence.BETAS]).T
+        np.testing.assert_array_equal(claims["cond_up"], np.all(np.diff(col("cond0")) > 0, 1))
+        np.testing.assert_array_equal(claims["tuned_final_down"],
+                                      np.all(np.diff(col("best_final")) < 0, 1))
+        np.testing.assert_array_equal(claims["bracketed"], np.all(col("bracketed"), 1))
+        for claim, key in (
+                (f"{task}: sigma_min/sigma_max of Z at initialisation increases with beta",
+                 "cond_up"),
+                (f"{task}, each beta at its own best lr: the absolute loss decreases with "
+                 f"beta", "tuned_final_down"),
+                (f"{task}, each beta at its own best lr: every step descends",
+                 "tuned_monotone")):
+            assert _verdict(res.findings, claim) == (claims[key].sum(), n)
+        # what the tiny model shows in every seed: monotone descent at the smallest step,
+        # where the residual improves the conditioning of Z and a one-ulp change of the
+        # inputs does not matter; and every beta's grid brackets its stability limit
+        assert np.all(claims["small_monotone"]) and np.all(claims["cond_up"])
+        assert np.all(claims["bracketed"]) and not np.any(claims["small_sensitive"])
+        for b in convergence.BETAS:
+            np.testing.assert_allclose(d["moved"]["small"][b], 1.0, rtol=1e-3)
+        assert any(f.startswith(f"what survives on the {task} task (majorities of {n} seeds)")
+                   for f in res.findings)
+    att = res.data["synthetic"]["attention"]
+    assert all(a["max_weight"] > a["uniform"] for a in att)
     assert "sunspots" in res.tables[2][0] and "held-out MSE" in res.tables[3][1]
+    assert "theorem's regime" not in res.text()
+    # the full size: at least 10 seeds, every beta on a grid of at least 4 steps
+    full = convergence.SIZES["full"]
+    assert full["seeds"] >= 10
+    assert all(len(g) >= 4 for task in ("synthetic", "sunspots")
+               for g in full[task]["lrs"].values())
+
+
+def test_a_run_does_not_depend_on_its_batch_and_the_nudge_is_one_ulp():
+    # the rounding check repeats only some runs, in a smaller batch: that is only a
+    # comparison of the inputs' last bit if a run's result does not depend on its batch
+    task = convergence.synthetic_task(np.random.default_rng(5), 3, 4, 6, 2)
+    init = convergence.init_weights(task, 0, 0)
+    runs = [(b, lr) for b in convergence.BETAS for lr in (1e-3, 4e-3, 0.5)]
+    batch = convergence.train(task, runs, init, 60, 20)
+    alone = convergence.train(task, runs[4:6], init, 60, 20)
+    np.testing.assert_array_equal(batch.losses[:, 4:6], alone.losses)
+    assert np.isnan(batch.losses[-1, 2]) and np.isfinite(batch.losses[-1, 1])  # lr 0.5 diverged
+    nudged = convergence._nudged(task)
+    assert np.all(nudged.x > task.x) and np.all(np.nextafter(nudged.x, -np.inf) == task.x)
+    assert nudged.y is task.y
+
+
+def test_precision_follows_the_spread():
+    sig, medians = convergence.sig_text, convergence.medians_text
+    assert sig([0.1, 0.03, 0.2]) == "0.1 (0.03..0.2)"                  # spread 0.17: 1 digit
+    assert sig([0.163, 0.135, 0.2]) == "0.16 (0.14..0.20)"             # spread 0.065: 2
+    assert sig([6e-5, 1e-6, 1e-4]) == "6e-05 (1e-06..1e-04)"           # no 0.000
+    assert sig([1.0, 1.0, 1.0]) == "1.00 (1.00..1.00)"
+    assert sig([0.99999, 1.00001]) == "1.00 (1.00..1.00)"
+    assert sig([np.nan, np.inf]) == "-" and sig([2.0, np.inf, 3.0]) == "2 (2..3)"
+    # one digit count for the list (the most any column's spread supports: 2), so that 188 < 207 < 243 do not print as 190, 210, 200
+    assert medians([[188, 169, 221], [207, 175, 247], [243, 215, 319]]) == "190, 210, 240"
+    assert medians([[1.0], [np.nan]]) == "1.00, -"
 
 
 def test_linear_baseline_is_least_squares():

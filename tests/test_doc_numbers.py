@@ -3,6 +3,7 @@
 here: regenerate with `PYTHONPATH=src python tools/doc_numbers.py` (see its docstring)."""
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -81,3 +82,27 @@ def test_every_entry_belongs_to_exactly_one_section(doc_numbers):
     for section in ("warmup", "deepnorm"):
         assert f"{section}.output" in numbers["blocks"]
         assert numbers["claims"][f"{section}.ran"]["holds"]
+    assert "convergence" in doc_numbers.SECTIONS and "conv.output" in numbers["blocks"]
+    assert numbers["claims"]["conv.ran"]["holds"]
+
+
+def test_convergence_counts_agree_with_the_demo_output(doc_numbers):
+    # the seed counts quoted in docs/demos.md, the summary table and the demo's printed
+    # verdicts are three renderings of one run: they must agree
+    numbers = doc_numbers.load()
+    output, summary = numbers["blocks"]["conv.output"], numbers["blocks"]["conv.summary"]
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:]
+            for line in summary.splitlines()[2:]}
+    claims = dict(doc_numbers.CONV_CLAIMS)
+    for column, task in enumerate(("synthetic", "sunspots")):
+        seeds = numbers["values"]["conv.seeds"]
+        for key in doc_numbers.CONV_COUNTED:
+            quoted = numbers["values"].get(f"conv.{task}.{key}")
+            if quoted is not None:
+                assert rows[claims[key]][column] == f"{quoted} seeds", (task, key)
+                assert quoted.endswith(f" of {seeds}")
+        verdicts = re.findall(rf"^- {task}[,:].*?: holds in (\d+ of \d+) seeds", output, re.M)
+        assert len(verdicts) >= 10 and all(v.endswith(f" of {seeds}") for v in verdicts)
+        quoted = numbers["values"][f"conv.{task}.tuned_final_down"]
+        assert (f"- {task}, each beta at its own best lr: the absolute loss decreases with "
+                f"beta: holds in {quoted} seeds") in output
