@@ -8,6 +8,11 @@ The docs mark what this script owns:
     <!--n:KEY-->0.48<!--/n-->       an inline value, replaced by values[KEY]
     <!--claim:KEY-->                after a sentence: claims[KEY] must have held in the run
 
+A number measured once and not regenerated (a benchmark of a variant no longer built, a CI
+run's wall time) sits in `<!-- measured-once: WHY -->...<!-- /measured-once -->`;
+tests/test_doc_measured_numbers.py fails on a number of the docs that looks measured and
+is in none of these markers.
+
 The last run's output is committed as tools/doc_numbers.json; tests/test_doc_numbers.py
 checks, without measuring anything, that the docs carry exactly its blocks and values and
 that every claim held.  Commands (from the repository root, after building in place):
@@ -42,7 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JSON_PATH = ROOT / "tools" / "doc_numbers.json"
 DOCS = ["docs/demos.md", "docs/explain.md", "docs/pre_post_norm.md", "docs/layer_norm.md",
         "docs/rms_norm.md", "docs/residual.md", "docs/dropout.md", "docs/deepnorm.md",
-        "docs/parallel_residual.md", "docs/sandwich_norm.md"]
+        "docs/parallel_residual.md", "docs/sandwich_norm.md", "docs/blocks.md",
+        "docs/half_precision.md"]
 BLOCK = re.compile(r"(<!-- numbers:([\w.-]+) -->\n)(.*?)(<!-- /numbers -->)", re.S)
 VALUE = re.compile(r"(<!--n:([\w.-]+)-->)(.*?)(<!--/n-->)", re.S)
 CLAIM = re.compile(r"<!--claim:([\w.-]+)-->")
@@ -353,9 +359,17 @@ def deepnorm(out):
     for arm in data["names"]:
         v[f"deepnorm.{arm[0]}{arm[1]}.best"] = spread_text(tuned[arm]["best_loss"])
     for block in ("post", "deepnorm"):
-        t = tuned[block, deepest]
-        v[f"deepnorm.{block}{deepest}.stable"] = spread_text(t["n_stable"], 0)
+        v[f"deepnorm.{block}{deepest}.stable"] = spread_text(tuned[block, deepest]["n_stable"], 0)
+    # the early updates the docs quote: demos.md's, and sandwich_norm.md's against Pre-LN
+    for block in ("post", "deepnorm", "pre", "sandwich"):
         v[f"deepnorm.{block}{deepest}.update"] = spread_text(updates[block, deepest][:, 1])
+    v["deepnorm.every"] = str(data["every"])
+    out.claim("deepnorm.sandwich_moves_more", f"at {deepest} layers the sandwich stack's "
+              f"output moves more than Pre-LN's in the first {data['every']} steps in every "
+              f"seed", np.all(updates["sandwich", deepest][:, 1] > updates["pre", deepest][:, 1]))
+    out.claim("deepnorm.sandwich_trains", f"the sandwich stack trains at every grid lr at "
+              f"{deepest} layers in every seed", np.all(tuned["sandwich", deepest]["n_stable"]
+                                                       == len(data["grids"]["sandwich", deepest])))
     v[f"deepnorm.post{deepest}.edge"] = _count(tuned["post", deepest]["edge"])
     for depth, blocks in data["depths"].items():
         claims, noise = depth_claims(tuned, updates, depth, blocks)
@@ -393,6 +407,38 @@ def deepnorm(out):
               and np.all(claims["deep_like_reference"]))
     out.claim("deepnorm.no_divergence", "no run diverged",
               not any(r["diverged"] for r in runs))
+    _branch_rms(out)
+
+
+def _branch_rms(out):
+    """The RMS of each sublayer's output at initialisation (docs/sandwich_norm.md), Pre-LN's
+    and the sandwich's, on unit-Gaussian input at the deepnorm demo's width and batch: a
+    block's default initialisation, one seed per demo seed."""
+    from resnorm import nn
+    from resnorm.demos._common import spread_text
+    from resnorm.demos.deepnorm import SIZES
+    cfg = SIZES["full"]
+    shape = (cfg["batch"], cfg["seq"], cfg["d"])
+    rms = lambda a: float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
+    pre_attn, pre_ffn, sandwich = [], [], []
+    for seed in range(cfg["seeds"]):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        pre = nn.PreNormBlock(cfg["d"], cfg["heads"], seed=seed)
+        a = pre.self_attn.forward(pre.norm1.forward(x))
+        pre_attn.append(rms(a))
+        pre_ffn.append(rms(pre.ffn.forward(pre.norm2.forward(x + a))))
+        sw = nn.SandwichBlock(cfg["d"], cfg["heads"], seed=seed)
+        a = sw.norm1_out.forward(sw.self_attn.forward(sw.norm1.forward(x)))
+        f = sw.norm2_out.forward(sw.ffn.forward(sw.norm2.forward(x + a)))
+        sandwich += [rms(a), rms(f)]
+    v = out.values
+    v["deepnorm.branch.shape"] = " x ".join(map(str, shape))
+    v["deepnorm.branch.pre.attn"], v["deepnorm.branch.pre.ffn"] = (
+        spread_text(pre_attn), spread_text(pre_ffn))
+    v["deepnorm.branch.sandwich"] = f"{np.median(sandwich):.2f}"
+    # below 1 only by the eps in the norm's denominator
+    out.claim("deepnorm.branch.sandwich_unit", "the sandwich's branch outputs have RMS "
+              "within 1e-3 of 1 in every seed", np.all(np.abs(np.array(sandwich) - 1) < 1e-3))
 
 
 CONV_CLAIMS = (   # the per-seed claims of the convergence demo, in the summary's order
@@ -701,12 +747,70 @@ print(resnorm.dropout(x, 0.25, seed=s, training=False))  # eval: a copy of x
 '''
 
 
-def dropout(out):
+def _example(out, key, code):
+    """A doc's python example and what it prints, as the blocks KEY and KEY.output."""
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        exec(DROPOUT_EXAMPLE, {})
-    out.blocks["dropout.example"] = _fence(DROPOUT_EXAMPLE, "python")
-    out.blocks["dropout.example.output"] = _fence(buf.getvalue())
+        exec(code, {})
+    out.blocks[key] = _fence(code, "python")
+    out.blocks[f"{key}.output"] = _fence(buf.getvalue())
+
+
+def dropout(out):
+    _example(out, "dropout.example", DROPOUT_EXAMPLE)
+
+
+# --------------------------------------------------------------------------- blocks
+
+BLOCKS_EXAMPLE = '''import numpy as np
+from resnorm import nn
+
+model = nn.TransformerStack(2, 64, 4, block="pre", norm="layer", dropout=0.1, seed=0)
+opt = nn.Adam(model, lr=3e-3)
+x = np.random.default_rng(0).standard_normal((4, 32, 64)).astype(np.float32)
+target = np.roll(x, 1, axis=1)                          # a toy task: predict the previous token
+for step in range(60):
+    opt.zero_grad()
+    loss, dy = nn.mse_loss(model.forward(x), target)   # any loss that gives dL/dy
+    model.backward(dy)                                  # fills model.grads()
+    opt.step()
+    if step % 20 == 0:
+        print(f"step {step}: loss {loss:.3f}")
+model.eval()                                            # dropout off
+print(f"eval loss {nn.mse_loss(model.forward(x), target)[0]:.3f}")
+'''
+
+
+def blocks(out):
+    _example(out, "blocks.example", BLOCKS_EXAMPLE)
+
+
+# --------------------------------------------------------------------------- half_precision
+
+def half_precision(out):
+    """What `python benchmarks/half_drift.py` prints, and the drifts after the last layer
+    that the prose quotes (from its closing lines, so that the prose and the block come
+    from one run)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("half_drift",
+                                                  ROOT / "benchmarks" / "half_drift.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        module.main([])
+    text = buf.getvalue()
+    out.blocks["half.drift"] = _fence(text)
+    final = {m[1]: (float(m[2]), float(m[3])) for m in re.finditer(
+        r"^(.+?): after \d+ layers (\S+) = (\S+) x its epsilon", text, re.M)}
+    v = out.values
+    for key, name in (("float16", "float16"), ("bfloat16", "bfloat16"),
+                      ("bf16_f32h", "bf16 (f32 h)")):
+        v[f"half.{key}"] = f"{100 * final[name][0]:.2g}%"
+    v["half.bfloat16.eps"] = f"{final['bfloat16'][1]:.1f}"
+    stream_share = 1 - final["bf16 (f32 h)"][0] / final["bfloat16"][0]
+    out.claim("half.stream_share", "keeping the stream in float32 removes between 0.6 and "
+              "0.75 of bfloat16's drift after the last layer", 0.6 < stream_share < 0.75)
 
 
 # --------------------------------------------------------------------------- the docs
@@ -714,7 +818,8 @@ def dropout(out):
 SECTIONS = {"machine": machine, "demos": demos, "warmup": warmup, "deepnorm": deepnorm,
             "convergence": convergence,
             "explain": explain, "layer_norm": layer_norm, "rms_norm": rms_norm,
-            "residual": residual, "dropout": dropout}
+            "residual": residual, "dropout": dropout, "blocks": blocks,
+            "half_precision": half_precision}
 
 
 def load():
@@ -810,7 +915,8 @@ def main(argv=None):
 OWNERS = {"machine": ("machine.",), "demos": ("demo.", "depth.", "grad.", "rvl.", "bn."),
           "warmup": ("warmup.",), "deepnorm": ("deepnorm.",), "convergence": ("conv.",),
           "explain": ("explain.",), "layer_norm": ("layer_norm.",), "rms_norm": ("rms_norm.",),
-          "residual": ("residual.",), "dropout": ("dropout.",)}
+          "residual": ("residual.",), "dropout": ("dropout.",), "blocks": ("blocks.",),
+          "half_precision": ("half.",)}
 
 
 def _owned(key, section):
