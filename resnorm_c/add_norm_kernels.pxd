@@ -30,10 +30,11 @@ from primitives cimport (element, real, rn_bf16, rn_f16, rn_residual_add, rn_res
                          rn_residual_reduce, rn_residual_shifted_sums,
                          rn_residual_add_shifted_sums, rn_residual_norm_apply,
                          rn_residual_bwd, rn_rms_apply)
-from norm_kernels cimport (backward_prefetch_dx, forward_prefetch, layer_backward_group,
-                          layer_forward_row, layer_forward_row_stats, ln_moments_from,
-                          one_group, rms_backward_group, rms_forward_row,
-                          rms_forward_row_from, shifted_moments)
+from norm_kernels cimport (CARRY_DOUBLES, backward_prefetch_dx, carried, carry_start,
+                           forward_prefetch, layer_backward_group, layer_backward_run,
+                           layer_forward_row, layer_forward_row_stats, ln_moments_from,
+                           one_group, rms_backward_group, rms_backward_run, rms_forward_row,
+                           rms_forward_row_from, shifted_moments)
 # the norm kernels' scalar paths for the few rows the fast paths cannot take
 from rare_rows cimport _ln_forward_careful, _ln_stats_trusted, _rms_rstd_rescaled
 
@@ -294,6 +295,45 @@ cdef inline Py_ssize_t add_norm_backward_scratch(Py_ssize_t d, const rn_dropout 
     return (gs_bytes(d) + add_norm_mask_words(d, dp) * 8 + 63) // 64 * 64
 
 
+cdef inline void add_norm_backward_carried(element *dx, element *dresidual, double *dw_part,
+                                           double *db_part, const element *dy,
+                                           const element *dh, const element *h,
+                                           const element *x, const element *residual,
+                                           const element *w, const double *mean,
+                                           const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
+                                           Py_ssize_t n, Py_ssize_t d) noexcept nogil:
+    """Rows lo .. hi of add_norm_backward_block's direct form (float and double rows, no
+    dropout, no alpha) in the norms' carried runs (norm_kernels.pxd, carried): each row's
+    pass writes dx and dresidual, dh added.  Post-Norm (h NULL) recomputes a run's rows of
+    h into dresidual's rows first, which that pass reads back before it stores each
+    element.  dw_part, db_part: the block's partial rows (NULL: not wanted), zeroed."""
+    cdef double carry[2 * CARRY_DOUBLES]
+    cdef element *cw = <element *>carry if dw_part != NULL else NULL
+    cdef element *cb = <element *>(carry + CARRY_DOUBLES) if db_part != NULL else NULL
+    cdef double m[RN_GROUP]
+    cdef double mean_g[RN_GROUP]
+    cdef const element *hp
+    cdef Py_ssize_t i = lo, r, rows
+    carry_start(cw, cb, d)
+    while i < hi:
+        rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+        if h != NULL:
+            hp = h + i * d
+        else:
+            for r in range(i, i + rows):
+                rn_residual_add(dresidual + r * d, residual + r * d, x + r * d, NULL, NULL, 0,
+                                1.0, d, False, hi - 1 - r)
+            hp = dresidual + i * d
+        if mean == NULL:
+            rms_backward_run(dx + i * d, dresidual + i * d, cw, dw_part, m, dy + i * d,
+                             at(dh, i * d), hp, w, rstd + i, rows, d, n - i - rows)
+        else:
+            layer_backward_run(dx + i * d, dresidual + i * d, cw, cb, dw_part, db_part, mean_g,
+                               m, dy + i * d, at(dh, i * d), hp, w, mean + i, rstd + i, rows,
+                               d, n - i - rows)
+        i += rows
+
+
 cdef inline void add_norm_backward_block(element *dx, element *dresidual, double *partials,
                                          void *dw, void *db, bint want_dw, bint want_db,
                                          bint want_dalpha,
@@ -362,6 +402,10 @@ cdef inline void add_norm_backward_block(element *dx, element *dresidual, double
         memset(masks, 0, 2 * nw * 8)
     if dp != NULL and lo < hi:
         extend_bits(keep, dp, lo * d // 64, lo * d // 64, lo * d + d)
+    if direct and dw == NULL and db == NULL and carried(dy, d):
+        add_norm_backward_carried(dx, dresidual, dw_part, db_part, dy, dh, h, x, residual, w,
+                                  mean, rstd, lo, hi, n, d)
+        return
     while i < hi:
         rows = min(group, hi - i)
         if h != NULL:

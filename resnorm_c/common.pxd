@@ -43,7 +43,7 @@ cdef inline Py_ssize_t first_row(Py_ssize_t t, Py_ssize_t n, int n_threads) noex
 # make one block).  A function of N alone, for reproducibility across thread counts.
 cdef enum:
     MAX_ROW_BLOCKS = 64
-    MIN_BLOCK_ROWS = 8
+    MIN_BLOCK_ROWS = 16
     REDUCE_COLUMNS = 512  # columns per task when the partial rows are summed
 
 

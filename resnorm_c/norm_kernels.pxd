@@ -19,12 +19,14 @@
 # g = dy*w, m = mean(g*xn), mean_g = mean(g), mean_gxhat = mean(g*xhat).
 from cython.parallel cimport prange
 from libc.math cimport isfinite, sqrt
+from libc.string cimport memset
 
 from common cimport (RN_GROUP, RN_STREAM_UNFENCED, at, first_row, rn_sfence, row_blocks,
                      sum_partials, zero_partials)
 from primitives cimport (element, rn_sum, rn_sumsq, rn_sumsqdev, rn_shifted_sums,
                          rn_rms_bwd_dot, rn_ln_bwd_sums, rn_rms_apply, rn_ln_apply,
-                         rn_rms_bwd_apply_rows, rn_ln_bwd_apply_rows, rn_residual_bwd)
+                         rn_rms_bwd_apply_rows, rn_ln_bwd_apply_rows, rn_rms_bwd_row_carry,
+                         rn_ln_bwd_row_carry, rn_carry_flush, rn_residual_bwd)
 # the scalar paths for the few rows the fast paths cannot take (see rare_rows.pxd)
 from rare_rows cimport (_rms_rstd_rescaled, _ln_stats_trusted, _ln_forward_careful,
                         _ln_backward_careful, _overflowed)
@@ -35,6 +37,8 @@ cdef enum:
     PREFETCHED_STREAMED_ROW_BYTES = 8192   # see forward_prefetch
     PREFETCHED_DX_ROW_BYTES = 4096   # see backward_prefetch_dx
     PREFETCHED_DX_MIN_BYTES = 1 << 20
+    CARRY_DOUBLES = 4096   # the longest carried row of sums, in doubles (32 KiB, on the
+                           # stack of a row block)
 
 
 cdef inline Py_ssize_t forward_prefetch(bint stream, Py_ssize_t row_bytes) noexcept nogil:
@@ -70,6 +74,88 @@ cdef inline bint one_group(Py_ssize_t n, bint stream) noexcept nogil:
     memory).  Those two passes over float64 rows of D weighed most where D is large and the
     rows few: small calls took up to twice the time with them (benchmarks/TUNING.md)."""
     return 0 < n <= RN_GROUP and not stream
+
+
+cdef inline bint carried(const element *x, Py_ssize_t d) noexcept nogil:
+    """Whether the backward passes (the norms' and the fused add + norm's, over row blocks)
+    take their rows in runs of RN_GROUP rows (from the block's first row), each run's
+    reductions, then each row's apply pass alone, with the sums over rows (dweight, dbias)
+    carried in the row's type over the run and then added, widened, into the float64
+    partial row (core/backward.h): float and double rows of up to CARRY_DOUBLES doubles.
+    The sums are formed exactly as the groups of rows form them (rms_backward_group), so
+    the bits are the same; the groups' column-by-column apply pass, which moves a group's
+    rows of every array at once, took up to twice the time (benchmarks/TUNING.md).  Carried
+    over 16 rows, float32's dweight was less accurate than torch's.  The 16-bit rows keep
+    their groups, as do longer rows, whose carried sums would not fit the block's stack."""
+    return ((element is float or element is double)
+            and d * <Py_ssize_t>sizeof(element) <= CARRY_DOUBLES * <Py_ssize_t>sizeof(double))
+
+
+cdef inline void carry_start(element *cw, element *cb, Py_ssize_t d) noexcept nogil:
+    """The carried sums cw and cb (NULL: none) start at zero, before a block's first row."""
+    if cw != NULL:
+        memset(cw, 0, d * sizeof(element))
+    if cb != NULL:
+        memset(cb, 0, d * sizeof(element))
+
+
+cdef inline void rms_backward_run(element *dx, element *dx2, element *cw, double *dw_part,
+                                  double *m, const element *dy, const element *dh,
+                                  const element *x, const element *w, const double *rstd,
+                                  Py_ssize_t rows, Py_ssize_t d,
+                                  Py_ssize_t ahead) noexcept nogil:
+    """`rows` (<= RN_GROUP) consecutive carried rows of rms_backward (see carried): each
+    row's reduction m[r] = mean(g * xn), then each row's apply pass, its dweight terms
+    added into cw (NULL: none), which then goes into dw_part.  dx2, dh and ahead as in
+    rms_backward_group."""
+    cdef Py_ssize_t r
+    if element is float or element is double:
+        for r in range(rows):
+            m[r] = rn_rms_bwd_dot(dy + r * d, x + r * d, w, rstd[r], d,
+                                  ahead + rows - 1 - r) / d
+        for r in range(rows):
+            rn_rms_bwd_row_carry(dx + r * d, at(dx2, r * d), cw, dy + r * d, at(dh, r * d),
+                                 x + r * d, w, rstd[r], m[r], d)
+        rn_carry_flush(dw_part, cw, d)
+
+
+cdef inline void layer_backward_run(element *dx, element *dx2, element *cw, element *cb,
+                                    double *dw_part, double *db_part, double *mean_g,
+                                    double *mean_gxhat, const element *dy, const element *dh,
+                                    const element *x, const element *w, const double *mean,
+                                    const double *rstd, Py_ssize_t rows, Py_ssize_t d,
+                                    Py_ssize_t ahead) noexcept nogil:
+    """`rows` (<= RN_GROUP) consecutive carried rows of layer_backward, as
+    rms_backward_run, its dweight and dbias terms carried in cw and cb.  A run with a row
+    whose reductions overflowed goes row by row, as layer_backward_group does: that row
+    through the scalar path (which adds its terms into dw_part and db_part), every other
+    row's terms added alone."""
+    cdef Py_ssize_t r
+    cdef bint trusted = True
+    if element is float or element is double:
+        for r in range(rows):
+            # two reductions in one pass: sum(g) and sum(g * xhat)
+            rn_ln_bwd_sums(&mean_g[r], &mean_gxhat[r], dy + r * d, x + r * d, w, mean[r],
+                           rstd[r], d, ahead + rows - 1 - r)
+            mean_g[r] = mean_g[r] / d
+            mean_gxhat[r] = mean_gxhat[r] / d
+            trusted = trusted and not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d,
+                                                  x + r * d, d)
+        for r in range(rows):
+            if trusted or not _overflowed(mean_g[r], mean_gxhat[r], dy + r * d, x + r * d,
+                                          d):
+                rn_ln_bwd_row_carry(dx + r * d, at(dx2, r * d), cw, cb, dy + r * d,
+                                    at(dh, r * d), x + r * d, w, mean[r], rstd[r], mean_g[r],
+                                    mean_gxhat[r], d)
+            else:
+                _ln_backward_careful(dx + r * d, dw_part, db_part, dy + r * d, x + r * d, w,
+                                     mean[r], rstd[r], d)
+                if dx2 != NULL:   # dh added (dx in place) and dx2 written, as the apply pass
+                    rn_residual_bwd(dx + r * d, dx2 + r * d, NULL, dx + r * d, at(dh, r * d),
+                                    NULL, NULL, NULL, 0, 1.0, d, False, 0)
+            if not trusted or r == rows - 1:
+                rn_carry_flush(dw_part, cw, d)
+                rn_carry_flush(db_part, cb, d)
 
 
 # --------------------------------------------------------------------------- RMSNorm
@@ -170,12 +256,22 @@ cdef inline void rms_backward_block(element *dx, double *dw_part, double *m, con
                                     const element *x, const element *w, const double *rstd,
                                     Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, Py_ssize_t d,
                                     bint stream) noexcept nogil:
-    """Rows lo .. hi (of n) of rms_backward in groups of up to RN_GROUP rows (the groups
-    start at lo), adding their dweight terms into this block's partial row (dw_part NULL:
-    none)."""
+    """Rows lo .. hi (of n) of rms_backward in runs (see carried) or groups of up to
+    RN_GROUP rows (both start at lo), adding their dweight terms into this block's partial
+    row (dw_part NULL: none)."""
     cdef Py_ssize_t i = lo, rows
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
+    cdef double carry[CARRY_DOUBLES]
+    cdef element *cw = <element *>carry if dw_part != NULL else NULL
     zero_partials(dw_part, NULL, d)
+    if carried(x, d):
+        carry_start(cw, NULL, d)
+        while i < hi:
+            rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+            rms_backward_run(dx + i * d, NULL, cw, dw_part, m + i, dy + i * d, NULL, x + i * d,
+                             w, rstd + i, rows, d, n - i - rows)
+            i += rows
+        return
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         rms_backward_group(dx + i * d, NULL, NULL, dw_part, m + i, dy + i * d, NULL, x + i * d,
@@ -401,11 +497,23 @@ cdef inline void layer_backward_block(element *dx, double *dw_part, double *db_p
                                       const element *x, const element *w, const double *mean,
                                       const double *rstd, Py_ssize_t lo, Py_ssize_t hi,
                                       Py_ssize_t n, Py_ssize_t d, bint stream) noexcept nogil:
-    """Rows lo .. hi (of n) of layer_backward, in groups of up to RN_GROUP rows as in
+    """Rows lo .. hi (of n) of layer_backward, in runs or groups as in
     rms_backward_block."""
     cdef Py_ssize_t i = lo, rows
     cdef bint pf_dx = backward_prefetch_dx(n, d * <Py_ssize_t>sizeof(element))
+    cdef double carry[2 * CARRY_DOUBLES]
+    cdef element *cw = <element *>carry if dw_part != NULL else NULL
+    cdef element *cb = <element *>(carry + CARRY_DOUBLES) if db_part != NULL else NULL
     zero_partials(dw_part, db_part, d)
+    if carried(x, d):
+        carry_start(cw, cb, d)
+        while i < hi:
+            rows = min(<Py_ssize_t>RN_GROUP, hi - i)
+            layer_backward_run(dx + i * d, NULL, cw, cb, dw_part, db_part, mean_g + i,
+                               mean_gxhat + i, dy + i * d, NULL, x + i * d, w, mean + i,
+                               rstd + i, rows, d, n - i - rows)
+            i += rows
+        return
     while i < hi:
         rows = min(<Py_ssize_t>RN_GROUP, hi - i)
         layer_backward_group(dx + i * d, NULL, NULL, NULL, dw_part, db_part, mean_g + i,

@@ -142,6 +142,19 @@ PRIMITIVES = [
               "int stream, Py_ssize_t ahead, int prefetch_dx",
               "ln_bwd_apply_rows with float32 w_i, dw and db (16-bit dx, dy, x; no dx2, dh)",
               "backward.h", mixed=True),
+    # ---- backward elementwise passes of one row, column sums carried (backward.h)
+    Primitive("rms_bwd_row_carry", "void",
+              "T *dx, T *dx2, T *cw, const T *dy, const T *dh, const T *x, const T *w, "
+              "double rstd, double m, Py_ssize_t d",
+              "dx = rstd * (g - xn * m) + dh,  dx2 = dx,  cw += dy*xn", "backward.h",
+              halves=False),
+    Primitive("ln_bwd_row_carry", "void",
+              "T *dx, T *dx2, T *cw, T *cb, const T *dy, const T *dh, const T *x, const T *w, "
+              "double mean, double rstd, double mean_g, double mean_gxhat, Py_ssize_t d",
+              "dx = rstd * (g - mean_g - xhat * mean_gxhat) + dh,  dx2 = dx,  cw += dy*xhat,  "
+              "cb += dy", "backward.h", halves=False),
+    Primitive("carry_flush", "void", "double *part, T *c, Py_ssize_t d",
+              "part += c (widened), then c = 0", "backward.h", halves=False),
     # ---- residual connections and dropout rows (residual_rows.h)
     Primitive("residual_add", "void",
               "T *h, const T *residual, const T *x, const T *alpha, const uint8_t *keep, "

@@ -532,6 +532,102 @@ static void RN_NAME(ln_bwd_apply_rows)(RN_T *dx, RN_T *dx2, RN_T *dw, RN_T *db,
                                  prefetch_dx);
 }
 
+#if !RN_HALF
+/* One row of a run of rows whose column sums (dweight, dbias) are carried in the row's
+ * compute type from row to row (norm_kernels.pxd, carried: runs of RN_GROUP rows, whose
+ * sums are formed as a group's are); carry_flush then adds them, widened, into the float64
+ * partial row.  Each row's apply pass goes alone, dx (dx2) stored plainly: a group's
+ * column-by-column pass moves RN_GROUP rows of every array at once, and at (2048, 4096)
+ * float32, one thread, the fused LayerNorm backward took up to twice the time that way
+ * (benchmarks/TUNING.md).  RN_CARRY_ADD: c[k ..] += t, whole or partial vectors, plain
+ * stores. */
+#define RN_CARRY_ADD(c, k, t)                                                           \
+    do {                                                                                \
+        const int cs_ = s_ == RN_PART || s_ == RN_PART_STREAMED ? RN_PART : RN_WHOLE;   \
+        RN_NAME(vput)((c) + (k), RN_NAME(vget)((c) + (k), n_, cs_) + (t), n_, cs_);     \
+    } while (0)
+
+static inline __attribute__((always_inline)) void RN_NAME(rms_bwd_row_carry_body)(
+    RN_T *dx, RN_T *dx2, RN_T *cw, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, RN_C rs, RN_C mt, Py_ssize_t d)
+{
+#define NO_PF_(k)
+#define B_(k)                                                                           \
+    {                                                                                   \
+        RN_RMS_ROW(o_, dy, x, RN_GET(w + (k)), rs, mt, k, t_);                          \
+        RN_PLUS_DH(o_, k);                                                              \
+        RN_PUT(dx + (k), o_);                                                           \
+        if (dx2) RN_PUT(dx2 + (k), o_);                                                 \
+        if (cw) RN_CARRY_ADD(cw, k, t_);                                                \
+    }
+    RN_ELEMENTWISE(d, dx, 0, NO_PF_, B_);
+#undef B_
+}
+
+/* RMSNorm backward of one row, its dweight term carried:
+ *   dx = rstd * (g - xn * m) + dh,  dx2 = dx,  cw += dy*xn
+ * (dx2, dh, cw NULL: none; w NULL: 1).  See RN_CARRY_ADD. */
+static void RN_NAME(rms_bwd_row_carry)(RN_T *dx, RN_T *dx2, RN_T *cw, const RN_T *dy,
+                                       const RN_T *dh, const RN_T *x, const RN_T *w,
+                                       double rstd, double m, Py_ssize_t d)
+{
+    const RN_C rs = (RN_C)rstd, mt = (RN_C)m;
+    /* one inlined copy per common case, so the dead branches leave the loop */
+    if (w && cw && dx2 && dh) RN_NAME(rms_bwd_row_carry_body)(dx, dx2, cw, dy, dh, x, w, rs, mt, d);
+    else if (w && cw && !dx2 && !dh) RN_NAME(rms_bwd_row_carry_body)(dx, NULL, cw, dy, NULL, x, w, rs, mt, d);
+    else RN_NAME(rms_bwd_row_carry_body)(dx, dx2, cw, dy, dh, x, w, rs, mt, d);
+}
+
+static inline __attribute__((always_inline)) void RN_NAME(ln_bwd_row_carry_body)(
+    RN_T *dx, RN_T *dx2, RN_T *cw, RN_T *cb, const RN_T *dy, const RN_T *dh, const RN_T *x,
+    const RN_T *w, RN_C mh, RN_C ml, RN_C rs, RN_C mg, RN_C mgx, Py_ssize_t d)
+{
+#define B_(k)                                                                           \
+    {                                                                                   \
+        RN_LN_ROW(o_, dy, x, RN_GET(w + (k)), mh, ml, rs, mg, mgx, k, tw_, tb_);        \
+        RN_PLUS_DH(o_, k);                                                              \
+        RN_PUT(dx + (k), o_);                                                           \
+        if (dx2) RN_PUT(dx2 + (k), o_);                                                 \
+        if (cw) RN_CARRY_ADD(cw, k, tw_);                                               \
+        if (cb) RN_CARRY_ADD(cb, k, tb_);                                               \
+    }
+    RN_ELEMENTWISE(d, dx, 0, NO_PF_, B_);
+#undef B_
+#undef NO_PF_
+}
+
+/* LayerNorm backward of one row, its dweight and dbias terms carried:
+ *   dx = rstd * ((g - mean_g) - xhat * mean_gxhat) + dh,  dx2 = dx,
+ *   cw += dy*xhat,  cb += dy
+ * (NULL: none, as in rms_bwd_row_carry). */
+static void RN_NAME(ln_bwd_row_carry)(RN_T *dx, RN_T *dx2, RN_T *cw, RN_T *cb, const RN_T *dy,
+                                      const RN_T *dh, const RN_T *x, const RN_T *w,
+                                      double mean, double rstd, double mean_g,
+                                      double mean_gxhat, Py_ssize_t d)
+{
+    RN_C mh, ml;
+    RN_NAME(split_mean)(mean, &mh, &ml);
+    const RN_C rs = (RN_C)rstd, mg = (RN_C)mean_g, mgx = (RN_C)mean_gxhat;
+    if (w && cw && cb && dx2 && dh)
+        RN_NAME(ln_bwd_row_carry_body)(dx, dx2, cw, cb, dy, dh, x, w, mh, ml, rs, mg, mgx, d);
+    else if (w && cw && cb && !dx2 && !dh)
+        RN_NAME(ln_bwd_row_carry_body)(dx, NULL, cw, cb, dy, NULL, x, w, mh, ml, rs, mg, mgx, d);
+    else
+        RN_NAME(ln_bwd_row_carry_body)(dx, dx2, cw, cb, dy, dh, x, w, mh, ml, rs, mg, mgx, d);
+}
+
+/* part += c, widened; then c = 0 for the block's next rows (c NULL: nothing). */
+static void RN_NAME(carry_flush)(double *part, RN_T *c, Py_ssize_t d)
+{
+    if (!c) return;
+    for (Py_ssize_t k = 0; k < d; k++) {
+        part[k] += (double)c[k];
+        c[k] = 0;
+    }
+}
+#undef RN_CARRY_ADD
+#endif
+
 #if RN_HALF
 /* rms_bwd_apply_rows and ln_bwd_apply_rows of 16-bit rows with float32 parameters (w, and
  * the totals dw, db; no dx2, dh): float32's arithmetic on the widened rows, each dx rounded
